@@ -1,0 +1,362 @@
+"""Every setting of a run, with its default, in one place.
+
+The defaults describe the MLPerf benchmark itself: BERT-Large phase 2 at sequence length
+512, closed division, NVIDIA's 1x8x56x1 LAMB recipe. Smaller setups (the CPU demo, the
+paper's open-division recipe) are overrides, never second copies of a default.
+
+Configuration flows defaults <- optional YAML/JSON file <- dotted ``key.sub=value``
+overrides (``python -m bert.train optim.lr=1e-3``). Unknown keys and ill-typed values
+raise ``ConfigError`` naming the key; ``validate`` checks the cross-field rules. Each
+component receives only its own section (``cfg.model``, ``cfg.optim``, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+
+RESOLVED = "resolved"  # section of a dumped config holding facts resolved at run time
+
+
+class ConfigError(ValueError):
+    """A configuration key or value is wrong; the message names the key."""
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 30522  # uncased WordPiece vocab of the benchmark
+    hidden_size: int = 1024
+    num_layers: int = 24
+    num_heads: int = 16
+    intermediate_size: int = 4096
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02  # std of the normal init when no checkpoint is given
+    # Unpadded path: every op but attention runs on [real tokens, hidden] and the MLM head
+    # only on masked positions. Off = the padded path, HF's arithmetic (kept as the oracle).
+    unpad: bool = True
+    # Attention kernel, resolved once at build time: "auto" picks the best available
+    # for the device; "sdpa" = torch scaled_dot_product_attention; "math" = explicit
+    # softmax(QK^T)V, slow but obviously correct.
+    attention_backend: Literal["auto", "sdpa", "math"] = "auto"
+
+
+@dataclass
+class DataConfig:
+    train_dir: str = ""  # directory of training hdf5 shards (required)
+    eval_dir: str = ""  # directory (or single file) of the eval hdf5 set (required)
+    max_seq_length: int = 512
+    max_predictions_per_seq: int = 76
+    # Read at most this many eval samples (the benchmark uses all 10,000); 0 = all.
+    eval_samples: int = 10000
+
+
+@dataclass
+class SamplerConfig:
+    # random: each epoch shuffles the shard order and the samples inside each shard,
+    # shards dealt round-robin to ranks (closed-division semantics).
+    mode: Literal["random"] = "random"
+
+
+@dataclass
+class OptimConfig:
+    name: Literal["lamb", "adamw", "adam"] = "lamb"
+    lr: float = 3.5e-4  # opt_base_learning_rate
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-6
+    weight_decay: float = 0.01  # never applied to biases and LayerNorm parameters
+    # Global-norm clipping after the allreduce (closed-division semantics); 0 = off.
+    max_grad_norm: float = 1.0
+    warmup_steps: int = 0  # opt_learning_rate_warmup_steps
+    # Schedule offset: a negative value starts partway through warmup (reference rule).
+    start_warmup_step: int = 0
+    total_steps: int = 7100  # opt_learning_rate_training_steps: end of the poly decay
+    end_lr: float = 0.0  # learning rate reached at total_steps
+    decay_power: float = 1.0  # polynomial decay degree (1 = linear)
+    # Implementation, resolved once: "auto" takes apex's fused kernels when importable on
+    # GPU, else torch's (fused AdamW on GPU, foreach) and our foreach LAMB; "apex" requires
+    # apex; "torch" never uses it.
+    impl: Literal["auto", "apex", "torch"] = "auto"
+
+
+@dataclass
+class GradSyncConfig:
+    bucket_cap_mb: float = 25.0  # DDP gradient bucket size
+
+
+@dataclass
+class EvalConfig:
+    # Evaluate every this many training samples; 0 = the reference rule
+    # floor(0.05*(230.23*GBS + 3e6)/25000)*25000.
+    interval_samples: int = 0
+    target_accuracy: float = 0.720  # masked-LM accuracy that ends the run
+    batch_size: int = 125  # per rank
+    # Evaluate once before training starts (costs one eval pass; not a timed event).
+    at_start: bool = False
+
+
+@dataclass
+class DistConfig:
+    backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: NCCL on GPU, gloo on CPU
+    master_port: int = 29500  # used when neither the launcher nor the env sets one
+    timeout_s: float = 600.0  # process-group timeout
+
+
+@dataclass
+class LogConfig:
+    # Directory of this run's outputs: MLPerf log, resolved config. Empty = "results".
+    output_dir: str = "results"
+    log_file: str = "result_0.txt"  # MLPerf log file name inside output_dir
+    progress_interval_steps: int = 10  # human progress line (one host sync) every N steps
+    submitter: str = "reference"
+    platform: str = ""  # submission_platform; empty = the system name
+    system: str = "CPU_1x2"
+    status: Literal["onprem", "cloud", "preview", "research"] = "onprem"
+
+
+@dataclass
+class RunConfig:
+    division: Literal["closed", "open"] = "closed"
+    local_batch_size: int = 56  # samples per rank per micro-step
+    grad_accum_steps: int = 1
+    # Abort (run_stop "aborted") once this many samples were trained without reaching the
+    # target; 0 = optim.total_steps * global batch.
+    max_samples: int = 0
+    seed: int = 12345
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    init_checkpoint: str = ""  # model weights to start from (empty = random init)
+    # Whether the launcher dropped the page cache before this run (logged as cache_clear).
+    cache_cleared: bool = False
+    threads: int = 0  # torch intra-op threads per rank on CPU; 0 = torch's own choice
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    grad_sync: GradSyncConfig = field(default_factory=GradSyncConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+
+# ---------------------------------------------------------------- derived quantities
+
+
+def global_batch_size(cfg: Config, world_size: int) -> int:
+    return cfg.run.local_batch_size * cfg.run.grad_accum_steps * world_size
+
+
+def eval_interval_samples(cfg: Config, world_size: int) -> int:
+    """Samples between evaluations: the override, else the reference rule."""
+    if cfg.eval.interval_samples > 0:
+        return cfg.eval.interval_samples
+    gbs = global_batch_size(cfg, world_size)
+    return int(math.floor(0.05 * (230.23 * gbs + 3e6) / 25000) * 25000)
+
+
+def max_samples(cfg: Config, world_size: int) -> int:
+    if cfg.run.max_samples > 0:
+        return cfg.run.max_samples
+    return cfg.optim.total_steps * global_batch_size(cfg, world_size)
+
+
+# ---------------------------------------------------------------- building and checking
+
+
+def _coerce(key: str, tp: Any, value: Any) -> Any:
+    """Convert ``value`` (a string from the command line, or a parsed file value) to ``tp``."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise ConfigError(f"{key}: {value!r} is not one of {list(choices)}")
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on"):
+            return True
+        if isinstance(value, str) and value.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{key}: expected a boolean, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                as_float = float(value)
+            except ValueError:
+                raise ConfigError(f"{key}: expected an integer, got {value!r}") from None
+            if as_float.is_integer() and math.isfinite(as_float):
+                return int(as_float)
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        try:
+            out = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+        if not math.isfinite(out):
+            raise ConfigError(f"{key}: expected a finite number, got {value!r}")
+        return out
+    if tp is str:
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return str(value)
+    raise ConfigError(f"{key}: unsupported field type {tp!r}")  # a bug in this file
+
+
+def _field_types(obj: Any) -> dict[str, Any]:
+    return typing.get_type_hints(type(obj))
+
+
+def _set(cfg: Config, dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node: Any = cfg
+    for i, name in enumerate(parts):
+        path = ".".join(parts[: i + 1])
+        if not dataclasses.is_dataclass(node):
+            raise ConfigError(f"unknown config key {dotted!r} ({'.'.join(parts[:i])} has no sub-keys)")
+        types = _field_types(node)
+        if name not in types:
+            known = ", ".join(sorted(types))
+            raise ConfigError(f"unknown config key {path!r} (known here: {known})")
+        if i == len(parts) - 1:
+            if dataclasses.is_dataclass(getattr(node, name)):
+                raise ConfigError(f"{path}: is a section; set one of its keys instead")
+            setattr(node, name, _coerce(path, types[name], value))
+        else:
+            node = getattr(node, name)
+
+
+def _flatten(prefix: str, tree: Any, out: dict[str, Any]) -> None:
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            _flatten(f"{prefix}.{k}" if prefix else str(k), v, out)
+    else:
+        out[prefix] = tree
+
+
+def load_file(path: str | Path) -> dict[str, Any]:
+    """Flat {dotted key: value} from a YAML or JSON file of nested sections."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"config file {p}: {e.strerror}") from None
+    try:
+        if p.suffix in (".yaml", ".yml"):
+            import yaml  # safe_load: configuration is data, never code
+
+            tree = yaml.safe_load(text) or {}
+        else:
+            tree = json.loads(text)
+    except Exception as e:  # noqa: BLE001 - report any parse failure with the file name
+        raise ConfigError(f"config file {p}: cannot parse: {e}") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"config file {p}: top level must be a mapping of sections")
+    # "resolved" holds run-time facts written by dump(); a dumped config reloads as is.
+    tree.pop(RESOLVED, None)
+    flat: dict[str, Any] = {}
+    _flatten("", tree, flat)
+    return flat
+
+
+def parse_overrides(args: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {arg!r} is not of the form key.sub=value")
+        out[key.strip()] = value
+    return out
+
+
+def build_config(overrides: dict[str, Any] | None = None, config_file: str | None = None) -> Config:
+    """Defaults <- file <- overrides, then ``validate``."""
+    cfg = Config()
+    if config_file:
+        for k, v in load_file(config_file).items():
+            _set(cfg, k, v)
+    for k, v in (overrides or {}).items():
+        _set(cfg, k, v)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    """Cross-field rules; each failure names the key."""
+    m = cfg.model
+
+    def need(cond: bool, key: str, why: str) -> None:
+        if not cond:
+            raise ConfigError(f"{key}: {why}")
+
+    for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+                 "max_position_embeddings", "type_vocab_size"):
+        need(getattr(m, name) > 0, f"model.{name}", "must be positive")
+    need(m.hidden_size % m.num_heads == 0, "model.hidden_size",
+         f"{m.hidden_size} is not divisible by model.num_heads={m.num_heads}")
+    for name in ("hidden_dropout", "attention_dropout"):
+        need(0.0 <= getattr(m, name) < 1.0, f"model.{name}", "must be in [0, 1)")
+    d = cfg.data
+    need(0 < d.max_seq_length <= m.max_position_embeddings, "data.max_seq_length",
+         f"must be in [1, model.max_position_embeddings={m.max_position_embeddings}]")
+    need(0 < d.max_predictions_per_seq <= d.max_seq_length, "data.max_predictions_per_seq",
+         "must be in [1, data.max_seq_length]")
+    need(d.eval_samples >= 0, "data.eval_samples", "must be >= 0")
+    o = cfg.optim
+    need(o.lr > 0, "optim.lr", "must be positive")
+    need(0 <= o.beta1 < 1, "optim.beta1", "must be in [0, 1)")
+    need(0 <= o.beta2 < 1, "optim.beta2", "must be in [0, 1)")
+    need(o.eps > 0, "optim.eps", "must be positive")
+    need(o.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
+    need(o.max_grad_norm >= 0, "optim.max_grad_norm", "must be >= 0 (0 = off)")
+    need(o.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
+    need(o.total_steps > 0, "optim.total_steps", "must be positive")
+    need(o.end_lr >= 0, "optim.end_lr", "must be >= 0")
+    need(cfg.grad_sync.bucket_cap_mb > 0, "grad_sync.bucket_cap_mb", "must be positive")
+    e = cfg.eval
+    need(e.interval_samples >= 0, "eval.interval_samples", "must be >= 0 (0 = reference rule)")
+    need(0 < e.target_accuracy <= 1, "eval.target_accuracy", "must be in (0, 1]")
+    need(e.batch_size > 0, "eval.batch_size", "must be positive")
+    need(cfg.dist.timeout_s > 0, "dist.timeout_s", "must be positive")
+    need(0 < cfg.dist.master_port < 65536, "dist.master_port", "must be a TCP port")
+    need(cfg.log.progress_interval_steps > 0, "log.progress_interval_steps", "must be positive")
+    need(bool(cfg.log.output_dir), "log.output_dir", "must not be empty")
+    r = cfg.run
+    need(r.local_batch_size > 0, "run.local_batch_size", "must be positive")
+    need(r.grad_accum_steps > 0, "run.grad_accum_steps", "must be positive")
+    need(r.max_samples >= 0, "run.max_samples", "must be >= 0")
+    need(r.threads >= 0, "run.threads", "must be >= 0")
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def dump(cfg: Config, path: str | Path, extra: dict[str, Any] | None = None) -> None:
+    """Write the resolved config (plus facts resolved at run time) as JSON."""
+    tree = to_dict(cfg)
+    if extra:
+        tree[RESOLVED] = extra
+    Path(path).write_text(json.dumps(tree, indent=2, sort_keys=True) + "\n")

@@ -1,0 +1,73 @@
+import json
+
+import pytest
+
+from bert.config import Config, ConfigError, build_config, dump, eval_interval_samples, load_file, parse_overrides
+
+
+def test_defaults_are_the_benchmark():
+    cfg = build_config()
+    assert (cfg.model.hidden_size, cfg.model.num_layers, cfg.model.num_heads) == (1024, 24, 16)
+    assert cfg.data.max_seq_length == 512 and cfg.data.max_predictions_per_seq == 76
+    assert cfg.eval.target_accuracy == pytest.approx(0.72)
+
+
+def test_overrides_are_typed():
+    cfg = build_config(parse_overrides(["optim.lr=1e-3", "model.unpad=false", "run.local_batch_size=8",
+                                        "optim.name=adamw", "log.system=X"]))
+    assert cfg.optim.lr == 1e-3 and cfg.model.unpad is False and cfg.run.local_batch_size == 8
+    assert cfg.optim.name == "adamw" and cfg.log.system == "X"
+
+
+@pytest.mark.parametrize("override, key", [
+    ("optim.lrr=1", "optim.lrr"),
+    ("nosuch.lr=1", "nosuch"),
+    ("optim=1", "optim"),
+    ("run.local_batch_size=abc", "run.local_batch_size"),
+    ("run.local_batch_size=1.5", "run.local_batch_size"),
+    ("model.unpad=maybe", "model.unpad"),
+    ("optim.lr=fast", "optim.lr"),
+    ("optim.name=sgd", "optim.name"),
+    ("run.division=Closed", "run.division"),
+    ("model.num_heads=5", "model.hidden_size"),  # 1024 % 5 != 0
+    ("eval.batch_size=0", "eval.batch_size"),
+])
+def test_bad_key_or_value_names_the_key(override, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        build_config(parse_overrides([override]))
+
+
+def test_override_syntax():
+    with pytest.raises(ConfigError, match="key.sub=value"):
+        parse_overrides(["optim.lr"])
+
+
+def test_file_then_overrides(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("optim:\n  lr: 0.5\n  warmup_steps: 7\nmodel:\n  num_layers: 2\n")
+    cfg = build_config(parse_overrides(["optim.lr=0.25"]), str(f))
+    assert cfg.optim.lr == 0.25 and cfg.optim.warmup_steps == 7 and cfg.model.num_layers == 2
+    j = tmp_path / "c.json"
+    j.write_text(json.dumps({"run": {"seed": 3, "bogus": 1}}))
+    with pytest.raises(ConfigError, match=r"run\.bogus"):
+        build_config(config_file=str(j))
+    with pytest.raises(ConfigError, match="nope.yaml"):
+        load_file(tmp_path / "nope.yaml")
+
+
+def test_eval_interval_rule():
+    cfg = Config()
+    cfg.run.local_batch_size, cfg.run.grad_accum_steps = 56, 1
+    # GBS 448: floor(0.05*(230.23*448 + 3e6)/25000)*25000 = 150000
+    assert eval_interval_samples(cfg, 8) == 150000
+    cfg.eval.interval_samples = 640
+    assert eval_interval_samples(cfg, 8) == 640
+
+
+def test_dump_round_trips(tmp_path):
+    cfg = build_config(parse_overrides(["optim.lr=0.125"]))
+    dump(cfg, tmp_path / "cfg.json", {"world_size": 2})
+    tree = json.loads((tmp_path / "cfg.json").read_text())
+    assert tree["optim"]["lr"] == 0.125 and tree["resolved"]["world_size"] == 2
+    again = build_config(config_file=str(tmp_path / "cfg.json"))
+    assert again == cfg
