@@ -1,0 +1,125 @@
+"""Scaled dot-product attention backends, chosen once at build time.
+
+Every backend offers the same two entry points:
+
+- ``padded(q, k, v, key_mask, dropout_p)``: q, k, v ``[B, H, S, D]``, ``key_mask`` bool
+  ``[B, S]`` (True = real token) -> ``[B, H, S, D]``. Padded query rows get finite values
+  that callers ignore.
+- ``varlen(q, k, v, cu_seqlens, max_seqlen, dropout_p)``: q, k, v ``[T, H, D]`` holding the
+  real tokens of B sequences back to back, ``cu_seqlens`` int32 ``[B + 1]`` their offsets,
+  ``max_seqlen`` (a Python int, so no device sync) at least the longest length ->
+  ``[T, H, D]``. Every sequence must have at least one token.
+
+``dropout_p`` is the attention-probability dropout to apply *now*: the caller passes 0.0
+outside training, so backends never look at a training flag.
+
+The portable ``varlen`` pads into ``[B, max_seqlen]``, runs ``padded`` and gathers back. A
+GPU backend with a true variable-length kernel (flash-attn's ``flash_attn_varlen_func``)
+belongs in a subclass that overrides ``varlen``, selected in ``build_attention``; nothing
+else has to change. (``torch.nn.attention.varlen.varlen_attn`` has no dropout argument, so
+it cannot serve training with attention dropout on its own.)
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+BACKENDS = ("auto", "sdpa", "math")
+
+
+class AttentionBackend:
+    """Base: ``padded`` is the kernel; ``varlen`` defaults to pad -> padded -> gather."""
+
+    name = "base"
+
+    def padded(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               key_mask: torch.Tensor, dropout_p: float = 0.0) -> torch.Tensor:
+        raise NotImplementedError
+
+    def varlen(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               cu_seqlens: torch.Tensor, max_seqlen: int, dropout_p: float = 0.0) -> torch.Tensor:
+        return varlen_via_padded(self.padded, q, k, v, cu_seqlens, max_seqlen, dropout_p)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class SdpaAttention(AttentionBackend):
+    """torch's fused ``scaled_dot_product_attention``; it picks its own kernel per device.
+
+    A boolean mask rules out the flash kernel (it takes no mask); on GPU torch then uses
+    the memory-efficient kernel, on CPU its fused CPU kernel.
+    """
+
+    name = "sdpa"
+
+    def padded(self, q, k, v, key_mask, dropout_p=0.0):
+        # [B, 1, 1, S] broadcasts over heads and query rows; no [B, H, S, S] mask is built.
+        mask = key_mask[:, None, None, :]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+
+
+class MathAttention(AttentionBackend):
+    """softmax(Q K^T / sqrt(d) + mask) V written out; the reference the others answer to.
+
+    Materialises the [B, H, S, S] scores and takes the softmax in float32 (allocates a
+    float32 copy under reduced precision): slow, but nothing is hidden in a kernel.
+    """
+
+    name = "math"
+
+    def padded(self, q, k, v, key_mask, dropout_p=0.0):
+        scores = torch.matmul(q, k.transpose(-1, -2)).float() * (1.0 / math.sqrt(q.size(-1)))
+        # Additive mask, as in the original BERT: the most negative float, not -inf, so a
+        # row is never all -inf (that would give NaN).
+        neg = torch.finfo(scores.dtype).min
+        bias = torch.zeros(key_mask.shape, dtype=scores.dtype, device=scores.device)
+        bias = bias.masked_fill(~key_mask, neg)[:, None, None, :]
+        probs = torch.softmax(scores + bias, dim=-1).to(v.dtype)
+        if dropout_p > 0.0:
+            probs = F.dropout(probs, p=dropout_p, training=True)
+        return torch.matmul(probs, v)
+
+
+def varlen_via_padded(padded, q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0):
+    """Variable-length attention through a padded kernel: scatter, attend, gather.
+
+    Costs a zero-filled ``[B * max_seqlen, 3, H, D]`` buffer and attention over the padding
+    of each sequence up to ``max_seqlen`` (not up to the model's maximum length). Runs no
+    host sync: ``max_seqlen`` is a Python int and ``repeat_interleave`` is told its output
+    size.
+    """
+    total, heads, dim = q.shape
+    batch = cu_seqlens.numel() - 1
+    starts = cu_seqlens[:-1].long()
+    lengths = cu_seqlens[1:].long() - starts
+    batch_id = torch.repeat_interleave(
+        torch.arange(batch, device=q.device), lengths, output_size=total)
+    position = torch.arange(total, device=q.device) - starts[batch_id]
+    slot = batch_id * max_seqlen + position  # row of each packed token in the padded grid
+
+    # One scatter for q, k and v together (the stack allocates [T, 3, H, D]).
+    qkv = torch.stack((q, k, v), dim=1)
+    grid = qkv.new_zeros(batch * max_seqlen, 3, heads, dim).index_copy(0, slot, qkv)
+    grid = grid.view(batch, max_seqlen, 3, heads, dim).permute(2, 0, 3, 1, 4)  # [3,B,H,S,D]
+    key_mask = torch.arange(max_seqlen, device=q.device)[None, :] < lengths[:, None]
+
+    out = padded(grid[0], grid[1], grid[2], key_mask, dropout_p)  # [B, H, S, D]
+    out = out.transpose(1, 2).reshape(batch * max_seqlen, heads, dim)
+    return out.index_select(0, slot)
+
+
+def build_attention(backend: str, device_type: str) -> AttentionBackend:
+    """Resolve a backend name for a device type ("cpu", "cuda", ...) once, at build time."""
+    if backend not in BACKENDS:
+        raise ValueError(f"attention backend {backend!r} is not one of {list(BACKENDS)}")
+    if backend == "auto":
+        # Seam: on "cuda", a flash-attn variable-length backend goes first here once it
+        # exists. Until then sdpa is the fastest we have on every device.
+        backend = "sdpa"
+    if backend == "sdpa":
+        return SdpaAttention()
+    return MathAttention()

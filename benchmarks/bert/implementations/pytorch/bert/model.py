@@ -1,0 +1,282 @@
+"""BERT for pre-training (masked LM + next-sentence prediction) as a pure ``nn.Module``.
+
+Parameter names and shapes are those of Hugging Face ``BertForPreTraining``, so its state
+dict loads here with ``strict=True`` and ours loads there. Precision, distribution and
+checkpoint formats are applied from outside.
+
+Two forward paths share the same weights:
+
+- padded: ``[B, S]`` inputs, HF's arithmetic; the oracle the tests compare against.
+- unpadded: the real tokens of the batch packed into ``[T]``; every op except attention
+  runs on ``[T, hidden]`` and the MLM head only on the M masked rows, which skips the
+  padding's FLOPs and the ``[B, S, vocab]`` logits.
+
+``cfg.unpad`` picks which one ``forward`` runs (DDP only ever calls ``forward``); both stay
+callable by name for evaluation and tests.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .attention import AttentionBackend, build_attention
+from .config import ModelConfig
+
+IGNORE_INDEX = -100  # MLM label of positions that are not predicted (HF's convention)
+
+
+# ---------------------------------------------------------------- encoder pieces
+# Each module works on any leading shape ([B, S, E] or [T, E]); only the attention core
+# cares about the layout, and it receives that as the ``attend`` callable.
+
+
+class Embeddings(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        # No padding_idx: HF's only freezes the [PAD] row's lookup gradient, and the pad
+        # token never reaches the loss here (masked as a key, absent when unpadded).
+        self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
+        self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
+        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.hidden_dropout)
+
+    def forward(self, input_ids, token_type_ids, position_ids):
+        # position_ids may be [S] and broadcast over a [B, S] batch.
+        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+        x = x + self.position_embeddings(position_ids)
+        return self.dropout(self.LayerNorm(x))
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.num_heads = cfg.num_heads
+        self.head_dim = cfg.hidden_size // cfg.num_heads
+        self.dropout_p = cfg.attention_dropout
+        # Three GEMMs, not one fused QKV: HF's names are the contract, and concatenating
+        # the weights on every step would cost a copy of them.
+        self.query = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.key = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+
+    def forward(self, x, attend):
+        # [..., E] -> [..., H, D]: a view, no copy.
+        heads = (self.num_heads, self.head_dim)
+        q = self.query(x).unflatten(-1, heads)
+        k = self.key(x).unflatten(-1, heads)
+        v = self.value(x).unflatten(-1, heads)
+        out = attend(q, k, v, dropout_p=self.dropout_p if self.training else 0.0)
+        return out.flatten(-2)
+
+
+class AttentionOutput(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.hidden_dropout)
+
+    def forward(self, h, residual):
+        return self.LayerNorm(self.dropout(self.dense(h)) + residual)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self = SelfAttention(cfg)  # "self" is HF's name, part of the state-dict key
+        self.output = AttentionOutput(cfg)
+
+    def forward(self, x, attend):
+        return self.output(self.self(x, attend), x)
+
+
+class Intermediate(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, x):
+        return F.gelu(self.dense(x))  # exact (erf) GELU, as BERT and HF's "gelu"
+
+
+class Output(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
+        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.hidden_dropout)
+
+    def forward(self, h, residual):
+        return self.LayerNorm(self.dropout(self.dense(h)) + residual)
+
+
+class Layer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attention = Attention(cfg)
+        self.intermediate = Intermediate(cfg)
+        self.output = Output(cfg)
+
+    def forward(self, x, attend):
+        a = self.attention(x, attend)
+        return self.output(self.intermediate(a), a)
+
+
+class Encoder(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.layer = nn.ModuleList(Layer(cfg) for _ in range(cfg.num_layers))
+
+    def forward(self, x, attend):
+        for layer in self.layer:
+            x = layer(x, attend)
+        return x
+
+
+class Pooler(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+
+    def forward(self, first_tokens):
+        return torch.tanh(self.dense(first_tokens))
+
+
+class BertModel(nn.Module):
+    """Holder of the ``bert.*`` parameters; the paths in BertForPreTraining drive it."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embeddings = Embeddings(cfg)
+        self.encoder = Encoder(cfg)
+        self.pooler = Pooler(cfg)
+
+
+# ---------------------------------------------------------------- heads
+
+
+class PredictionHeadTransform(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+
+    def forward(self, x):
+        return self.LayerNorm(F.gelu(self.dense(x)))
+
+
+class LMPredictionHead(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.transform = PredictionHeadTransform(cfg)
+        self.decoder = nn.Linear(cfg.hidden_size, cfg.vocab_size)
+        # One bias under both HF names (cls.predictions.bias and .decoder.bias).
+        self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+        self.decoder.bias = self.bias
+
+    def forward(self, x):
+        return self.decoder(self.transform(x))
+
+
+class PreTrainingHeads(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.predictions = LMPredictionHead(cfg)
+        self.seq_relationship = nn.Linear(cfg.hidden_size, 2)
+
+
+# ---------------------------------------------------------------- the model
+
+
+def _attend_padded(backend: AttentionBackend, key_mask, q, k, v, dropout_p):
+    # [B, S, H, D] -> [B, H, S, D] and back: strided views; the kernels accept them.
+    out = backend.padded(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                         key_mask, dropout_p)
+    return out.transpose(1, 2)
+
+
+class BertForPreTraining(nn.Module):
+    def __init__(self, cfg: ModelConfig, device_type: str = "cpu"):
+        """``device_type`` ("cpu", "cuda") is where the model will run; it only steers the
+        attention backend, resolved once here (the model is built before it is moved)."""
+        super().__init__()
+        self.unpad = cfg.unpad
+        self.initializer_range = cfg.initializer_range
+        self.attn_backend = build_attention(cfg.attention_backend, device_type)
+        self.bert = BertModel(cfg)
+        self.cls = PreTrainingHeads(cfg)
+        self.apply(self._init_weights)
+        # Tied after init so the embedding's init is the one that stands.
+        self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=self.initializer_range)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+        elif isinstance(module, LMPredictionHead):
+            nn.init.zeros_(module.bias)
+
+    def forward(self, **inputs):
+        """The path fixed at construction by ``cfg.unpad``; see the two methods below."""
+        if self.unpad:
+            return self.forward_unpadded(**inputs)
+        return self.forward_padded(**inputs)
+
+    def forward_padded(self, input_ids, token_type_ids, attention_mask):
+        """[B, S] ids, segment ids and mask (nonzero = real) -> ([B, S, V], [B, 2])."""
+        key_mask = attention_mask.bool()
+        position_ids = torch.arange(input_ids.size(1), device=input_ids.device)
+        attend = functools.partial(_attend_padded, self.attn_backend, key_mask)
+        h = self.bert.embeddings(input_ids, token_type_ids, position_ids)
+        h = self.bert.encoder(h, attend)
+        pooled = self.bert.pooler(h[:, 0])
+        return self.cls.predictions(h), self.cls.seq_relationship(pooled)
+
+    def forward_unpadded(self, input_ids, token_type_ids, position_ids, cu_seqlens,
+                         max_seqlen, masked_index):
+        """Packed real tokens -> (MLM logits [M, V] at ``masked_index``, NSP logits [B, 2]).
+
+        input_ids, token_type_ids, position_ids: [T]; cu_seqlens: int32 [B + 1];
+        max_seqlen: Python int >= the longest sequence; masked_index: int64 [M] rows of T.
+        """
+        attend = functools.partial(self.attn_backend.varlen, cu_seqlens=cu_seqlens,
+                                   max_seqlen=max_seqlen)
+        h = self.bert.embeddings(input_ids, token_type_ids, position_ids)
+        h = self.bert.encoder(h, attend)
+        pooled = self.bert.pooler(h.index_select(0, cu_seqlens[:-1].long()))
+        # The head (a hidden x hidden GEMM and the hidden x vocab decoder) sees M rows, not T.
+        mlm = self.cls.predictions(h.index_select(0, masked_index))
+        return mlm, self.cls.seq_relationship(pooled)
+
+
+# ---------------------------------------------------------------- loss and accuracy
+
+
+def pretraining_loss(mlm_logits, nsp_logits, mlm_labels, nsp_labels):
+    """Mean MLM cross-entropy over labelled positions + mean NSP cross-entropy (HF's loss).
+
+    Padded: mlm_logits [B, S, V], mlm_labels [B, S] with IGNORE_INDEX where unmasked.
+    Unpadded: [M, V] and [M]. Under autocast, cross_entropy runs in float32 on its own.
+    """
+    mlm = F.cross_entropy(mlm_logits.reshape(-1, mlm_logits.size(-1)), mlm_labels.reshape(-1),
+                          ignore_index=IGNORE_INDEX)
+    nsp = F.cross_entropy(nsp_logits.reshape(-1, 2), nsp_labels.reshape(-1))
+    return mlm + nsp
+
+
+@torch.no_grad()
+def mlm_correct_and_count(mlm_logits, mlm_labels):
+    """(correct, labelled) MLM predictions as 0-d int64 tensors; no host sync, so callers
+    can sum them across batches and ranks and divide once at the end (exact accuracy)."""
+    labelled = mlm_labels != IGNORE_INDEX
+    correct = (mlm_logits.argmax(dim=-1) == mlm_labels) & labelled
+    return correct.sum(), labelled.sum()

@@ -1,0 +1,290 @@
+"""The model against Hugging Face ``BertForPreTraining`` as the oracle, on a tiny config."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from bert.attention import AttentionBackend, build_attention  # noqa: E402
+from bert.config import ModelConfig  # noqa: E402
+from bert.model import BertForPreTraining, mlm_correct_and_count, pretraining_loss  # noqa: E402
+
+TINY = ModelConfig(vocab_size=100, hidden_size=64, num_layers=2, num_heads=4,
+                   intermediate_size=128, max_position_embeddings=64, type_vocab_size=2,
+                   hidden_dropout=0.0, attention_dropout=0.0)
+TOL = dict(rtol=0, atol=1e-5)
+
+
+def hf_model(cfg: ModelConfig, seed: int = 0):
+    hf_cfg = transformers.BertConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
+        intermediate_size=cfg.intermediate_size, hidden_act="gelu",
+        hidden_dropout_prob=cfg.hidden_dropout, attention_probs_dropout_prob=cfg.attention_dropout,
+        max_position_embeddings=cfg.max_position_embeddings, type_vocab_size=cfg.type_vocab_size,
+        layer_norm_eps=cfg.layer_norm_eps, attn_implementation="eager")
+    torch.manual_seed(seed)
+    model = transformers.BertForPreTraining(hf_cfg)
+    # Perturb every parameter so zero biases and unit LayerNorm weights cannot hide a
+    # wrong mapping (named_parameters yields each tied tensor once).
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+def ours_from(hf, cfg: ModelConfig) -> BertForPreTraining:
+    model = BertForPreTraining(cfg)
+    model.load_state_dict(hf.state_dict(), strict=True)
+    return model
+
+
+def make_batch(seed: int = 1):
+    """Three sequences of real lengths 13, 9, 4 in S=16: padding at the end of every row,
+    so max_seqlen (13) is below S as well."""
+    g = torch.Generator().manual_seed(seed)
+    lengths, seq = [13, 9, 4], 16
+    batch = len(lengths)
+    input_ids = torch.zeros(batch, seq, dtype=torch.long)
+    token_type_ids = torch.zeros(batch, seq, dtype=torch.long)
+    attention_mask = torch.zeros(batch, seq, dtype=torch.long)
+    labels = torch.full((batch, seq), -100, dtype=torch.long)
+    for b, n in enumerate(lengths):
+        input_ids[b, :n] = torch.randint(1, TINY.vocab_size, (n,), generator=g)
+        attention_mask[b, :n] = 1
+        token_type_ids[b, n // 2:n] = 1  # second segment
+        masked = torch.randperm(n - 1, generator=g)[: max(1, n // 4)] + 1  # never [CLS]
+        labels[b, masked] = torch.randint(1, TINY.vocab_size, (masked.numel(),), generator=g)
+    nsp = torch.tensor([0, 1, 1])
+    return dict(input_ids=input_ids, token_type_ids=token_type_ids,
+                attention_mask=attention_mask), labels, nsp
+
+
+def pack(padded: dict, labels: torch.Tensor):
+    """The unpadded inputs of a padded batch, built independently of the model."""
+    mask = padded["attention_mask"].bool()
+    lengths = mask.sum(1)
+    flat_mask = mask.flatten()
+    positions = torch.arange(mask.size(1)).expand_as(mask).flatten()
+    packed_row = torch.cumsum(flat_mask.long(), 0) - 1  # padded flat index -> packed row
+    is_masked = labels.flatten() != -100
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    cu[1:] = torch.cumsum(lengths, 0)
+    inputs = dict(
+        input_ids=padded["input_ids"].flatten()[flat_mask],
+        token_type_ids=padded["token_type_ids"].flatten()[flat_mask],
+        position_ids=positions[flat_mask],
+        cu_seqlens=cu,
+        max_seqlen=int(lengths.max()),
+        masked_index=packed_row[is_masked],
+    )
+    return inputs, labels.flatten()[is_masked]
+
+
+@pytest.fixture(scope="module")
+def hf():
+    return hf_model(dataclasses.replace(TINY, hidden_dropout=0.1, attention_dropout=0.1)).eval()
+
+
+# ---------------------------------------------------------------- equivalence with HF
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "math"])
+@pytest.mark.parametrize("unpad", [False, True])
+def test_matches_hf_in_eval(hf, backend, unpad):
+    # Nonzero dropout in both configs: eval mode must switch all of it off.
+    cfg = dataclasses.replace(TINY, hidden_dropout=0.1, attention_dropout=0.1,
+                              attention_backend=backend, unpad=unpad)
+    ours = ours_from(hf, cfg).eval()
+    padded, labels, nsp = make_batch()
+    with torch.no_grad():
+        ref = hf(**padded, labels=labels, next_sentence_label=nsp)
+        if unpad:
+            inputs, mlm_labels = pack(padded, labels)
+            mlm, nsp_logits = ours(**inputs)
+            loss = pretraining_loss(mlm, nsp_logits, mlm_labels, nsp)
+            ref_mlm = ref.prediction_logits[labels != -100]
+            assert mlm.shape == (int((labels != -100).sum()), cfg.vocab_size)
+        else:
+            mlm, nsp_logits = ours(**padded)
+            loss = pretraining_loss(mlm, nsp_logits, labels, nsp)
+            real = padded["attention_mask"].bool()  # padded query rows are don't-care
+            mlm, ref_mlm = mlm[real], ref.prediction_logits[real]
+    torch.testing.assert_close(mlm, ref_mlm, **TOL)
+    torch.testing.assert_close(nsp_logits, ref.seq_relationship_logits, **TOL)
+    torch.testing.assert_close(loss, ref.loss, **TOL)
+    assert ref_mlm.abs().max() > 0.1  # the comparison is not between near-zero tensors
+
+
+def test_padded_logits_full_shape(hf):
+    ours = ours_from(hf, dataclasses.replace(TINY, unpad=False)).eval()
+    padded, labels, nsp = make_batch()
+    with torch.no_grad():
+        mlm, nsp_logits = ours(**padded)
+        ref = hf(**padded)
+    assert mlm.shape == (3, 16, TINY.vocab_size) and nsp_logits.shape == (3, 2)
+    torch.testing.assert_close(mlm, ref.prediction_logits, **TOL)
+    # The padded loss takes [B, S] labels with -100 at unmasked positions.
+    loss = pretraining_loss(mlm, nsp_logits, labels, nsp)
+    with torch.no_grad():
+        ref_loss = hf(**padded, labels=labels, next_sentence_label=nsp).loss
+    torch.testing.assert_close(loss, ref_loss, **TOL)
+
+
+def test_mlm_accuracy_counts(hf):
+    padded, labels, _ = make_batch()
+    with torch.no_grad():
+        ref_logits = hf(**padded).prediction_logits
+    labelled = labels != -100
+    # Make some predictions right so "correct" is not trivially zero.
+    labels = labels.clone()
+    labels[0, labelled[0].nonzero()[0]] = ref_logits[0, labelled[0].nonzero()[0]].argmax(-1)
+    want_correct = int((ref_logits[labelled].argmax(-1) == labels[labelled]).sum())
+    assert want_correct >= 1
+    ours = ours_from(hf, dataclasses.replace(TINY, unpad=True)).eval()
+    inputs, packed_labels = pack(padded, labels)
+    with torch.no_grad():
+        mlm, _ = ours(**inputs)
+    correct, count = mlm_correct_and_count(mlm, packed_labels)
+    assert isinstance(correct, torch.Tensor) and isinstance(count, torch.Tensor)
+    assert (int(correct), int(count)) == (want_correct, int(labelled.sum()))
+    correct, count = mlm_correct_and_count(ref_logits, labels)  # padded [B, S] labels
+    assert (int(correct), int(count)) == (want_correct, int(labelled.sum()))
+
+
+# ---------------------------------------------------------------- parameters
+
+
+def test_state_dict_matches_hf_both_ways(hf):
+    ours = BertForPreTraining(TINY)
+    hf_sd, our_sd = hf.state_dict(), ours.state_dict()
+    assert list(our_sd) == list(hf_sd)
+    assert {k: v.shape for k, v in our_sd.items()} == {k: v.shape for k, v in hf_sd.items()}
+    fresh_hf = hf_model(TINY, seed=3)
+    fresh_hf.load_state_dict(our_sd, strict=True)
+    for k, v in fresh_hf.state_dict().items():
+        assert torch.equal(v, our_sd[k]), k
+
+
+def test_decoder_is_tied():
+    ours = BertForPreTraining(TINY)
+    head = ours.cls.predictions
+    assert head.decoder.weight is ours.bert.embeddings.word_embeddings.weight
+    assert head.decoder.bias is head.bias
+    # Tying survives loading a checkpoint (load_state_dict copies in place).
+    ours.load_state_dict(hf_model(TINY).state_dict(), strict=True)
+    assert head.decoder.weight is ours.bert.embeddings.word_embeddings.weight
+    # Shared tensors are counted once by the optimizer's view of the model.
+    names = [n for n, _ in ours.named_parameters()]
+    assert "cls.predictions.decoder.weight" not in names
+
+
+def test_init():
+    cfg = dataclasses.replace(TINY, vocab_size=1000, hidden_size=128, num_heads=4,
+                              intermediate_size=256, initializer_range=0.05)
+    torch.manual_seed(0)
+    ours = BertForPreTraining(cfg)
+    std = ours.bert.encoder.layer[0].intermediate.dense.weight.std().item()
+    assert math.isclose(std, 0.05, rel_tol=0.05)
+    assert math.isclose(ours.bert.embeddings.word_embeddings.weight.std().item(), 0.05,
+                        rel_tol=0.05)
+    for name, p in ours.named_parameters():
+        if name.endswith("bias"):
+            assert torch.all(p == 0), name
+        if "LayerNorm.weight" in name:
+            assert torch.all(p == 1), name
+
+
+# ---------------------------------------------------------------- unpadded training
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "math"])
+def test_unpadded_gradients_equal_padded(backend):
+    hf = hf_model(TINY, seed=5)
+    padded, labels, nsp = make_batch(seed=7)
+    inputs, packed_labels = pack(padded, labels)
+    grads = {}
+    for unpad in (False, True):
+        model = ours_from(hf, dataclasses.replace(TINY, attention_backend=backend,
+                                                  unpad=unpad)).train()
+        if unpad:
+            mlm, nsp_logits = model(**inputs)
+            loss = pretraining_loss(mlm, nsp_logits, packed_labels, nsp)
+        else:
+            mlm, nsp_logits = model(**padded)
+            loss = pretraining_loss(mlm, nsp_logits, labels, nsp)
+        loss.backward()
+        grads[unpad] = {n: p.grad for n, p in model.named_parameters()}
+    assert grads[False].keys() == grads[True].keys()
+    for name, g in grads[False].items():
+        assert g is not None and grads[True][name] is not None, name
+        torch.testing.assert_close(grads[True][name], g, **TOL, msg=lambda m: f"{name}: {m}")
+    assert grads[True]["bert.encoder.layer.0.attention.self.query.weight"].abs().max() > 0
+
+
+def test_attention_dropout_applies_only_in_training():
+    cfg = dataclasses.replace(TINY, attention_dropout=0.5, unpad=True)
+    model = ours_from(hf_model(TINY), cfg)
+    inputs, _ = pack(*make_batch()[:2])
+    torch.manual_seed(0)
+    with torch.no_grad():
+        a = model.eval()(**inputs)[0]
+        b = model.eval()(**inputs)[0]
+        c = model.train()(**inputs)[0]
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert not torch.allclose(a, c, atol=1e-3)
+
+
+# ---------------------------------------------------------------- attention backends
+
+
+def test_build_attention_resolves_and_rejects():
+    auto = build_attention("auto", "cpu")
+    assert isinstance(auto, AttentionBackend)
+    assert callable(auto.padded) and callable(auto.varlen)
+    assert build_attention("math", "cpu").name == "math"
+    assert build_attention("sdpa", "cuda").name == "sdpa"
+    with pytest.raises(ValueError, match="bogus"):
+        build_attention("bogus", "cpu")
+
+
+def _reference_attention(q, k, v):
+    """One unmasked sequence, [S, H, D], in float64."""
+    q, k, v = (t.double().transpose(0, 1) for t in (q, k, v))
+    p = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.size(-1)), dim=-1)
+    return (p @ v).transpose(0, 1).float()
+
+
+@pytest.mark.parametrize("name", ["sdpa", "math"])
+def test_varlen_equals_attention_per_sequence(name):
+    backend = build_attention(name, "cpu")
+    g = torch.Generator().manual_seed(0)
+    lengths = [5, 1, 8, 3]
+    total, heads, dim = sum(lengths), 2, 8
+    q, k, v = (torch.randn(total, heads, dim, generator=g) for _ in range(3))
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
+    out = backend.varlen(q, k, v, cu, max_seqlen=10)  # larger than needed is allowed
+    assert out.shape == (total, heads, dim)
+    for b in range(len(lengths)):
+        s, e = int(cu[b]), int(cu[b + 1])
+        torch.testing.assert_close(out[s:e], _reference_attention(q[s:e], k[s:e], v[s:e]),
+                                   rtol=0, atol=1e-5)
+
+
+def test_padded_backends_agree_and_ignore_masked_keys():
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 3, 6, 8, generator=g) for _ in range(3))
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    sdpa = build_attention("sdpa", "cpu").padded(q, k, v, mask)
+    math_ = build_attention("math", "cpu").padded(q, k, v, mask)
+    torch.testing.assert_close(sdpa, math_, rtol=0, atol=1e-5)
+    k2, v2 = k.clone(), v.clone()
+    k2[0, :, 4:] += 100.0  # changing masked keys/values must not change the output
+    v2[0, :, 4:] -= 100.0
+    torch.testing.assert_close(build_attention("math", "cpu").padded(q, k2, v2, mask), math_,
+                               rtol=0, atol=1e-5)
