@@ -135,6 +135,9 @@ class RunConfig:
     seed: int = 12345
     device: Literal["auto", "cpu", "cuda"] = "auto"
     init_checkpoint: str = ""  # model weights to start from (empty = random init)
+    # Write the final model weights here at the end of the run (a state dict with
+    # Hugging Face BertForPreTraining names; empty = don't). Not part of the timed run.
+    save_checkpoint: str = ""
     # Whether the launcher dropped the page cache before this run (logged as cache_clear).
     cache_cleared: bool = False
     threads: int = 0  # torch intra-op threads per rank on CPU; 0 = torch's own choice

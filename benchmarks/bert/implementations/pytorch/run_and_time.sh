@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Per-run launcher: turns the config_*.sh variables that are set into training overrides
+# (it holds no defaults of its own: unset variables leave bert/config.py's defaults), runs
+# training, and prints the start/end and a RESULT line.
+#
+#   source config_CPU_1x2.sh && DATADIR=... EVALDIR=... LOGDIR=... ./run_and_time.sh
+#
+# LAUNCHER=torchrun (default) starts DGXNGPU local ranks itself; LAUNCHER=task means this
+# script already is one rank (started by srun or mpirun), so it runs one process.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+
+args=()
+add() { # add KEY VAR: pass ${VAR} as KEY=value when VAR is set and non-empty
+  if [[ -n "${!2:-}" ]]; then args+=("$1=${!2}"); fi
+}
+add data.train_dir DATADIR
+add data.eval_dir EVALDIR
+add run.init_checkpoint INIT_CHECKPOINT
+add run.save_checkpoint SAVE_CHECKPOINT
+add log.output_dir LOGDIR
+add log.log_file LOGFILE
+add log.system DGXSYSTEM
+add run.division DIVISION
+add run.seed SEED
+add run.local_batch_size BATCHSIZE
+add run.grad_accum_steps GRADIENT_STEPS
+add run.max_samples MAX_SAMPLES_TERMINATION
+add run.threads CPU_THREADS_PER_RANK
+add run.cache_cleared CACHE_CLEARED
+add optim.name OPTIMIZER
+add optim.lr LR
+add optim.total_steps MAX_STEPS
+add optim.warmup_steps WARMUP_STEPS
+add optim.start_warmup_step START_WARMUP_STEP
+add optim.beta1 OPT_LAMB_BETA_1
+add optim.beta2 OPT_LAMB_BETA_2
+add optim.eps OPT_EPSILON
+add optim.weight_decay WEIGHT_DECAY_RATE
+add optim.end_lr END_LR
+add eval.interval_samples EVAL_ITER_SAMPLES
+add eval.target_accuracy TARGET_MLM_ACCURACY
+# EXTRA_PARAMS: further key=value overrides, whitespace separated (word splitting intended).
+read -r -a extra <<< "${EXTRA_PARAMS:-}"
+args+=("${extra[@]}")
+
+start=$(date +%s)
+echo "STARTING TIMING RUN AT $(date '+%Y-%m-%d %r')"
+set +e
+if [[ "${LAUNCHER:-torchrun}" == torchrun ]]; then
+  # --standalone: a private rendezvous on this node; one process per GPU (CPU rank).
+  torchrun --standalone --nnodes=1 --nproc_per_node="${DGXNGPU:?DGXNGPU must be set}" \
+    -m bert.train "${args[@]}"
+else
+  python -m bert.train "${args[@]}"
+fi
+rc=$?
+set -e
+end=$(date +%s)
+echo "ENDING TIMING RUN AT $(date '+%Y-%m-%d %r')"
+echo "RESULT,bert,${SEED:-default},$((end - start)),${USER:-$(id -un)},$(date -d "@${start}" '+%Y-%m-%d %r')"
+exit "${rc}"

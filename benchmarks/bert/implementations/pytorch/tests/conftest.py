@@ -1,0 +1,80 @@
+"""Shared fixtures: the demo data, a model trained to the demo target, the MLPerf checker.
+
+The expensive fixture (``trained``: 2 CPU ranks through run_and_time.sh with
+config_CPU_1x2.sh, to 0.720) runs once per session; tests that need a converged model
+start from its weights and reach the target at their first evaluation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parent.parent
+VENV_BIN = str(Path(sys.executable).parent)
+
+
+def source_config(name: str) -> dict[str, str]:
+    """The variables a config_*.sh exports, as a dict (sourced by bash, as users do)."""
+    out = subprocess.run(["bash", "-c", f"set -a; source ./{name} >/dev/null; env -0"], cwd=PKG,
+                         check=True, capture_output=True, env={"PATH": os.environ["PATH"]}).stdout
+    env = dict(item.split("=", 1) for item in out.decode().split("\0") if "=" in item)
+    return {k: v for k, v in env.items() if k not in ("PWD", "SHLVL", "_", "OLDPWD", "PATH")}
+
+
+def run_checker(log: Path, ruleset: str = "5.0.0") -> tuple[bool, str]:
+    """The MLCommons compliance checker on one log: (passed, its output)."""
+    r = subprocess.run([sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "training",
+                        "--ruleset", ruleset, str(log)], capture_output=True, text=True, cwd=log.parent)
+    out = r.stdout + r.stderr
+    return r.returncode == 0 and "SUCCESS" in out, out
+
+
+def mllog_events(log: Path) -> list[dict]:
+    return [json.loads(line.split(":::MLLOG", 1)[1]) for line in log.read_text().splitlines() if ":::MLLOG" in line]
+
+
+@dataclass
+class DemoData:
+    root: Path
+    train: Path
+    eval: Path
+    env: dict[str, str]  # config_CPU_1x2.sh's variables
+
+
+@pytest.fixture(scope="session")
+def demo_data(tmp_path_factory) -> DemoData:
+    """The demo dataset of config_CPU_1x2.sh's geometry, smaller (the model sees it ~2x)."""
+    from bert import demo_data as gen
+
+    env = source_config("config_CPU_1x2.sh")
+    root = tmp_path_factory.mktemp("demo_data")
+    gen.generate(root, train_samples=16000, eval_samples=1000, seed=1, seq_len=int(env["DEMO_SEQ_LEN"]),
+                 max_pred=int(env["DEMO_MAX_PRED"]), vocab=int(env["DEMO_VOCAB"]), layout="variable", shards=4)
+    return DemoData(root, root / "train", root / "eval", env)
+
+
+@dataclass
+class TrainedRun:
+    checkpoint: Path
+    log: Path
+    stdout: str
+    returncode: int
+
+
+@pytest.fixture(scope="session")
+def trained(demo_data, tmp_path_factory) -> TrainedRun:
+    """config_CPU_1x2.sh through run_and_time.sh (torchrun, 2 gloo ranks) to the target."""
+    out = tmp_path_factory.mktemp("trained")
+    env = dict(os.environ, **demo_data.env)
+    env.update(PATH=f"{VENV_BIN}:{os.environ['PATH']}", DATADIR=str(demo_data.train), EVALDIR=str(demo_data.eval),
+               LOGDIR=str(out), LOGFILE="result_0.txt", SEED="7", SAVE_CHECKPOINT=str(out / "model.pt"),
+               EXTRA_PARAMS=demo_data.env["EXTRA_PARAMS"] + " data.eval_samples=1000")
+    r = subprocess.run(["./run_and_time.sh"], cwd=PKG, env=env, capture_output=True, text=True, timeout=900)
+    return TrainedRun(out / "model.pt", out / "result_0.txt", r.stdout + r.stderr, r.returncode)

@@ -1,0 +1,90 @@
+"""End to end: the CPU config trains to the target on 2 ranks and its MLPerf log passes the
+MLCommons checker; both divisions; the sample limit aborts; a dry run trains nothing."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from bert import train
+from conftest import mllog_events, run_checker
+
+
+def _small_overrides(demo_data, out, *extra):
+    """The demo model (config_CPU_1x2.sh's EXTRA_PARAMS) on one process."""
+    return [*demo_data.env["EXTRA_PARAMS"].split(), f"data.train_dir={demo_data.train}",
+            f"data.eval_dir={demo_data.eval}", "data.eval_samples=1000", f"log.output_dir={out}",
+            "run.local_batch_size=32", *extra]
+
+
+def test_cpu_config_trains_to_target_on_two_ranks(trained):
+    assert trained.returncode == 0, trained.stdout[-3000:]
+    ok, out = run_checker(trained.log)
+    assert ok, out
+    # Human progress lines beside the :::MLLOG lines, and the RESULT line of run_and_time.sh.
+    assert re.search(r"^step +\d+ \| samples +\d+ \| loss +[\d.]+ \| lr .* samples/s$", trained.stdout, re.M)
+    assert re.search(r"^eval  @ \d+ samples: masked-LM accuracy", trained.stdout, re.M)
+    assert re.search(r"^RESULT,bert,7,\d+,", trained.stdout, re.M)
+    events = mllog_events(trained.log)
+    by_key = {e["key"]: e for e in events}
+    assert by_key["submission_division"]["value"] == "closed"
+    assert by_key["run_stop"]["metadata"]["status"] == "success"
+    assert by_key["global_batch_size"]["value"] == 64  # 2 ranks x 32
+    assert by_key["opt_implementation"]["value"] == "lamb:foreach"
+    accs = [e for e in events if e["key"] == "eval_accuracy"]
+    assert accs[-1]["value"] >= 0.72 > accs[0]["value"]
+    # epoch_num of the eval = training samples seen, the last one = train_samples.
+    assert accs[-1]["metadata"]["epoch_num"] == by_key["train_samples"]["value"]
+    assert all(b["metadata"]["epoch_num"] - a["metadata"]["epoch_num"] == 6400 for a, b in zip(accs, accs[1:]))
+    # Every line once: rank 1 logs nothing, the file handler does not duplicate.
+    assert sum(e["key"] == "run_start" for e in events) == 1
+    dumped = json.loads((trained.log.parent / "result_0_config.json").read_text())
+    assert dumped["resolved"]["world_size"] == 2 and dumped["model"]["hidden_size"] == 128
+    assert trained.checkpoint.exists()
+
+
+@pytest.mark.parametrize("division, optimizer", [("closed", "lamb"), ("open", "adam")])
+def test_short_run_from_checkpoint_passes_checker(trained, demo_data, tmp_path, division, optimizer):
+    assert trained.returncode == 0, trained.stdout[-3000:]
+    rc = train.main(_small_overrides(demo_data, tmp_path, f"run.division={division}", f"optim.name={optimizer}",
+                                     f"run.init_checkpoint={trained.checkpoint}", "optim.lr=1e-4",
+                                     "eval.interval_samples=64", "run.max_samples=640"))
+    assert rc == 0
+    log = tmp_path / "result_0.txt"
+    ok, out = run_checker(log)
+    assert ok, out
+    assert f"training_5.0.0/{division}_bert.yaml" in out
+    keys = {e["key"]: e["value"] for e in mllog_events(log)}
+    assert keys["submission_division"] == division and keys["opt_name"] == optimizer
+
+
+def test_sample_limit_logs_aborted(demo_data, tmp_path):
+    rc = train.main(_small_overrides(demo_data, tmp_path, "eval.interval_samples=64", "run.max_samples=96"))
+    assert rc == 1
+    events = mllog_events(tmp_path / "result_0.txt")
+    stop = [e for e in events if e["key"] == "run_stop"]
+    assert len(stop) == 1 and stop[0]["metadata"]["status"] == "aborted"
+    # Evaluated on schedule (64) and once more at the limit (96 = 3 steps of 32).
+    assert [e["metadata"]["epoch_num"] for e in events if e["key"] == "eval_accuracy"] == [64, 96]
+    ok, out = run_checker(tmp_path / "result_0.txt")
+    assert not ok and "0.720" in out  # aborted runs never reach the target
+
+
+def test_dry_run_builds_everything_and_trains_nothing(demo_data, tmp_path):
+    assert train.main(_small_overrides(demo_data, tmp_path, "--dry-run")) == 0
+    events = mllog_events(tmp_path / "result_0.txt")
+    assert "run_start" not in {e["key"] for e in events}
+    assert (tmp_path / "result_0_config.json").exists()
+
+
+def test_bad_config_exits_2_naming_the_key(capsys):
+    assert train.main(["optim.lr=fast"]) == 2
+    assert "optim.lr" in capsys.readouterr().err
+
+
+def test_init_checkpoint_loads_hf_names(trained, tmp_path):
+    state = torch.load(trained.checkpoint, weights_only=True)
+    assert "bert.embeddings.word_embeddings.weight" in state and "cls.seq_relationship.weight" in state
