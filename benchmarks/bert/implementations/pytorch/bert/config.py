@@ -134,7 +134,9 @@ class RunConfig:
     max_samples: int = 0
     seed: int = 12345
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    init_checkpoint: str = ""  # model weights to start from (empty = random init)
+    # Model weights to start from (empty = random init): a TF checkpoint prefix
+    # (model.ckpt-28252), a Hugging Face directory/file, or a file save_checkpoint wrote.
+    init_checkpoint: str = ""
     # Write the final model weights here at the end of the run (a state dict with
     # Hugging Face BertForPreTraining names; empty = don't). Not part of the timed run.
     save_checkpoint: str = ""

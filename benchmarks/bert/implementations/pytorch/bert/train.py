@@ -23,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import distributed
 from .config import Config, ConfigError, build_config, dump, eval_interval_samples, global_batch_size, max_samples, parse_overrides
+from .checkpoint import load_weights
 from .data import EvalSet, TrainLoader
 from .mlperf_log import MLPerfLogger, hyperparameters
 from .model import BertForPreTraining, mlm_correct_and_count, pretraining_loss
@@ -136,8 +137,8 @@ def train(p: Parts, cfg: Config, log: MLPerfLogger, say: Callable[[str], None]) 
 def build(cfg: Config, denv: distributed.DistEnv, device: torch.device) -> tuple[Parts, str]:
     model = BertForPreTraining(cfg.model, device.type).to(device)
     if cfg.run.init_checkpoint:
-        state = torch.load(cfg.run.init_checkpoint, map_location="cpu", weights_only=True)
-        model.load_state_dict(state.get("model", state))
+        # TF phase-1 checkpoint, HF weights or ours; names and shapes checked against cfg.model.
+        model.load_state_dict(load_weights(cfg.run.init_checkpoint, cfg.model))
     train_model: torch.nn.Module = model
     if denv.world_size > 1:
         train_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
