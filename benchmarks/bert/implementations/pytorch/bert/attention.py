@@ -13,11 +13,16 @@ Every backend offers the same two entry points:
 ``dropout_p`` is the attention-probability dropout to apply *now*: the caller passes 0.0
 outside training, so backends never look at a training flag.
 
-The portable ``varlen`` pads into ``[B, max_seqlen]``, runs ``padded`` and gathers back. A
-GPU backend with a true variable-length kernel (flash-attn's ``flash_attn_varlen_func``)
-belongs in a subclass that overrides ``varlen``, selected in ``build_attention``; nothing
-else has to change. (``torch.nn.attention.varlen.varlen_attn`` has no dropout argument, so
-it cannot serve training with attention dropout on its own.)
+The portable ``varlen`` pads into ``[B, max_seqlen]``, runs ``padded`` and gathers back
+(attention then costs B * max_seqlen^2 instead of sum L^2: with presorted batches the two
+are close). On GPU two true variable-length kernels override ``varlen``:
+
+- ``flash``: flash-attn's ``flash_attn_varlen_func`` (fp16/bf16 inputs, i.e. under
+  autocast; attention dropout supported). Only when ``flash_attn`` imports.
+- ``torch_varlen``: ``torch.nn.attention.varlen.varlen_attn`` (torch's own flash kernel).
+  It has no dropout argument, so ``auto`` picks it only when ``attention_dropout`` is 0,
+  and it raises if asked for dropout; with BERT's 0.1 attention dropout and no flash-attn
+  the GPU falls back to ``sdpa`` (memory-efficient kernel on the padded grid).
 """
 
 from __future__ import annotations
@@ -27,7 +32,25 @@ import math
 import torch
 import torch.nn.functional as F
 
-BACKENDS = ("auto", "sdpa", "math")
+BACKENDS = ("auto", "sdpa", "math", "flash", "torch_varlen")
+
+
+def flash_varlen_func():
+    """flash-attn's varlen kernel, or None when the package is missing (import-guarded)."""
+    try:
+        from flash_attn import flash_attn_varlen_func
+    except ImportError:
+        return None
+    return flash_attn_varlen_func
+
+
+def torch_varlen_func():
+    """torch's own varlen attention, or None in a torch without it."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
 
 
 class AttentionBackend:
@@ -84,6 +107,33 @@ class MathAttention(AttentionBackend):
         return torch.matmul(probs, v)
 
 
+class FlashVarlenAttention(SdpaAttention):
+    """flash-attn's variable-length kernel: cost sum L^2, no padded grid, no mask."""
+
+    name = "flash"
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def varlen(self, q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0):
+        return self.fn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p=dropout_p)
+
+
+class TorchVarlenAttention(SdpaAttention):
+    """``torch.nn.attention.varlen.varlen_attn``: flash-style varlen kernel without dropout."""
+
+    name = "torch_varlen"
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def varlen(self, q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0):
+        if dropout_p > 0.0:  # a Python float: no device sync
+            raise RuntimeError("torch_varlen attention has no dropout; set model.attention_dropout=0 "
+                               "or use the flash / sdpa backend")
+        return self.fn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen)
+
+
 def varlen_via_padded(padded, q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0):
     """Variable-length attention through a padded kernel: scatter, attend, gather.
 
@@ -112,14 +162,34 @@ def varlen_via_padded(padded, q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0):
     return out.index_select(0, slot)
 
 
-def build_attention(backend: str, device_type: str) -> AttentionBackend:
-    """Resolve a backend name for a device type ("cpu", "cuda", ...) once, at build time."""
+def build_attention(backend: str, device_type: str, attention_dropout: float = 0.0, *,
+                    flash=flash_varlen_func, torch_varlen=torch_varlen_func) -> AttentionBackend:
+    """Resolve a backend name for a device type ("cpu", "cuda", ...) once, at build time.
+
+    ``flash`` / ``torch_varlen`` return the kernels or None (parameters so tests can stand
+    in for a GPU machine). Asking by name for a kernel that is missing, or that cannot run
+    on the device, raises; ``auto`` takes the best that works.
+    """
     if backend not in BACKENDS:
         raise ValueError(f"attention backend {backend!r} is not one of {list(BACKENDS)}")
+    gpu = device_type == "cuda"
     if backend == "auto":
-        # Seam: on "cuda", a flash-attn variable-length backend goes first here once it
-        # exists. Until then sdpa is the fastest we have on every device.
-        backend = "sdpa"
+        if gpu and flash() is not None:
+            backend = "flash"
+        elif gpu and attention_dropout == 0.0 and torch_varlen() is not None:
+            backend = "torch_varlen"
+        else:
+            backend = "sdpa"
+    if backend in ("flash", "torch_varlen"):
+        fn = flash() if backend == "flash" else torch_varlen()
+        if not gpu or fn is None:
+            raise ValueError(f"attention backend {backend!r} needs a CUDA device and "
+                             f"{'the flash_attn package' if backend == 'flash' else 'torch.nn.attention.varlen'}"
+                             f" (device {device_type!r}, kernel {'found' if fn else 'missing'})")
+        if backend == "torch_varlen" and attention_dropout > 0.0:
+            raise ValueError("attention backend 'torch_varlen' has no dropout; "
+                             f"model.attention_dropout is {attention_dropout}")
+        return FlashVarlenAttention(fn) if backend == "flash" else TorchVarlenAttention(fn)
     if backend == "sdpa":
         return SdpaAttention()
     return MathAttention()

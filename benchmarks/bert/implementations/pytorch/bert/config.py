@@ -46,8 +46,15 @@ class ModelConfig:
     unpad: bool = True
     # Attention kernel, resolved once at build time: "auto" picks the best available
     # for the device; "sdpa" = torch scaled_dot_product_attention; "math" = explicit
-    # softmax(QK^T)V, slow but obviously correct.
-    attention_backend: Literal["auto", "sdpa", "math"] = "auto"
+    # softmax(QK^T)V, slow but obviously correct; "flash" = flash-attn's varlen kernel (GPU,
+    # needs flash_attn); "torch_varlen" = torch.nn.attention.varlen.varlen_attn (GPU, no
+    # attention dropout). auto on GPU: flash, else torch_varlen when attention_dropout is 0,
+    # else sdpa; on CPU: sdpa.
+    attention_backend: Literal["auto", "sdpa", "math", "flash", "torch_varlen"] = "auto"
+    # Packed rows: the batch's sequences packed up to 3 per max_seq_length row (first-fit
+    # decreasing), attention within each sequence; the padded layout with less padding.
+    # Needs unpad=false.
+    pack: bool = False
 
 
 @dataclass
@@ -64,7 +71,27 @@ class DataConfig:
 class SamplerConfig:
     # random: each epoch shuffles the shard order and the samples inside each shard,
     # shards dealt round-robin to ranks (closed-division semantics).
-    mode: Literal["random"] = "random"
+    # stratified: every draw unit takes a fixed count per length stratum each step
+    # (bert/sampler.py; open division). Other modes read rows by global id.
+    mode: Literal["random", "stratified"] = "random"
+    # Presorting inside groups of group_size ranks: the group's samples are sorted by
+    # length and dealt back (equal counts). snake = the paper's deal; greedy = longest
+    # first onto the lightest rank; cost = greedy on L + L^2/(6 hidden). none = no deal.
+    deal: Literal["none", "snake", "greedy", "cost"] = "none"
+    # Ranks per deal group (a node; capped at the world size); 0 = all ranks (NVIDIA's
+    # global exchange padding).
+    group_size: int = 8
+    # Who takes the strata counts: each rank (counts of local_batch_size) or each group
+    # (counts of group_size * local_batch_size: finer rounding; needs a deal).
+    draw: Literal["rank", "group"] = "rank"
+    # Virtual strata of this many tokens cut from the length index; 0 = the manifest's.
+    strata_width: int = 0
+    # Samples per stratum per draw unit, e.g. "6,3,2,5"; empty = largest-remainder
+    # rounding of the strata's shares.
+    counts: str = ""
+    # Where a group learns its samples' lengths: the data pipeline's length index (no
+    # exchange) or an all_gather within the group each step (a sync point).
+    lengths: Literal["index", "gather"] = "index"
 
 
 @dataclass
@@ -323,6 +350,7 @@ def validate(cfg: Config) -> None:
          f"{m.hidden_size} is not divisible by model.num_heads={m.num_heads}")
     for name in ("hidden_dropout", "attention_dropout"):
         need(0.0 <= getattr(m, name) < 1.0, f"model.{name}", "must be in [0, 1)")
+    need(not (m.pack and m.unpad), "model.pack", "packed rows need model.unpad=false")
     d = cfg.data
     need(0 < d.max_seq_length <= m.max_position_embeddings, "data.max_seq_length",
          f"must be in [1, model.max_position_embeddings={m.max_position_embeddings}]")
@@ -348,6 +376,14 @@ def validate(cfg: Config) -> None:
     need(0 < cfg.dist.master_port < 65536, "dist.master_port", "must be a TCP port")
     need(cfg.log.progress_interval_steps > 0, "log.progress_interval_steps", "must be positive")
     need(bool(cfg.log.output_dir), "log.output_dir", "must not be empty")
+    sm = cfg.sampler
+    need(sm.group_size >= 0, "sampler.group_size", "must be >= 0 (0 = all ranks)")
+    need(sm.strata_width >= 0, "sampler.strata_width", "must be >= 0 (0 = the manifest's strata)")
+    need(sm.draw == "rank" or sm.deal != "none", "sampler.draw", "draw=group needs a sampler.deal")
+    need(sm.lengths == "index" or (sm.deal != "none" and sm.draw == "rank"), "sampler.lengths",
+         "gather needs a sampler.deal and sampler.draw=rank")
+    need(cfg.run.division == "open" or (sm.mode == "random" and sm.deal == "none"), "sampler.mode",
+         "the closed division samples uniformly at random (mode=random, deal=none)")
     r = cfg.run
     need(r.local_batch_size > 0, "run.local_batch_size", "must be positive")
     need(r.grad_accum_steps > 0, "run.grad_accum_steps", "must be positive")

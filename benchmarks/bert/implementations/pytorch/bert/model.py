@@ -11,7 +11,8 @@ Two forward paths share the same weights:
   runs on ``[T, hidden]`` and the MLM head only on the M masked rows, which skips the
   padding's FLOPs and the ``[B, S, vocab]`` logits.
 
-``cfg.unpad`` picks which one ``forward`` runs (DDP only ever calls ``forward``); both stay
+A third, packed path (``cfg.pack``: up to 3 sequences per row, attention kept within each
+sequence) serves fixed-width kernels. ``cfg.pack``/``cfg.unpad`` pick which one ``forward`` runs (DDP only ever calls ``forward``); both stay
 callable by name for evaluation and tests.
 """
 
@@ -200,14 +201,21 @@ def _attend_padded(backend: AttentionBackend, key_mask, q, k, v, dropout_p):
     return out.transpose(1, 2)
 
 
+def _attend_packed(backend: AttentionBackend, real_index, cu_seqlens, max_seqlen, q, k, v, dropout_p):
+    # Allocates one [R * S, H, D] output; the gathers copy the T real rows of q, k, v.
+    out = backend.varlen(q.index_select(0, real_index), k.index_select(0, real_index),
+                         v.index_select(0, real_index), cu_seqlens, max_seqlen, dropout_p)
+    return q.new_zeros(q.shape).index_copy(0, real_index, out)
+
+
 class BertForPreTraining(nn.Module):
     def __init__(self, cfg: ModelConfig, device_type: str = "cpu"):
         """``device_type`` ("cpu", "cuda") is where the model will run; it only steers the
         attention backend, resolved once here (the model is built before it is moved)."""
         super().__init__()
-        self.unpad = cfg.unpad
+        self.unpad, self.pack = cfg.unpad, cfg.pack
         self.initializer_range = cfg.initializer_range
-        self.attn_backend = build_attention(cfg.attention_backend, device_type)
+        self.attn_backend = build_attention(cfg.attention_backend, device_type, cfg.attention_dropout)
         self.bert = BertModel(cfg)
         self.cls = PreTrainingHeads(cfg)
         self.apply(self._init_weights)
@@ -227,6 +235,8 @@ class BertForPreTraining(nn.Module):
 
     def forward(self, **inputs):
         """The path fixed at construction by ``cfg.unpad``; see the two methods below."""
+        if self.pack:
+            return self.forward_packed(**inputs)
         if self.unpad:
             return self.forward_unpadded(**inputs)
         return self.forward_padded(**inputs)
@@ -240,6 +250,22 @@ class BertForPreTraining(nn.Module):
         h = self.bert.encoder(h, attend)
         pooled = self.bert.pooler(h[:, 0])
         return self.cls.predictions(h), self.cls.seq_relationship(pooled)
+
+    def forward_packed(self, input_ids, token_type_ids, position_ids, real_index, cu_seqlens,
+                       max_seqlen, masked_index, first_index):
+        """Packed rows (``bert.sampler.collate_packed``) -> (MLM logits [M, V], NSP [B, 2]).
+
+        Every op but attention runs on the [R, S] grid, padding cells included (the fixed
+        row width is what packing is for); attention gathers the T real tokens, attends
+        within each sequence (``varlen``) and scatters back, so padding cells get zeros
+        there and sequences sharing a row never see each other.
+        """
+        attend = functools.partial(_attend_packed, self.attn_backend, real_index, cu_seqlens, max_seqlen)
+        h = self.bert.embeddings(input_ids, token_type_ids, position_ids).flatten(0, 1)
+        h = self.bert.encoder(h, attend)
+        pooled = self.bert.pooler(h.index_select(0, first_index))
+        mlm = self.cls.predictions(h.index_select(0, masked_index))
+        return mlm, self.cls.seq_relationship(pooled)
 
     def forward_unpadded(self, input_ids, token_type_ids, position_ids, cu_seqlens,
                          max_seqlen, masked_index):

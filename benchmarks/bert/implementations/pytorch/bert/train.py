@@ -21,10 +21,10 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import distributed
+from . import distributed, sampler
 from .config import Config, ConfigError, build_config, dump, eval_interval_samples, global_batch_size, max_samples, parse_overrides
 from .checkpoint import load_weights
-from .data import EvalSet, TrainLoader
+from .data import EvalSet
 from .mlperf_log import MLPerfLogger, hyperparameters
 from .model import BertForPreTraining, mlm_correct_and_count, pretraining_loss
 from .optim import build_optimizer, build_scheduler
@@ -146,10 +146,10 @@ def build(cfg: Config, denv: distributed.DistEnv, device: torch.device) -> tuple
     optimizer, impl = build_optimizer(model, cfg.optim, device.type)
     scheduler = build_scheduler(optimizer, cfg.optim)
     d = cfg.data
-    batches = TrainLoader(d.train_dir, denv.rank, denv.world_size, cfg.run.local_batch_size,
-                          cfg.run.seed, cfg.model.unpad, d.max_seq_length)
+    batches = sampler.train_batches(cfg, denv.rank, denv.world_size)  # picks the mode once
     eval_set = EvalSet(d.eval_dir, denv.rank, denv.world_size, d.eval_samples, d.max_seq_length)
-    eval_batches = list(eval_set.batches(cfg.eval.batch_size, cfg.model.unpad, d.max_seq_length))
+    eval_batches = sampler.eval_batches(eval_set, cfg.eval.batch_size, cfg.model.unpad, cfg.model.pack,
+                                        d.max_seq_length)
     ws = denv.world_size
     parts = Parts(model, train_model, optimizer, scheduler, iter(batches), eval_batches,
                   eval_set.total_samples, device,

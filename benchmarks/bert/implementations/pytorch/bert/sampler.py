@@ -1,0 +1,579 @@
+"""Which samples each rank trains on at each step: stratified sampling, local presorting,
+global exchange and packing (the load-balance techniques of Kim et al. 2024).
+
+The closed division keeps ``bert.data.RandomShardOrder`` (each rank reads its own shards).
+Every other mode here works on *global sample ids* (sample ``i`` of the dataset = row
+``i - offset[s]`` of shard ``s``) and a length per id (``LengthIndex``, from the data
+pipeline's ``length_index.npz`` or measured once at start-up), so that any rank can compute
+what any other rank of its group will draw without exchanging anything, and read exactly
+its own samples by row.
+
+Modes (``SamplerConfig``), each a pure function of (seed, step), hence deterministic and
+resumable from the step counter alone:
+
+- ``random``: one stratum holding every sample; each epoch is a fresh uniform permutation.
+- ``stratified``: samples are binned by length into strata (the manifest's, or finer
+  virtual strata of ``strata_width`` tokens cut from the length index); every draw unit (a
+  rank, or a group of ranks with ``draw=group``) takes a fixed count per stratum at every
+  step, by largest-remainder rounding of the strata's shares (``counts`` overrides).
+
+  *Epoch.* Each stratum k is an endless stream: epoch e of stratum k is the permutation
+  ``rng(seed, k, e)`` of its ids, and step t takes positions
+  ``[t * U * c_k, (t + 1) * U * c_k)`` of the concatenated stream (U draw units of c_k
+  each). Within a stratum epoch every sample is drawn exactly once: none repeated, none
+  lost; a step that straddles the end takes the tail of epoch e and the head of e + 1.
+  Strata run through their epochs at slightly different rates (c_k / (U c_k) vs N_k / N
+  differ by the rounding), so "the data epoch" is nominal: ``total_samples / global
+  batch`` steps.
+- a ``deal`` over groups of ``group_size`` ranks (a node): the group's samples are sorted
+  by length and dealt back, ``B`` to each rank (counts stay equal). ``snake`` is the
+  paper's boustrophedon deal; ``greedy`` puts each sample, longest first, on the rank with
+  the fewest tokens that still has room; ``cost`` does the same on a FLOP model with
+  attention's quadratic term. ``group_size=0`` deals over all ranks: NVIDIA's global
+  exchange padding, as a comparison.
+- ``lengths=gather``: the group learns its lengths by an all_gather of each rank's own
+  draw (one collective per step, a sync point) instead of from the index; the deal is the
+  same. Without a length index this is the only way; with one it costs time for nothing.
+
+Packing (``pack_ffd``) puts up to 3 sequences per ``max_seq_length`` row for padded kernels.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import heapq
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import h5py
+import numpy as np
+
+from .data import DataError, Sample, Shard, _row_offsets, collate, list_shards, read_shard
+
+MANIFEST_FORMAT = "mlperf-bert-strata/1"
+DEALS = ("none", "snake", "greedy", "cost")
+
+
+# ---------------------------------------------------------------- pure arithmetic
+
+
+def largest_remainder(shares: Sequence[float], total: int) -> np.ndarray:
+    """Integers proportional to ``shares`` summing to ``total`` (Hamilton's method): floors
+    first, then one more to the largest fractional parts (ties to the lower index)."""
+    w = np.asarray(shares, dtype=np.float64)
+    if total < 0 or w.ndim != 1 or not len(w) or (w < 0).any() or w.sum() <= 0:
+        raise ValueError(f"largest_remainder: need non-negative shares with a positive sum, got {shares}")
+    exact = w / w.sum() * total
+    out = np.floor(exact).astype(np.int64)
+    rest = exact - out
+    order = np.lexsort((np.arange(len(w)), -rest))  # largest remainder first, stable
+    out[order[: total - int(out.sum())]] += 1
+    return out
+
+
+def attention_cost(lengths: np.ndarray, hidden: int = 1024) -> np.ndarray:
+    """FLOP model of one sample, in token units: per layer the GEMMs cost 24 h^2 per token
+    and attention (QK^T and PV) 4 h L per token, so cost = L + L^2 / (6 h)."""
+    lengths = np.asarray(lengths, dtype=np.float64)
+    return lengths + lengths * lengths / (6.0 * hidden)
+
+
+def deal(lengths: np.ndarray, ranks: int, policy: str, hidden: int = 1024) -> np.ndarray:
+    """Rank (0..ranks-1) of each of ``len(lengths)`` samples, ``len / ranks`` per rank.
+
+    snake: sort longest first, deal 0,1,..,G-1,G-1,..,0,0,1,... (the paper's).
+    greedy / cost: longest first, each onto the rank with the smallest load (tokens, or
+    ``attention_cost``) that has fewer than its share: LPT under equal counts. A heap makes
+    it O(n log G).
+    """
+    n = len(lengths)
+    if n % ranks:
+        raise ValueError(f"deal: {n} samples do not split evenly over {ranks} ranks")
+    per = n // ranks
+    order = np.lexsort((np.arange(n), -np.asarray(lengths)))  # longest first, stable
+    out = np.empty(n, dtype=np.int64)
+    if policy == "snake":
+        rounds = np.arange(n) // ranks
+        pos = np.arange(n) % ranks
+        out[order] = np.where(rounds % 2 == 0, pos, ranks - 1 - pos)
+        return out
+    if policy not in ("greedy", "cost"):
+        raise ValueError(f"deal policy {policy!r} is not one of {list(DEALS[1:])}")
+    weight = attention_cost(lengths, hidden) if policy == "cost" else np.asarray(lengths, np.float64)
+    heap = [(0.0, r) for r in range(ranks)]  # (load, rank) of ranks with room
+    count = np.zeros(ranks, dtype=np.int64)
+    for i in order:
+        load, r = heapq.heappop(heap)
+        out[i] = r
+        count[r] += 1
+        if count[r] < per:
+            heapq.heappush(heap, (load + float(weight[i]), r))
+    return out
+
+
+def pack_ffd(lengths: Sequence[int], capacity: int, max_per_row: int = 3) -> list[list[int]]:
+    """First-fit decreasing: indices of ``lengths`` grouped into rows of at most
+    ``capacity`` tokens and ``max_per_row`` sequences, longest first (deterministic)."""
+    lengths = np.asarray(lengths)
+    if len(lengths) and lengths.max() > capacity:
+        raise ValueError(f"pack_ffd: a sequence of {int(lengths.max())} tokens exceeds {capacity}")
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in np.lexsort((np.arange(len(lengths)), -lengths)):
+        for r, free in enumerate(room):
+            if free >= lengths[i] and len(rows[r]) < max_per_row:
+                rows[r].append(int(i))
+                room[r] -= int(lengths[i])
+                break
+        else:
+            rows.append([int(i)])
+            room.append(capacity - int(lengths[i]))
+    return rows
+
+
+# ---------------------------------------------------------------- strata
+
+
+@dataclass(frozen=True)
+class Strata:
+    """Length bins ``[lo_k, hi_k]`` (inclusive, ascending, disjoint) and their shares."""
+
+    bounds: tuple[tuple[int, int], ...]
+    shares: tuple[float, ...]  # fraction of the samples in each stratum
+
+    def of(self, lengths: np.ndarray) -> np.ndarray:
+        """Stratum index of each length (-1 when outside every stratum)."""
+        lengths = np.asarray(lengths)
+        his = np.array([hi for _, hi in self.bounds])
+        k = np.searchsorted(his, lengths)
+        los = np.array([lo for lo, _ in self.bounds] + [np.iinfo(np.int64).max])
+        return np.where((k < len(his)) & (lengths >= los[np.minimum(k, len(his))]), k, -1)
+
+    def counts(self, unit: int, override: str = "") -> np.ndarray:
+        """Samples per stratum per draw unit of ``unit`` samples: largest-remainder rounding
+        of the shares, or ``override`` ("6,3,2,5"), which must sum to ``unit``."""
+        if override:
+            c = np.array([int(x) for x in override.split(",")], dtype=np.int64)
+            if len(c) != len(self.bounds) or c.sum() != unit or (c < 0).any():
+                raise ValueError(f"sampler.counts={override!r}: need {len(self.bounds)} "
+                                 f"non-negative counts summing to {unit}")
+            return c
+        return largest_remainder(self.shares, unit)
+
+    @staticmethod
+    def from_lengths(lengths: np.ndarray, bounds: Sequence[tuple[int, int]]) -> Strata:
+        hist = np.bincount(np.asarray(lengths, dtype=np.int64))
+        return Strata.from_histogram(np.arange(len(hist)), hist, bounds)
+
+    @staticmethod
+    def from_histogram(lengths: np.ndarray, counts: np.ndarray, bounds: Sequence[tuple[int, int]]) -> Strata:
+        lengths, counts = np.asarray(lengths), np.asarray(counts, dtype=np.float64)
+        n = [counts[(lengths >= lo) & (lengths <= hi)].sum() for lo, hi in bounds]
+        return Strata(tuple((int(lo), int(hi)) for lo, hi in bounds), tuple(float(x / sum(n)) for x in n))
+
+
+def even_bounds(max_len: int, width: int) -> list[tuple[int, int]]:
+    """Strata of ``width`` tokens: [1, w], [w+1, 2w], ... up to ``max_len``."""
+    if width <= 0:
+        raise ValueError(f"strata width must be positive, got {width}")
+    return [(lo, min(lo + width - 1, max_len)) for lo in range(1, max_len + 1, width)]
+
+
+# ---------------------------------------------------------------- the length index
+
+
+@dataclass
+class LengthIndex:
+    """Every shard of a dataset with the real length of each of its samples.
+
+    Global id i lives in shard ``s = searchsorted(offsets, i, 'right') - 1`` at row
+    ``i - offsets[s]``. Memory: 2 bytes per sample (uint16) plus the ids per stratum.
+    """
+
+    paths: list[Path]
+    lengths: np.ndarray  # uint16 [N], concatenated in ``paths`` order
+    offsets: np.ndarray  # int64 [len(paths) + 1]
+    bounds: tuple[tuple[int, int], ...] = ()  # the manifest's strata, if any
+
+    @staticmethod
+    def from_manifest(root: str | Path) -> LengthIndex:
+        """Read ``manifest.json`` and its ``length_index.npz`` (issue 3's ``stratify``)."""
+        root = Path(root)
+        try:
+            man = json.loads((root / "manifest.json").read_text())
+        except (OSError, ValueError) as e:
+            raise DataError(f"{root}/manifest.json: cannot read: {e}") from None
+        if man.get("format") != MANIFEST_FORMAT:
+            raise DataError(f"{root}/manifest.json: format {man.get('format')!r}, expected {MANIFEST_FORMAT!r}")
+        with np.load(root / man.get("length_index", "length_index.npz")) as npz:
+            index = {k: npz[k] for k in npz.files}
+        paths, parts, bounds = [], [], []
+        for st in man["strata"]:
+            bounds.append((int(st["min_len"]), int(st["max_len"])))
+            for rel in st["shards"]:
+                if rel not in index:
+                    raise DataError(f"{root}: shard {rel} of the manifest is not in its length index")
+                paths.append(root / rel)
+                parts.append(index[rel].astype(np.uint16))
+        lengths = np.concatenate(parts) if parts else np.zeros(0, np.uint16)
+        if int(man.get("total_samples", len(lengths))) != len(lengths):
+            raise DataError(f"{root}: manifest says {man['total_samples']} samples, the index holds {len(lengths)}")
+        return LengthIndex(paths, lengths, _row_offsets(np.array([len(p) for p in parts])), tuple(bounds))
+
+    @staticmethod
+    def from_dir(directory: str | Path) -> LengthIndex:
+        """A stratified dir (it has ``manifest.json``), else a plain dir of shards whose
+        lengths are measured here: one full read of the data at start-up."""
+        d = Path(directory)
+        if (d / "manifest.json").exists():
+            return LengthIndex.from_manifest(d)
+        paths = list_shards(d)
+        parts = [read_shard(p).lengths.astype(np.uint16) for p in paths]
+        return LengthIndex(paths, np.concatenate(parts), _row_offsets(np.array([len(p) for p in parts])))
+
+    def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        shard = np.searchsorted(self.offsets, ids, side="right") - 1
+        return shard, ids - self.offsets[shard]
+
+
+# ---------------------------------------------------------------- the sampler
+
+
+class IndexSampler:
+    """Global ids of the samples rank ``rank`` trains on at step t; see the module doc.
+
+    ``strata=None`` is ``random`` (one stratum of everything). ``draw`` is "rank" (each rank
+    takes the strata counts of ``local_batch``) or "group" (the group takes the counts of
+    ``group * local_batch``, which rounds finer). ``group=0`` means all ranks.
+    """
+
+    def __init__(self, lengths: np.ndarray, strata: Strata | None, rank: int, world_size: int,
+                 local_batch: int, seed: int, *, group: int = 1, draw: str = "rank",
+                 deal_policy: str = "none", counts: str = "", hidden: int = 1024):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside world_size {world_size}")
+        group = min(group or world_size, world_size)  # a job smaller than a node: one group
+        if deal_policy != "none" and world_size % group:
+            raise ValueError(f"sampler.group_size={group} does not divide world size {world_size}")
+        if deal_policy not in DEALS:
+            raise ValueError(f"sampler.deal={deal_policy!r} is not one of {list(DEALS)}")
+        if draw not in ("rank", "group"):
+            raise ValueError(f"sampler.draw={draw!r} is not 'rank' or 'group'")
+        self.lengths = np.asarray(lengths)
+        self.rank, self.world_size, self.local_batch, self.seed = rank, world_size, local_batch, seed
+        self.group, self.draw, self.deal_policy, self.hidden = group, draw, deal_policy, hidden
+        if draw == "group" and deal_policy == "none":
+            raise ValueError("sampler.draw=group needs a deal to split the group's samples")
+        unit = local_batch * (group if draw == "group" else 1)
+        if strata is None:
+            self.members = [np.arange(len(self.lengths), dtype=np.int32)]
+            self.counts = np.array([unit])
+        else:
+            k = strata.of(self.lengths)
+            if (k < 0).any():
+                bad = int(self.lengths[np.argmax(k < 0)])
+                raise DataError(f"a sample of length {bad} lies outside every stratum {strata.bounds}")
+            # ids as int32 (4 bytes per sample; a dataset is far below 2^31 samples)
+            self.members = [np.flatnonzero(k == j).astype(np.int32) for j in range(len(strata.bounds))]
+            self.counts = strata.counts(unit, counts)
+        for j, (m, c) in enumerate(zip(self.members, self.counts)):
+            if c and not len(m):
+                raise DataError(f"stratum {j} is empty but the batch takes {c} samples from it")
+        self._stratum = np.zeros(len(self.lengths), dtype=np.int16)
+        for j, m in enumerate(self.members):
+            self._stratum[m] = j
+        self.units = world_size // (group if draw == "group" else 1)
+        self._perm_cache: dict[tuple[int, int], np.ndarray] = {}
+
+    def members_of(self, ids: np.ndarray) -> np.ndarray:
+        """Stratum index of each id."""
+        return self._stratum[ids]
+
+    def _epoch_perm(self, k: int, epoch: int) -> np.ndarray:
+        # One permutation per stratum epoch, kept until the next one is needed: costs
+        # 4 bytes per sample of the stratum (two epochs at a boundary) and one shuffle.
+        key = (k, epoch)
+        if key not in self._perm_cache:
+            for old in [x for x in self._perm_cache if x[0] == k and x[1] < epoch - 1]:
+                del self._perm_cache[old]
+            rng = np.random.default_rng([self.seed, k, epoch])
+            self._perm_cache[key] = self.members[k][rng.permutation(len(self.members[k]))]
+        return self._perm_cache[key]
+
+    def _take(self, k: int, start: int, n: int) -> np.ndarray:
+        size = len(self.members[k])
+        pos = np.arange(start, start + n)
+        out = np.empty(n, dtype=np.int64)
+        for e in np.unique(pos // size):
+            sel = pos // size == e
+            out[sel] = self._epoch_perm(k, int(e))[pos[sel] % size]
+        return out
+
+    def unit_ids(self, step: int, unit: int) -> np.ndarray:
+        """What draw unit ``unit`` takes at ``step``, stratum by stratum."""
+        parts = [self._take(k, (step * self.units + unit) * int(c), int(c))
+                 for k, c in enumerate(self.counts) if c]
+        return np.concatenate(parts)
+
+    def group_ids(self, step: int) -> np.ndarray:
+        """The undealt samples of this rank's group (rank-major when drawn per rank)."""
+        g = self.rank // self.group
+        if self.draw == "group":
+            return self.unit_ids(step, g)
+        return np.concatenate([self.unit_ids(step, r) for r in range(g * self.group, (g + 1) * self.group)])
+
+    def deal_group(self, ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """This rank's share of the group's ``ids`` given their ``lengths``."""
+        owner = deal(lengths, self.group, self.deal_policy, self.hidden)
+        return ids[owner == self.rank % self.group]
+
+    def ids(self, step: int) -> np.ndarray:
+        """This rank's ``local_batch`` ids at ``step``, from the length index (no exchange)."""
+        if self.deal_policy == "none":
+            return self.unit_ids(step, self.rank)
+        ids = self.group_ids(step)
+        return self.deal_group(ids, self.lengths[ids])
+
+
+def build_sampler(cfg: Any, index: LengthIndex, rank: int, world_size: int, local_batch: int,
+                  seed: int, max_seq_length: int, hidden: int) -> IndexSampler:
+    """``cfg`` is a ``SamplerConfig``; strata from ``cfg.strata_width`` or the manifest."""
+    strata = None
+    if cfg.mode == "stratified":
+        bounds = even_bounds(max_seq_length, cfg.strata_width) if cfg.strata_width else list(index.bounds)
+        if not bounds:
+            raise DataError("sampler.mode=stratified needs a strata manifest or sampler.strata_width > 0")
+        strata = Strata.from_lengths(index.lengths, bounds)
+    return IndexSampler(index.lengths, strata, rank, world_size, local_batch, seed,
+                        group=cfg.group_size, draw=cfg.draw, deal_policy=cfg.deal,
+                        counts=cfg.counts, hidden=hidden)
+
+
+# ---------------------------------------------------------------- reading by id
+
+
+def read_rows(path: Path, rows: np.ndarray) -> Shard:
+    """Rows ``rows`` (any order, no repeats) of one shard, either layout, as a Shard in
+    that order. Reads only those rows (h5py needs increasing indices; we sort, then undo)."""
+    order = np.argsort(rows, kind="stable")
+    srt = rows[order]
+    with h5py.File(path, "r") as f:
+        ids = f["input_ids"]
+        data = {k: f[k][srt] for k in f.keys() if isinstance(f[k], h5py.Dataset)}
+        fixed = ids.ndim == 2
+    nsp = data["next_sentence_labels"].reshape(-1)
+    samples = []
+    for i in range(len(srt)):
+        if fixed:
+            n = int(data["input_mask"][i].sum())
+            tok, seg = data["input_ids"][i, :n], data["segment_ids"][i, :n]
+        else:
+            tok, seg = data["input_ids"][i], data["segment_ids"][i]
+        pos, mid = data["masked_lm_positions"][i], data["masked_lm_ids"][i]
+        real = pos != 0  # position 0 is [CLS]: a padding prediction slot
+        samples.append(Sample(tok, seg, pos[real], mid[real], int(nsp[i])))
+    back = np.empty_like(order)
+    back[order] = np.arange(len(order))
+    return Shard.from_samples([samples[j] for j in back], str(path))
+
+
+class IdReader:
+    """Samples by global id: groups the ids by shard and reads only those rows."""
+
+    def __init__(self, index: LengthIndex):
+        self.index = index
+
+    def read(self, ids: np.ndarray) -> list[Sample]:
+        shard, row = self.index.locate(np.asarray(ids, dtype=np.int64))
+        out: list[Sample | None] = [None] * len(ids)
+        for s in np.unique(shard):
+            sel = np.flatnonzero(shard == s)
+            part = read_rows(self.index.paths[int(s)], row[sel])
+            for j, i in enumerate(sel):
+                out[i] = part[j]
+        return out  # type: ignore[return-value]
+
+
+# ---------------------------------------------------------------- batches
+
+
+class GatherLengths:
+    """The group's lengths by exchange: each rank reads its own draw, all_gathers the
+    lengths within its group (one small collective per step: a sync point), so the same
+    deal is computed without a length index."""
+
+    def __init__(self, sampler: IndexSampler, reader: IdReader):
+        import torch.distributed as dist
+
+        self.sampler, self.reader, self.dist = sampler, reader, dist
+        g, size = sampler.rank // sampler.group, sampler.group
+        self.pg = None
+        for j in range(sampler.world_size // size):  # every rank must create every group
+            pg = dist.new_group(list(range(j * size, (j + 1) * size)))
+            if j == g:
+                self.pg = pg
+
+    def ids(self, step: int) -> tuple[np.ndarray, dict[int, Sample]]:
+        import torch
+
+        s = self.sampler
+        if s.draw != "rank":
+            raise ValueError("sampler.lengths=gather needs sampler.draw=rank (each rank draws its own)")
+        own = s.unit_ids(step, s.rank)
+        samples = dict(zip(own.tolist(), self.reader.read(own)))
+        mine = torch.tensor([len(samples[i].input_ids) for i in own.tolist()], dtype=torch.int64)
+        parts = [torch.empty_like(mine) for _ in range(s.group)]
+        self.dist.all_gather(parts, mine, group=self.pg)
+        lengths = torch.cat(parts).numpy()
+        return s.deal_group(s.group_ids(step), lengths), samples
+
+
+class IndexLoader:
+    """Endless local batches from an ``IndexSampler``; ``state_dict`` is the step counter.
+
+    With lengths from the index the next step's rows are read by a background thread while
+    the current step trains (one batch of samples in memory extra).
+    """
+
+    def __init__(self, sampler: IndexSampler, reader: IdReader, collate_fn: Callable[[list[Sample]], dict],
+                 *, gather: bool = False, prefetch: bool = True):
+        self.sampler, self.reader, self.collate_fn = sampler, reader, collate_fn
+        self.gather = GatherLengths(sampler, reader) if gather else None
+        self.step = 0
+        self._pool = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rows-prefetch")
+                      if prefetch and not gather else None)
+        self._pending: tuple[int, concurrent.futures.Future] | None = None
+
+    def samples(self, step: int) -> list[Sample]:
+        if self.gather is not None:
+            ids, have = self.gather.ids(step)
+            missing = [i for i in ids.tolist() if i not in have]
+            have.update(zip(missing, self.reader.read(np.array(missing, dtype=np.int64))))
+            return [have[i] for i in ids.tolist()]
+        return self.reader.read(self.sampler.ids(step))
+
+    def __iter__(self) -> IndexLoader:
+        return self
+
+    def __next__(self) -> dict:
+        if self._pool is None:
+            out = self.samples(self.step)
+        else:
+            if self._pending is None or self._pending[0] != self.step:
+                self._pending = (self.step, self._pool.submit(self.samples, self.step))
+            out = self._pending[1].result()
+            self._pending = (self.step + 1, self._pool.submit(self.samples, self.step + 1))
+        self.step += 1
+        return self.collate_fn(out)
+
+    def state_dict(self) -> dict[str, int]:
+        s = self.sampler
+        return {"step": self.step, "rank": s.rank, "world_size": s.world_size, "samples": len(s.lengths)}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        s = self.sampler
+        for key, mine in (("world_size", s.world_size), ("samples", len(s.lengths))):
+            if key in state and state[key] != mine:
+                raise ValueError(f"loader state was saved with {key}={state[key]}, this run has {mine}")
+        self.step, self._pending = int(state["step"]), None
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+
+def build_loader(cfg: Any, train_dir: str, rank: int, world_size: int, local_batch: int, seed: int,
+                 unpad: bool, max_seq_length: int, hidden: int) -> IndexLoader:
+    """The loader of every non-closed sampler mode (``cfg`` = ``SamplerConfig``)."""
+    index = LengthIndex.from_dir(train_dir)
+    sampler = build_sampler(cfg, index, rank, world_size, local_batch, seed, max_seq_length, hidden)
+    return IndexLoader(sampler, IdReader(index), lambda b: collate(b, unpad, max_seq_length),
+                       gather=cfg.lengths == "gather")
+
+
+def collate_packed(samples: Sequence[Sample], max_seq_length: int, max_per_row: int = 3) -> dict[str, Any]:
+    """Pack the batch into rows of ``max_seq_length`` (``pack_ffd``, at most ``max_per_row``
+    sequences each) for ``BertForPreTraining.forward_packed``.
+
+    Row tensors ``input_ids``, ``token_type_ids``, ``position_ids`` [R, S] (positions restart
+    at 0 in each sequence); ``real_index`` [T]: grid cell (row * S + column) of every real
+    token, samples in batch order; ``cu_seqlens`` int32 [B+1] and ``max_seqlen`` over those T
+    tokens; ``masked_index`` [M] and ``first_index`` [B] grid cells of the predictions and of
+    each sample's [CLS]; labels ``mlm_labels`` [M], ``nsp_labels`` [B] as in the unpadded
+    collate, so the two layouts give the same outputs in the same order.
+    """
+    import torch
+
+    flat = collate(samples, True, max_seq_length)  # the unpadded batch, in batch order
+    lengths = np.array([len(s.input_ids) for s in samples], dtype=np.int64)
+    rows = pack_ffd(lengths, max_seq_length, max_per_row)
+    start = np.zeros(len(samples), dtype=np.int64)  # grid cell of each sample's first token
+    for r, members in enumerate(rows):
+        col = 0
+        for i in members:
+            start[i] = r * max_seq_length + col
+            col += int(lengths[i])
+    cu = flat["cu_seqlens"].numpy().astype(np.int64)
+    real_index = torch.from_numpy(np.repeat(start - cu[:-1], lengths) + np.arange(cu[-1]))
+    grid = len(rows) * max_seq_length
+
+    def place(values: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(grid, dtype=values.dtype)
+        out[real_index] = values
+        return out.view(len(rows), max_seq_length)
+
+    return {
+        "input_ids": place(flat["input_ids"]),
+        "token_type_ids": place(flat["token_type_ids"]),
+        "position_ids": place(flat["position_ids"]),
+        "real_index": real_index,
+        "cu_seqlens": flat["cu_seqlens"],
+        "max_seqlen": flat["max_seqlen"],
+        "masked_index": real_index[flat["masked_index"]],
+        "first_index": torch.from_numpy(start),
+        "mlm_labels": flat["mlm_labels"],
+        "nsp_labels": flat["nsp_labels"],
+    }
+
+
+# ---------------------------------------------------------------- what train.py builds
+
+
+def batch_collate(unpad: bool, pack: bool, max_seq_length: int) -> Callable[[Sequence[Sample]], dict]:
+    """The collate of the model's layout, chosen once: packed rows, unpadded, or padded."""
+    if pack:
+        return lambda b: collate_packed(b, max_seq_length)
+    return lambda b: collate(b, unpad, max_seq_length)
+
+
+def train_batches(cfg: Any, rank: int, world_size: int) -> Any:
+    """The training batch iterator for ``cfg`` (a ``Config``), chosen once.
+
+    Closed-division sampling (random, no deal) on a plain directory keeps
+    ``bert.data.TrainLoader`` (each rank reads its own shards). Everything else -- a strata
+    manifest, a deal, packed rows -- goes through the id-based ``IndexLoader``; its
+    ``random`` is a uniform permutation of all samples per epoch.
+    """
+    from .data import TrainLoader
+
+    d, sm, m = cfg.data, cfg.sampler, cfg.model
+    stratified_dir = (Path(d.train_dir) / "manifest.json").exists() if d.train_dir else False
+    if sm.mode == "random" and sm.deal == "none" and not stratified_dir and not m.pack:
+        return TrainLoader(d.train_dir, rank, world_size, cfg.run.local_batch_size, cfg.run.seed,
+                           m.unpad, d.max_seq_length)
+    index = LengthIndex.from_dir(d.train_dir)
+    sampler = build_sampler(sm, index, rank, world_size, cfg.run.local_batch_size, cfg.run.seed,
+                            d.max_seq_length, m.hidden_size)
+    return IndexLoader(sampler, IdReader(index), batch_collate(m.unpad, m.pack, d.max_seq_length),
+                       gather=sm.lengths == "gather")
+
+
+def eval_batches(eval_set: Any, batch_size: int, unpad: bool, pack: bool, max_seq_length: int) -> list[dict]:
+    """The eval set's batches in the model's layout (collated once at start-up)."""
+    fn = batch_collate(unpad, pack, max_seq_length)
+    shard = eval_set.shard
+    return [fn([shard[i] for i in range(a, min(a + batch_size, len(shard)))])
+            for a in range(0, len(shard), batch_size)]
