@@ -89,6 +89,9 @@ class SamplerConfig:
     # Samples per stratum per draw unit, e.g. "6,3,2,5"; empty = largest-remainder
     # rounding of the strata's shares.
     counts: str = ""
+    # fixed: the same counts every step (the paper's); carry: each step rounds the running
+    # deficit of every stratum, so fine strata keep their exact shares (counts vary a bit).
+    rounding: Literal["fixed", "carry"] = "fixed"
     # Where a group learns its samples' lengths: the data pipeline's length index (no
     # exchange) or an all_gather within the group each step (a sync point).
     lengths: Literal["index", "gather"] = "index"

@@ -15,12 +15,14 @@ resumable from the step counter alone:
 - ``stratified``: samples are binned by length into strata (the manifest's, or finer
   virtual strata of ``strata_width`` tokens cut from the length index); every draw unit (a
   rank, or a group of ranks with ``draw=group``) takes a fixed count per stratum at every
-  step, by largest-remainder rounding of the strata's shares (``counts`` overrides).
+  step, by largest-remainder rounding of the strata's shares (``counts`` overrides);
+  ``rounding=carry`` rounds each step's running deficit instead (``CountSchedule``), which
+  fine strata need to keep every stratum's share exact over time.
 
   *Epoch.* Each stratum k is an endless stream: epoch e of stratum k is the permutation
   ``rng(seed, k, e)`` of its ids, and step t takes positions
-  ``[t * U * c_k, (t + 1) * U * c_k)`` of the concatenated stream (U draw units of c_k
-  each). Within a stratum epoch every sample is drawn exactly once: none repeated, none
+  ``[U * n_k(t), U * n_k(t + 1))`` of the concatenated stream (U draw units, n_k(t) =
+  samples of stratum k one unit took before step t; ``t * c_k`` under fixed counts). Within a stratum epoch every sample is drawn exactly once: none repeated, none
   lost; a step that straddles the end takes the tail of epoch e and the head of e + 1.
   Strata run through their epochs at slightly different rates (c_k / (U c_k) vs N_k / N
   differ by the rounding), so "the data epoch" is nominal: ``total_samples / global
@@ -71,6 +73,46 @@ def largest_remainder(shares: Sequence[float], total: int) -> np.ndarray:
     order = np.lexsort((np.arange(len(w)), -rest))  # largest remainder first, stable
     out[order[: total - int(out.sum())]] += 1
     return out
+
+
+class CountSchedule:
+    """Samples per stratum per draw unit at each step, and how many were taken before it.
+
+    ``fixed``: the same largest-remainder counts every step (the paper's 6/3/2/5 of 16).
+    Fine strata round badly at a fixed count (a stratum with a share of 0.3 samples per
+    unit gets 0 or 1 forever), so ``carry`` rounds each step's deficit instead:
+    ``c(t) = largest_remainder(max((t + 1) * unit * share - taken(t), 0))``, which keeps
+    every stratum within about one sample of its exact share at every step while the
+    per-step counts vary a little. The table grows as steps are asked for (K int64 per
+    step; resuming at step t computes t rows once).
+    """
+
+    def __init__(self, shares: Sequence[float], unit: int, rounding: str = "fixed",
+                 override: np.ndarray | None = None):
+        if rounding not in ("fixed", "carry"):
+            raise ValueError(f"sampler.rounding={rounding!r} is not 'fixed' or 'carry'")
+        self.shares = np.asarray(shares, dtype=np.float64) / float(np.sum(shares))
+        self.unit, self.rounding = unit, rounding
+        self.fixed = override if override is not None else largest_remainder(self.shares, unit)
+        self._taken = np.zeros((1, len(self.shares)), dtype=np.int64)  # taken before step t
+
+    def _grow(self, steps: int) -> None:
+        rows = [self._taken[-1]]
+        for t in range(len(self._taken) - 1, steps):
+            d = (t + 1) * self.unit * self.shares - rows[-1]
+            rows.append(rows[-1] + largest_remainder(np.maximum(d, 0.0), self.unit))
+        self._taken = np.concatenate([self._taken, np.array(rows[1:]).reshape(-1, len(self.shares))])
+
+    def taken(self, step: int) -> np.ndarray:
+        """Samples of each stratum one unit took in steps 0..step-1."""
+        if self.rounding == "fixed":
+            return step * self.fixed
+        if step >= len(self._taken):
+            self._grow(step)
+        return self._taken[step]
+
+    def counts(self, step: int) -> np.ndarray:
+        return self.taken(step + 1) - self.taken(step)
 
 
 def attention_cost(lengths: np.ndarray, hidden: int = 1024) -> np.ndarray:
@@ -154,13 +196,18 @@ class Strata:
     def counts(self, unit: int, override: str = "") -> np.ndarray:
         """Samples per stratum per draw unit of ``unit`` samples: largest-remainder rounding
         of the shares, or ``override`` ("6,3,2,5"), which must sum to ``unit``."""
+        return self.schedule(unit, override=override).fixed
+
+    def schedule(self, unit: int, rounding: str = "fixed", override: str = "") -> CountSchedule:
+        c = None
         if override:
+            if rounding != "fixed":
+                raise ValueError("sampler.counts fixes the counts; it needs sampler.rounding=fixed")
             c = np.array([int(x) for x in override.split(",")], dtype=np.int64)
             if len(c) != len(self.bounds) or c.sum() != unit or (c < 0).any():
                 raise ValueError(f"sampler.counts={override!r}: need {len(self.bounds)} "
                                  f"non-negative counts summing to {unit}")
-            return c
-        return largest_remainder(self.shares, unit)
+        return CountSchedule(self.shares, unit, rounding, c)
 
     @staticmethod
     def from_lengths(lengths: np.ndarray, bounds: Sequence[tuple[int, int]]) -> Strata:
@@ -251,7 +298,8 @@ class IndexSampler:
 
     def __init__(self, lengths: np.ndarray, strata: Strata | None, rank: int, world_size: int,
                  local_batch: int, seed: int, *, group: int = 1, draw: str = "rank",
-                 deal_policy: str = "none", counts: str = "", hidden: int = 1024):
+                 deal_policy: str = "none", counts: str = "", rounding: str = "fixed",
+                 hidden: int = 1024):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
         group = min(group or world_size, world_size)  # a job smaller than a node: one group
@@ -269,7 +317,7 @@ class IndexSampler:
         unit = local_batch * (group if draw == "group" else 1)
         if strata is None:
             self.members = [np.arange(len(self.lengths), dtype=np.int32)]
-            self.counts = np.array([unit])
+            self.schedule = CountSchedule([1.0], unit)
         else:
             k = strata.of(self.lengths)
             if (k < 0).any():
@@ -277,10 +325,14 @@ class IndexSampler:
                 raise DataError(f"a sample of length {bad} lies outside every stratum {strata.bounds}")
             # ids as int32 (4 bytes per sample; a dataset is far below 2^31 samples)
             self.members = [np.flatnonzero(k == j).astype(np.int32) for j in range(len(strata.bounds))]
-            self.counts = strata.counts(unit, counts)
+            self.schedule = strata.schedule(unit, rounding, counts)
+        self.counts = self.schedule.fixed  # per unit per step under rounding=fixed
         for j, (m, c) in enumerate(zip(self.members, self.counts)):
-            if c and not len(m):
+            if rounding == "fixed" and c and not len(m):
                 raise DataError(f"stratum {j} is empty but the batch takes {c} samples from it")
+            if rounding == "fixed" and len(m) and not c:
+                raise DataError(f"stratum {j} holds {len(m)} samples but rounds to 0 per draw: they "
+                                "would never be drawn; use sampler.rounding=carry or wider strata")
         self._stratum = np.zeros(len(self.lengths), dtype=np.int16)
         for j, m in enumerate(self.members):
             self._stratum[m] = j
@@ -313,8 +365,9 @@ class IndexSampler:
 
     def unit_ids(self, step: int, unit: int) -> np.ndarray:
         """What draw unit ``unit`` takes at ``step``, stratum by stratum."""
-        parts = [self._take(k, (step * self.units + unit) * int(c), int(c))
-                 for k, c in enumerate(self.counts) if c]
+        taken, counts = self.schedule.taken(step), self.schedule.counts(step)
+        parts = [self._take(k, int(taken[k]) * self.units + unit * int(c), int(c))
+                 for k, c in enumerate(counts) if c]
         return np.concatenate(parts)
 
     def group_ids(self, step: int) -> np.ndarray:
@@ -348,7 +401,7 @@ def build_sampler(cfg: Any, index: LengthIndex, rank: int, world_size: int, loca
         strata = Strata.from_lengths(index.lengths, bounds)
     return IndexSampler(index.lengths, strata, rank, world_size, local_batch, seed,
                         group=cfg.group_size, draw=cfg.draw, deal_policy=cfg.deal,
-                        counts=cfg.counts, hidden=hidden)
+                        counts=cfg.counts, rounding=cfg.rounding, hidden=hidden)
 
 
 # ---------------------------------------------------------------- reading by id
@@ -410,8 +463,11 @@ class GatherLengths:
         self.sampler, self.reader, self.dist = sampler, reader, dist
         g, size = sampler.rank // sampler.group, sampler.group
         self.pg = None
+        if size == 1:  # one rank (a single-process run): nothing to exchange
+            return
         for j in range(sampler.world_size // size):  # every rank must create every group
-            pg = dist.new_group(list(range(j * size, (j + 1) * size)))
+            # gloo groups: the lengths are host tensors, whatever the main backend (NCCL).
+            pg = dist.new_group(list(range(j * size, (j + 1) * size)), backend="gloo")
             if j == g:
                 self.pg = pg
 
@@ -424,9 +480,12 @@ class GatherLengths:
         own = s.unit_ids(step, s.rank)
         samples = dict(zip(own.tolist(), self.reader.read(own)))
         mine = torch.tensor([len(samples[i].input_ids) for i in own.tolist()], dtype=torch.int64)
-        parts = [torch.empty_like(mine) for _ in range(s.group)]
-        self.dist.all_gather(parts, mine, group=self.pg)
-        lengths = torch.cat(parts).numpy()
+        if self.pg is None:
+            lengths = mine.numpy()
+        else:
+            parts = [torch.empty_like(mine) for _ in range(s.group)]
+            self.dist.all_gather(parts, mine, group=self.pg)
+            lengths = torch.cat(parts).numpy()
         return s.deal_group(s.group_ids(step), lengths), samples
 
 

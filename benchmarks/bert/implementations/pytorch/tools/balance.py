@@ -17,7 +17,11 @@ Modes: ``random``, ``stratified`` (per-rank counts, e.g. 6/3/2/5 of 16), ``<base
 ``<base>+greedy``, ``<base>+cost`` (deal within groups of ``--group`` ranks), ``exchange``
 (random, then a greedy deal over all ranks: NVIDIA's exchange padding), ``packing`` (random,
 then up to 3 per row), and ``stratified+best``: the policy picked by measurement (see
-``BEST``): strata of 16 tokens drawn per group, greedy deal.
+``BEST``): strata of 8 tokens drawn per group with carried rounding, greedy deal.
+
+Two more outputs say whether a stratified mode still samples the data's length mix:
+``stratum_share_tv`` (total variation between the strata shares drawn over all simulated
+steps and the true ones) and ``step_share_tv`` (the same for one step's batch).
 
     python tools/balance.py --ranks 1024 --local-batch 16 --group 8 --mode stratified+best --json
     python tools/balance.py --table --steps 20 > table.md   # every mode at 8..4096 ranks
@@ -40,9 +44,10 @@ from bert.sampler import Strata, attention_cost, deal, even_bounds, pack_ffd  # 
 DEFAULT_HISTOGRAM = PKG / "data" / "wikipedia_seqlen_histogram_512.txt"
 # The manifest's strata (issue 3's stratify step): four of 128 tokens at length 512.
 MANIFEST_WIDTH = 128
-# stratified+best, chosen by the table in README.md: virtual strata of 16 tokens from the
-# length index, counts drawn per group of ranks, greedy longest-first deal.
-BEST = {"strata_width": 16, "draw": "group", "deal": "greedy"}
+# stratified+best, chosen by measurement (README.md): virtual strata of 8 tokens cut from
+# the length index, counts drawn per group of ranks with carried rounding (exact shares),
+# greedy longest-first deal inside the group.
+BEST = {"strata_width": 8, "draw": "group", "deal": "greedy", "rounding": "carry"}
 MODES = ("random", "random+snake", "random+greedy", "stratified", "stratified+snake",
          "stratified+greedy", "stratified+cost", "stratified+best", "exchange", "packing")
 
@@ -81,8 +86,14 @@ def draw_step(rng, lengths, probs, strata, counts, units, unit_size):
 
 
 def simulate(mode: str, ranks: int, local_batch: int, group: int, steps: int, seed: int,
-             lengths: np.ndarray, counts: np.ndarray, max_len: int = 512, hidden: int = 1024) -> dict:
+             lengths: np.ndarray, counts: np.ndarray, max_len: int = 512, hidden: int = 1024,
+             strata_width: int = 0, draw: str = "", rounding: str = "") -> dict:
+    """One mode; ``strata_width`` / ``draw`` override the mode's for stratified modes."""
     spec = parse_mode(mode)
+    if spec["base"] == "stratified":
+        spec["strata_width"] = strata_width or spec["strata_width"]
+        spec["draw"] = draw or spec["draw"]
+        spec["rounding"] = rounding or spec.get("rounding", "fixed")
     group = ranks if spec.get("global") or group <= 0 else group
     if ranks % group:
         raise SystemExit(f"--group {group} does not divide --ranks {ranks}")
@@ -93,10 +104,11 @@ def simulate(mode: str, ranks: int, local_batch: int, group: int, steps: int, se
     per_group = spec["draw"] == "group"
     unit_size = local_batch * (group if per_group else 1)
     units = ranks // (group if per_group else 1)
-    unit_counts = strata.counts(unit_size) if strata else None
+    schedule = strata.schedule(unit_size, spec.get("rounding", "fixed")) if strata else None
     rng = np.random.default_rng(seed)
     acc = {k: [] for k in ("tokens", "attention", "cost", "padding", "computed")}
-    for _ in range(steps):
+    for t in range(steps):
+        unit_counts = schedule.counts(t) if schedule else None
         drawn = draw_step(rng, lengths, probs, strata, unit_counts, units, unit_size)
         batch = drawn.reshape(ranks // group, group * local_batch)  # rank-major inside a group
         if spec["deal"] != "none":
@@ -128,8 +140,18 @@ def simulate(mode: str, ranks: int, local_batch: int, group: int, steps: int, se
            "tokens_max_over_mean_worst_step": float(np.max(acc["tokens"]))}
     if strata is not None:
         out["strata"] = [list(b) for b in strata.bounds]
-        out["counts_per_unit"] = [int(c) for c in unit_counts]
-        out["draw"] = spec["draw"]
+        out["counts_per_unit"] = [int(c) for c in schedule.counts(0)]
+        out["draw"], out["rounding"] = spec["draw"], schedule.rounding
+        # How far the drawn mix is from the data's: total variation distance between the
+        # strata shares actually drawn over the simulated steps and the true shares.
+        drawn_share = schedule.taken(steps) / (steps * unit_size)
+        out["stratum_share_tv"] = float(0.5 * np.abs(drawn_share - np.array(strata.shares)).sum())
+        # The same for one step's mix (every unit takes the same counts in a step): how
+        # skewed a single global batch is, averaged over steps.
+        shares = np.array(strata.shares)
+        out["step_share_tv"] = float(np.mean([0.5 * np.abs(schedule.counts(t) / unit_size - shares).sum()
+                                              for t in range(steps)]))
+        out["strata_never_drawn"] = int(((schedule.taken(steps) == 0) & (np.array(strata.shares) > 0)).sum())
     return out
 
 
@@ -180,6 +202,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--histogram", type=Path, default=DEFAULT_HISTOGRAM)
     ap.add_argument("--max-len", type=int, default=512)
     ap.add_argument("--hidden", type=int, default=1024, help="hidden size of the cost model")
+    ap.add_argument("--strata-width", type=int, default=0,
+                    help="stratified modes: strata of this many tokens (0 = the mode's: 128, best: 16)")
+    ap.add_argument("--draw", choices=("rank", "group"), default="",
+                    help="stratified modes: who takes the strata counts (default: the mode's)")
+    ap.add_argument("--rounding", choices=("fixed", "carry"), default="",
+                    help="stratified modes: fixed counts or carried deficits (default: the mode's)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--table", action="store_true",
                     help="every mode at --table-ranks: markdown table on stdout")
@@ -189,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     lengths, counts = load_histogram(args.histogram)
     common = dict(local_batch=args.local_batch, group=args.group, steps=args.steps, seed=args.seed,
-                  lengths=lengths, counts=counts, max_len=args.max_len, hidden=args.hidden)
+                  lengths=lengths, counts=counts, max_len=args.max_len, hidden=args.hidden,
+                  strata_width=args.strata_width, draw=args.draw, rounding=args.rounding)
     if args.table:
         results = [simulate(m, int(n), **common) for n in args.table_ranks.split(",") for m in MODES]
         print(table(results))
