@@ -4,7 +4,8 @@
 Batches are drawn from the Wikipedia length histogram (seq 512; ~15% of each sample masked,
 at most 76), the model is big enough for attention to matter (default hidden 256, 4 layers,
 4 heads, the real 30,522-token vocab). Each layout trains the same batches from the same
-initial weights: forward, backward, AdamW step; ``--warmup`` untimed steps first. The
+initial weights: forward, backward, AdamW step; ``--warmup`` untimed steps first; the
+layouts' steps are interleaved so a shared machine's load hits them alike. The
 padded layout computes every op on [B, 512] and the MLM head on every position (Hugging
 Face's arithmetic); the unpadded one on the real tokens and the masked rows; the packed one
 on rows of up to 3 sequences.
@@ -58,13 +59,13 @@ def draw_batches(n: int, batch: int, vocab: int, seed: int, max_len: int = 512) 
     return out
 
 
-def run_layout(layout: str, cfg: ModelConfig, batches: list[list[Sample]], warmup: int, seed: int) -> dict:
+def make_stepper(layout: str, cfg: ModelConfig, seed: int):
+    """A model, optimizer and collate for ``layout``; returns step(samples) -> None."""
     mcfg = dataclasses.replace(cfg, unpad=layout == "unpadded", pack=layout == "packed")
     torch.manual_seed(seed)
     model = BertForPreTraining(mcfg).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     fn = (lambda b: collate_packed(b, 512)) if layout == "packed" else (lambda b: collate(b, layout == "unpadded", 512))
-    collated = [fn(b) for b in batches]  # collate outside the timed region
 
     def step(batch: dict) -> None:
         inputs = {k: v for k, v in batch.items() if k not in LABELS}
@@ -73,15 +74,24 @@ def run_layout(layout: str, cfg: ModelConfig, batches: list[list[Sample]], warmu
         opt.step()
         opt.zero_grad()
 
-    for b in collated[:warmup]:
-        step(b)
-    timed = batches[warmup:]
-    t0 = time.perf_counter()
-    for b in collated[warmup:]:
-        step(b)
-    seconds = time.perf_counter() - t0
-    real = sum(len(s.input_ids) for b in timed for s in b)
-    return {"tokens_per_s": real / seconds, "seconds": seconds, "real_tokens": real, "steps": len(timed)}
+    return fn, step
+
+
+def run_layouts(layouts: list[str], cfg: ModelConfig, batches: list[list[Sample]], warmup: int, seed: int) -> dict:
+    """Interleaved: step i runs in every layout before step i + 1 runs in any, so a shared
+    machine's changing load hits all layouts alike. Collation is outside the timed region."""
+    steppers = {name: make_stepper(name, cfg, seed) for name in layouts}
+    collated = {name: [fn(b) for b in batches] for name, (fn, _) in steppers.items()}
+    seconds = dict.fromkeys(layouts, 0.0)
+    for i in range(len(batches)):
+        for name, (_, step) in steppers.items():
+            t0 = time.perf_counter()
+            step(collated[name][i])
+            if i >= warmup:
+                seconds[name] += time.perf_counter() - t0
+    real = sum(len(s.input_ids) for b in batches[warmup:] for s in b)
+    return {name: {"tokens_per_s": real / seconds[name], "seconds": seconds[name], "real_tokens": real,
+                   "steps": len(batches) - warmup} for name in layouts}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                       intermediate_size=4 * args.hidden, attention_backend="sdpa")
     batches = draw_batches(args.warmup + args.steps, args.batch, args.vocab, args.seed)
     layouts = ["padded", "unpadded"] + (["packed"] if args.packed else [])
-    res = {name: run_layout(name, cfg, batches, args.warmup, args.seed) for name in layouts}
+    res = run_layouts(layouts, cfg, batches, args.warmup, args.seed)
     out = {"padded_tokens_per_s": res["padded"]["tokens_per_s"],
            "unpadded_tokens_per_s": res["unpadded"]["tokens_per_s"],
            "ratio": res["unpadded"]["tokens_per_s"] / res["padded"]["tokens_per_s"],
