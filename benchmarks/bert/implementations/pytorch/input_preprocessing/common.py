@@ -1,0 +1,148 @@
+"""What every preprocessing step shares: its error type, atomic writes, and the run record
+that makes a step resumable and refuses to mix two different runs in one directory.
+
+Every output file is written under a temporary name in its final directory and renamed
+into place (atomic on POSIX), so an interrupted step leaves complete files and stray
+``*.tmp`` files only; a rerun with the same arguments skips the complete files and
+overwrites the temporaries.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from bert.data import Shard, write_shard
+
+RUN_RECORD = ".run.json"  # in every output directory: which step, with which parameters
+
+
+class PrepError(ValueError):
+    """Bad input or output for a preprocessing step; the message names the file and the problem."""
+
+
+def tmp_path(path: Path) -> Path:
+    # The pid keeps two concurrent writers (a stale run and a new one) off each other's file.
+    return path.with_name(f"{path.name}.{os.getpid()}.tmp")
+
+
+def atomic_write(path: Path, write: Callable[[Path], Any]) -> Path:
+    """``write(tmp)`` then rename ``tmp`` to ``path``; the temporary is removed on failure."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = tmp_path(path)
+    try:
+        write(tmp)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def write_text(path: Path, text: str) -> Path:
+    return atomic_write(path, lambda p: p.write_text(text, encoding="utf-8"))
+
+
+def write_json(path: Path, obj: Any) -> Path:
+    return write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def write_shard_atomic(path: Path, shard: Shard, layout: str, max_seq_length: int, max_predictions: int) -> Path:
+    return atomic_write(path, lambda p: write_shard(p, shard, layout, max_seq_length, max_predictions))
+
+
+def prepare_output(directory: str | Path, step: str, params: dict[str, Any]) -> Path:
+    """Create ``directory`` for ``step`` or reopen it to resume the same run.
+
+    ``params`` must describe everything that determines the output (arguments, input
+    files and their sizes, vocab digest). A directory holding another step's or another
+    parameter set's run, or files but no run record, is refused with a ``PrepError``.
+    """
+    d = Path(directory)
+    record = {"step": step, "params": params}
+    rec_path = d / RUN_RECORD
+    if d.exists() and not d.is_dir():
+        raise PrepError(f"{d}: output path exists and is not a directory")
+    if rec_path.is_file():
+        try:
+            old = json.loads(rec_path.read_text())
+        except (OSError, ValueError) as e:
+            raise PrepError(f"{rec_path}: unreadable run record ({e}); remove the directory to start over") from None
+        if old != json.loads(json.dumps(record)):
+            diff = sorted(k for k in set(old.get("params", {})) | set(params)
+                          if old.get("params", {}).get(k) != json.loads(json.dumps(params)).get(k))
+            what = f"step {old.get('step')!r}" if old.get("step") != step else f"different {', '.join(diff)}"
+            raise PrepError(f"{d}: already holds a different run ({what}); use another output "
+                            "directory or remove this one")
+        return d
+    if d.is_dir() and any(d.iterdir()):
+        raise PrepError(f"{d}: is not empty and has no {RUN_RECORD}; not an output of this tool, refusing to write into it")
+    d.mkdir(parents=True, exist_ok=True)
+    write_json(rec_path, record)
+    return d
+
+
+def file_fingerprint(paths: list[Path], root: Path) -> list[list[Any]]:
+    """[relative name, size] of each input: cheap, and enough to tell two inputs apart."""
+    return [[str(p.relative_to(root)), p.stat().st_size] for p in paths]
+
+
+def shard_geometry(path: Path) -> tuple[str, int, int]:
+    """(layout, S, P) of a shard from metadata: ``fixed`` with its padded sizes, or
+    ``variable`` with 0, 0 (a vlen file does not record them)."""
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as f:
+            if "input_ids" not in f or "masked_lm_positions" not in f:
+                raise PrepError(f"{path}: not a pretraining shard (needs 'input_ids' and 'masked_lm_positions')")
+            ids = f["input_ids"]
+            if ids.ndim == 2:
+                return "fixed", int(ids.shape[1]), int(f["masked_lm_positions"].shape[1])
+            return "variable", 0, 0
+    except OSError as e:
+        raise PrepError(f"{path}: cannot open as hdf5: {e}") from None
+
+
+def parallel_map(fn: Callable[[Any], Any], items: list[Any], workers: int, desc: str) -> list[Any]:
+    """``[fn(x) for x in items]`` over ``workers`` processes, in order, with a progress bar.
+
+    Results come back in input order whatever the number of workers, so output built from
+    them does not depend on it. ``workers <= 1`` runs in this process (no pickling).
+    """
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(items), desc=desc, unit="file", disable=None, leave=False)
+    try:
+        if workers <= 1 or len(items) <= 1:
+            out = []
+            for x in items:
+                out.append(fn(x))
+                bar.update()
+            return out
+        import multiprocessing as mp
+
+        with mp.get_context("fork").Pool(min(workers, len(items))) as pool:
+            out = []
+            for r in pool.imap(fn, items):
+                out.append(r)
+                bar.update()
+            return out
+    finally:
+        bar.close()
+
+
+def default_workers() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def save_npz(path: Path, arrays: dict[str, Any]) -> Path:
+    """``np.savez`` atomically (keys may hold '/', e.g. shard paths)."""
+    import numpy as np
+
+    def write(tmp: Path) -> None:
+        with tmp.open("wb") as f:
+            np.savez(f, **arrays)
+
+    return atomic_write(path, write)

@@ -1,0 +1,312 @@
+"""create: text parts + vocab.txt -> pretraining examples (NSP pairs, masked LM), one hdf5 per part.
+
+The algorithm is the reference ``create_pretraining_data`` (Google BERT, as MLPerf runs it
+over each of the 500 Wikipedia parts with the same flags and seed), restated on token ids:
+
+1. read the part: one sentence per line, a blank line between documents; WordPiece-tokenize
+   every line (Hugging Face ``tokenizers``, uncased); shuffle the documents;
+2. ``dupe_factor`` times, for every document: fill chunks of sentences up to a target length
+   (``max_seq_length - 3``, or with probability ``short_seq_prob`` a random length from 2),
+   split each chunk at a random sentence into A and B; with probability 1/2 (or when the
+   chunk is one sentence) B is replaced by text from a random other document and the unused
+   sentences are put back; trim the longer side at a random end until the pair fits;
+3. mask: ``min(max_predictions, max(1, round(len * masked_lm_prob)))`` positions, chosen by
+   shuffling every non-[CLS]/[SEP] position; each becomes [MASK] (80%), itself (10%) or a
+   uniformly random vocabulary id (10%); the label is the original token;
+4. shuffle the part's examples and write them.
+
+Every random draw comes from one ``random.Random(seed)`` per part, in the reference's order,
+so a part's output depends only on its text, the vocab and the flags: never on which worker
+ran it or how many there were.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bert.data import Shard
+
+from .common import PrepError, file_fingerprint, parallel_map, prepare_output, write_shard_atomic
+
+SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+MAX_TOKEN_ID = 32767  # shards store token ids as int16
+
+
+@dataclass(frozen=True)
+class CreateOptions:
+    max_seq_length: int = 512
+    max_predictions_per_seq: int = 76
+    masked_lm_prob: float = 0.15
+    short_seq_prob: float = 0.1
+    dupe_factor: int = 10
+    seed: int = 12345
+    lowercase: bool = True  # the benchmark's vocab is uncased
+    layout: str = "fixed"  # what create_pretraining_data writes; `shard` converts to variable
+    # The reference silently drops empty documents; by default they are an error here
+    # (a sign of a malformed part), this keeps the reference behaviour.
+    allow_empty_documents: bool = False
+
+    def check(self) -> None:
+        if not 8 <= self.max_seq_length <= 4096:
+            raise PrepError(f"max_seq_length must be in [8, 4096], got {self.max_seq_length}")
+        if not 1 <= self.max_predictions_per_seq <= self.max_seq_length:
+            raise PrepError(f"max_predictions_per_seq must be in [1, max_seq_length], got {self.max_predictions_per_seq}")
+        if not 0 < self.masked_lm_prob < 1 or not 0 <= self.short_seq_prob <= 1:
+            raise PrepError("masked_lm_prob must be in (0, 1) and short_seq_prob in [0, 1]")
+        if self.dupe_factor < 1 or self.seed < 0:
+            raise PrepError("dupe_factor must be >= 1 and seed >= 0")
+        if self.layout not in ("fixed", "variable"):
+            raise PrepError(f"layout must be 'fixed' or 'variable', got {self.layout!r}")
+
+
+# ---------------------------------------------------------------- vocab and tokenizer
+
+
+@dataclass(frozen=True)
+class Vocab:
+    path: Path
+    size: int
+    cls: int
+    sep: int
+    mask: int
+    md5: str
+
+
+def load_vocab(path: str | Path) -> Vocab:
+    """Check ``vocab.txt`` (one WordPiece token per line, id = line number)."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise PrepError(f"{p}: vocab file does not exist") from None
+    except OSError as e:
+        raise PrepError(f"{p}: cannot read vocab file: {e.strerror}") from None
+    try:
+        words = raw.decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise PrepError(f"{p}: vocab is not UTF-8 (byte {e.start})") from None
+    if not words:
+        raise PrepError(f"{p}: vocab file is empty")
+    ids = {w.strip(): i for i, w in reversed(list(enumerate(words)))}
+    missing = [s for s in SPECIALS[1:] if s not in ids]
+    if missing:
+        raise PrepError(f"{p}: vocab lacks the special token(s) {missing}")
+    if len(words) - 1 > MAX_TOKEN_ID:
+        raise PrepError(f"{p}: {len(words)} tokens; ids above {MAX_TOKEN_ID} do not fit the int16 shard format")
+    return Vocab(p, len(words), ids["[CLS]"], ids["[SEP]"], ids["[MASK]"], hashlib.md5(raw).hexdigest())
+
+
+def _tokenizer(vocab: Vocab, lowercase: bool):
+    from tokenizers import BertWordPieceTokenizer  # BERT's normalizer, pre-tokenizer and WordPiece
+
+    return BertWordPieceTokenizer(str(vocab.path), lowercase=lowercase, strip_accents=lowercase,
+                                  clean_text=True, handle_chinese_chars=True)
+
+
+# ---------------------------------------------------------------- reading a part
+
+
+def read_documents(path: Path, tokenizer, allow_empty: bool) -> list[list[list[int]]]:
+    """Documents of a part as lists of sentences of token ids (before shuffling)."""
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise PrepError(f"{path}: cannot read: {e.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise PrepError(f"{path}: line {line}: not UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
+    lines = [ln.strip() for ln in text.splitlines()]
+    content = [i for i, ln in enumerate(lines) if ln]
+    if not content:
+        raise PrepError(f"{path}: empty part (no text)")
+    encoded = tokenizer.encode_batch([lines[i] for i in content], add_special_tokens=False)
+    ids_of = {i: e.ids for i, e in zip(content, encoded)}
+
+    docs: list[list[list[int]]] = []
+    current: list[list[int]] = []
+    start, blank_run = 0, 0
+
+    def close(line_no: int) -> None:
+        nonlocal current
+        if not current and not allow_empty:
+            raise PrepError(f"{path}: line {line_no}: empty document (a document needs at least one sentence "
+                            "with tokens; blank lines separate documents, one at a time)")
+        if current:
+            docs.append(current)
+        current = []
+
+    for i, ln in enumerate(lines):
+        if ln:
+            if blank_run:
+                start, blank_run = i, 0
+            if ids_of[i]:
+                current.append(ids_of[i])
+        else:
+            blank_run += 1
+            if blank_run == 1 and i > 0:
+                close(start + 1)
+            elif not allow_empty:  # a second blank line: an empty document between them
+                raise PrepError(f"{path}: line {i + 1}: empty document (two blank lines in a row)")
+    if lines[-1]:
+        close(start + 1)
+    if not docs:
+        raise PrepError(f"{path}: no document with tokens")
+    return docs
+
+
+# ---------------------------------------------------------------- the reference algorithm
+
+
+def _truncate_pair(a: list[int], b: list[int], max_tokens: int, rng: random.Random) -> None:
+    while len(a) + len(b) > max_tokens:
+        longer = a if len(a) > len(b) else b
+        if rng.random() < 0.5:  # trim the front or the back, to avoid biasing either
+            del longer[0]
+        else:
+            longer.pop()
+
+
+def _mask(tokens: list[int], o: CreateOptions, v: Vocab, rng: random.Random) -> tuple[list[int], list[int], list[int]]:
+    candidates = [i for i, t in enumerate(tokens) if t != v.cls and t != v.sep]
+    rng.shuffle(candidates)
+    out = list(tokens)
+    n = min(o.max_predictions_per_seq, max(1, int(round(len(tokens) * o.masked_lm_prob))))
+    chosen = candidates[:n]
+    for i in chosen:  # one draw per position, in the shuffled order (the reference's)
+        if rng.random() < 0.8:
+            out[i] = v.mask
+        elif rng.random() < 0.5:
+            out[i] = tokens[i]
+        else:
+            out[i] = rng.randint(0, v.size - 1)
+    chosen.sort()
+    return out, chosen, [tokens[i] for i in chosen]
+
+
+def _instances(docs: list[list[list[int]]], d: int, o: CreateOptions, v: Vocab, rng: random.Random, out: list) -> None:
+    doc = docs[d]
+    max_tokens = o.max_seq_length - 3  # [CLS] A [SEP] B [SEP]
+    target = max_tokens
+    if rng.random() < o.short_seq_prob:
+        target = rng.randint(2, max_tokens)
+    chunk: list[list[int]] = []
+    length, i = 0, 0
+    while i < len(doc):
+        chunk.append(doc[i])
+        length += len(doc[i])
+        if i == len(doc) - 1 or length >= target:
+            if chunk:
+                a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
+                a = [t for s in chunk[:a_end] for t in s]
+                b: list[int] = []
+                if len(chunk) == 1 or rng.random() < 0.5:
+                    is_random = True
+                    for _ in range(10):  # the reference's retries for a different document
+                        r = rng.randint(0, len(docs) - 1)
+                        if r != d:
+                            break
+                    other = docs[r]
+                    for s in other[rng.randint(0, len(other) - 1):]:
+                        b.extend(s)
+                        if len(b) >= target - len(a):
+                            break
+                    i -= len(chunk) - a_end  # the unused sentences start the next chunk
+                else:
+                    is_random = False
+                    b = [t for s in chunk[a_end:] for t in s]
+                _truncate_pair(a, b, max_tokens, rng)
+                if a and b:  # the reference asserts this; it holds for non-empty sentences
+                    tokens = [v.cls, *a, v.sep, *b, v.sep]
+                    segments = [0] * (len(a) + 2) + [1] * (len(b) + 1)
+                    masked, pos, labels = _mask(tokens, o, v, rng)
+                    out.append((masked, segments, pos, labels, int(is_random)))
+            chunk, length = [], 0
+        i += 1
+
+
+def examples_of_part(path: Path, vocab: Vocab, o: CreateOptions, tokenizer=None) -> Shard:
+    """All examples of one text part, shuffled, as a Shard (the unit of parallel work)."""
+    tokenizer = tokenizer or _tokenizer(vocab, o.lowercase)
+    docs = read_documents(path, tokenizer, o.allow_empty_documents)
+    rng = random.Random(o.seed)
+    rng.shuffle(docs)
+    inst: list = []
+    for _ in range(o.dupe_factor):
+        for d in range(len(docs)):
+            _instances(docs, d, o, vocab, rng, inst)
+    rng.shuffle(inst)
+    if not inst:
+        raise PrepError(f"{path}: produced no examples (documents too short?)")
+    lens = np.array([len(x[0]) for x in inst], dtype=np.int64)
+    plens = np.array([len(x[2]) for x in inst], dtype=np.int64)
+    offs, poffs = np.zeros(len(inst) + 1, np.int64), np.zeros(len(inst) + 1, np.int64)
+    np.cumsum(lens, out=offs[1:])
+    np.cumsum(plens, out=poffs[1:])
+    flat = lambda k, dt: np.fromiter((t for x in inst for t in x[k]), dtype=dt)  # noqa: E731
+    return Shard(str(path), flat(0, np.int16), flat(1, np.int8), offs, flat(2, np.int16), flat(3, np.int16), poffs,
+                 np.array([x[4] for x in inst], dtype=np.int8))
+
+
+# ---------------------------------------------------------------- the step
+
+
+@dataclass(frozen=True)
+class _Job:
+    path: Path
+    out: Path
+    vocab: Vocab
+    opts: CreateOptions
+
+
+def output_name(part: Path) -> str:
+    return part.name[:-len(part.suffix)] + ".hdf5" if part.suffix == ".txt" else part.name + ".hdf5"
+
+
+def _create_one(job: _Job) -> tuple[int, int, float]:
+    """(samples, tokens, seconds) of one part; (-1, 0, 0) when an earlier run wrote it."""
+    target = job.out / output_name(job.path)
+    if target.is_file():
+        return -1, 0, 0.0
+    t0 = time.perf_counter()
+    shard = examples_of_part(job.path, job.vocab, job.opts)
+    o = job.opts
+    write_shard_atomic(target, shard, o.layout, o.max_seq_length, o.max_predictions_per_seq)
+    return len(shard), int(len(shard.tokens)), time.perf_counter() - t0
+
+
+def list_parts(input_dir: str | Path, pattern: str = "*") -> list[Path]:
+    d = Path(input_dir)
+    if not d.is_dir():
+        raise PrepError(f"{d}: no such input directory")
+    parts = sorted(p for p in d.glob(pattern) if p.is_file() and not p.name.startswith("."))
+    if not parts:
+        raise PrepError(f"{d}: no text parts matching {pattern!r}")
+    return parts
+
+
+def create(input_dir: str | Path, vocab_path: str | Path, output_dir: str | Path, opts: CreateOptions = CreateOptions(),
+           workers: int = 1, pattern: str = "*") -> dict:
+    """Every part of ``input_dir`` -> ``output_dir/<part>.hdf5``; returns a summary with throughput."""
+    opts.check()
+    vocab = load_vocab(vocab_path)
+    parts = list_parts(input_dir, pattern)
+    out = prepare_output(output_dir, "create", {**asdict(opts), "vocab_md5": vocab.md5,
+                                                "inputs": file_fingerprint(parts, Path(input_dir))})
+    t0 = time.perf_counter()
+    results = parallel_map(_create_one, [_Job(p, out, vocab, opts) for p in parts], workers, "create")
+    wall = time.perf_counter() - t0
+    done = [r for r in results if r[0] >= 0]
+    samples, busy = sum(r[0] for r in done), sum(r[2] for r in done)
+    return {"parts": len(parts), "parts_written_now": len(done), "samples_written_now": samples,
+            "tokens_written_now": sum(r[1] for r in done), "wall_s": round(wall, 3),
+            # per core: samples over the summed per-part compute time of all workers
+            "samples_per_s_per_core": round(samples / busy, 1) if busy else None,
+            "samples_per_s": round(samples / wall, 1) if done else None}

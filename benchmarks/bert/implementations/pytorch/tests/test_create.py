@@ -1,0 +1,210 @@
+"""create: schema, the masking and NSP rules checked against the source text, determinism
+across worker counts, resumption, and the errors on bad input."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from bert.config import ModelConfig
+from bert.data import EvalSet, TrainLoader, list_shards, read_shard
+from bert.model import BertForPreTraining, pretraining_loss
+from input_preprocessing.common import PrepError
+from input_preprocessing.create import CreateOptions, create, load_vocab
+from input_preprocessing.toy_corpus import make_corpus, train_vocab
+
+PKG_ROOT = Path(__file__).resolve().parent.parent
+OPTS = CreateOptions(max_seq_length=128, max_predictions_per_seq=20, dupe_factor=2, seed=12345)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    parts = make_corpus(root / "text", parts=3, docs_per_part=40, seed=1)
+    vocab = train_vocab(parts, root / "vocab.txt", size=1500)
+    return root, parts, vocab
+
+
+@pytest.fixture(scope="module")
+def created(corpus, tmp_path_factory):
+    root, _, vocab = corpus
+    out = tmp_path_factory.mktemp("created") / "fixed"
+    summary = create(root / "text", vocab, out, OPTS, workers=1)
+    return out, summary
+
+
+def _digests(d: Path) -> dict[str, str]:
+    return {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in list_shards(d)}
+
+
+def test_schema_and_dtypes_in_both_layouts(corpus, created, tmp_path):
+    root, parts, vocab = corpus
+    out, summary = created
+    assert summary["parts"] == 3 and summary["samples_written_now"] > 500
+    assert [p.name for p in list_shards(out)] == [p.stem + ".hdf5" for p in parts]
+    var = tmp_path / "var"
+    create(root / "text", vocab, var, CreateOptions(**{**OPTS.__dict__, "layout": "variable"}), workers=1)
+    for p in list_shards(out):
+        with h5py.File(p) as f:
+            n = f["next_sentence_labels"].shape[0]
+            want = {"input_ids": ("int16", (n, 128)), "input_mask": ("int8", (n, 128)),
+                    "segment_ids": ("int8", (n, 128)), "masked_lm_positions": ("int16", (n, 20)),
+                    "masked_lm_ids": ("int16", (n, 20)), "next_sentence_labels": ("int8", (n,))}
+            assert {k: (str(f[k].dtype), f[k].shape) for k in f} == want
+        with h5py.File(var / p.name) as f:
+            assert set(f) == {"input_ids", "segment_ids", "masked_lm_positions", "masked_lm_ids",
+                              "next_sentence_labels"}
+            for k in ("input_ids", "segment_ids", "masked_lm_positions", "masked_lm_ids"):
+                assert f[k].ndim == 1 and h5py.check_vlen_dtype(f[k].dtype) is not None
+        a, b = read_shard(p, 128), read_shard(var / p.name, 128)  # the same samples either way
+        for name in ("tokens", "segments", "offsets", "mlm_positions", "mlm_ids", "mlm_offsets", "nsp"):
+            np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+
+
+def test_the_spine_reader_trains_on_the_output(created):
+    out, _ = created
+    cfg = ModelConfig(vocab_size=1500, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
+                      max_position_embeddings=128, unpad=True)
+    torch.manual_seed(0)
+    model = BertForPreTraining(cfg)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = TrainLoader(out, 0, 1, 16, seed=1, unpad=True, max_seq_length=128, prefetch=False)
+    batch = next(loader)
+    losses = []
+    for _ in range(3):  # the same batch: the loss must fall
+        mlm, nsp = model(**{k: v for k, v in batch.items() if k not in ("mlm_labels", "nsp_labels")})
+        loss = pretraining_loss(mlm, nsp, batch["mlm_labels"], batch["nsp_labels"])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+    loader.close()
+    assert len(EvalSet(out, 0, 1, limit=100)) == 100
+
+
+def _doc_token_strings(parts, vocab) -> list[str]:
+    from tokenizers import BertWordPieceTokenizer
+
+    tok = BertWordPieceTokenizer(str(vocab), lowercase=True)
+    docs = []
+    for p in parts:
+        for doc in p.read_text().split("\n\n"):
+            ids = [i for line in doc.splitlines() if line.strip() for i in tok.encode(line, add_special_tokens=False).ids]
+            docs.append(" " + " ".join(map(str, ids)) + " ")
+    return docs
+
+
+def test_masking_and_nsp_follow_the_reference_rules(corpus, created):
+    _, parts, vocab_path = corpus
+    out, _ = created
+    v = load_vocab(vocab_path)
+    docs = _doc_token_strings(parts, vocab_path)
+    kinds = {"mask": 0, "same": 0, "random": 0}
+    checked = {0: 0, 1: 0}
+    nsp_labels = []
+    for p in list_shards(out):
+        shard = read_shard(p, 128)
+        for i in range(len(shard)):
+            s = shard[i]
+            ids, pos, labels, L = s.input_ids.astype(int), s.masked_positions.astype(int), s.masked_ids.astype(int), len(s.input_ids)
+            assert len(pos) == min(20, max(1, int(round(L * 0.15))))
+            assert (np.diff(pos) > 0).all() and pos.min() >= 1 and pos.max() < L  # sorted, unique, inside
+            sep = np.nonzero(ids == v.sep)[0]
+            assert ids[0] == v.cls and ids[-1] == v.sep and len(sep) == 2, "[CLS] A [SEP] B [SEP]"
+            assert not np.isin(pos, sep).any()  # specials are never predicted
+            orig = ids.copy()
+            orig[pos] = labels
+            assert not (np.delete(ids, pos) == v.mask).any()  # [MASK] only at predicted positions
+            for j, lab in zip(pos, labels):
+                kinds["mask" if ids[j] == v.mask else "same" if ids[j] == lab else "random"] += 1
+            # segments: 0 up to and including the first [SEP], 1 after
+            np.testing.assert_array_equal(s.segment_ids, (np.arange(L) > sep[0]).astype(np.int8))
+            a, b = orig[1:sep[0]], orig[sep[0] + 1:L - 1]
+            nsp_labels.append(s.nsp_label)
+            if len(a) < 6 or len(b) < 6:
+                continue  # short pieces may occur anywhere; the long ones pin their document
+            sa, sb = " " + " ".join(map(str, a)) + " ", " " + " ".join(map(str, b)) + " "
+            doc_a = [d for d, text in enumerate(docs) if sa in text]
+            doc_b = [d for d, text in enumerate(docs) if sb in text]
+            assert len(doc_a) == 1 and len(doc_b) == 1, "labels restore the original text"
+            if s.nsp_label == 0:  # B follows A in A's document
+                assert doc_a == doc_b and docs[doc_a[0]].find(sb) > docs[doc_a[0]].find(sa)
+            else:
+                assert doc_a != doc_b
+            checked[s.nsp_label] += 1
+    assert min(checked.values()) > 50
+    total = sum(kinds.values())
+    assert abs(kinds["mask"] / total - 0.8) < 0.03
+    # "random" may draw the original token itself (1/1500 of the time): counted as "same"
+    assert abs(kinds["same"] / total - 0.1) < 0.02 and abs(kinds["random"] / total - 0.1) < 0.02
+    assert 0.4 < np.mean(nsp_labels) < 0.7  # single-sentence chunks always take a random B
+
+
+def test_same_seed_same_bytes_any_worker_count_and_resume(corpus, created, tmp_path):
+    root, _, vocab = corpus
+    out, _ = created
+    two = tmp_path / "two"
+    s2 = create(root / "text", vocab, two, OPTS, workers=2)
+    assert s2["parts_written_now"] == 3
+    assert _digests(two) == _digests(out)
+    victim = sorted(two.glob("*.hdf5"))[1]
+    victim.unlink()
+    (two / (victim.name + ".123.tmp")).write_bytes(b"torn")  # left by a killed run
+    again = create(root / "text", vocab, two, OPTS, workers=2)
+    assert again["parts_written_now"] == 1
+    assert _digests(two) == _digests(out)
+    other = tmp_path / "seed"
+    create(root / "text", vocab, other, CreateOptions(**{**OPTS.__dict__, "seed": 1}), workers=1)
+    assert all(_digests(other)[k] != h for k, h in _digests(out).items())
+    with pytest.raises(PrepError, match=r"two: already holds a different run \(different seed\)"):
+        create(root / "text", vocab, two, CreateOptions(**{**OPTS.__dict__, "seed": 1}))
+
+
+def test_bad_input_is_named(corpus, tmp_path):
+    root, parts, vocab = corpus
+    text = tmp_path / "text"
+    text.mkdir()
+    good = parts[0].read_text()
+    with pytest.raises(PrepError, match=r"nope.txt: vocab file does not exist"):
+        create(root / "text", tmp_path / "nope.txt", tmp_path / "o1", OPTS)
+    (tmp_path / "v.txt").write_text("[PAD]\n[UNK]\n[CLS]\nhello\n")
+    with pytest.raises(PrepError, match=r"v.txt: vocab lacks the special token\(s\) \['\[SEP\]', '\[MASK\]'\]"):
+        create(root / "text", tmp_path / "v.txt", tmp_path / "o2", OPTS)
+    cases = {
+        "bad_utf8.txt": (good.encode()[:50] + b"\nabc \xff\xfe def\n", r"bad_utf8.txt: line 2: not UTF-8"),
+        "empty.txt": (b"\n  \n", r"empty.txt: empty part"),
+        "double_blank.txt": (b"One two.\nThree.\n\n\nFour five.\n", r"double_blank.txt: line 4: empty document"),
+        "no_tokens.txt": ("Ok then.\n\n\u200b\x00\n\nMore.\n".encode(), r"no_tokens.txt: line 3: empty document"),
+    }
+    for name, (data, msg) in cases.items():
+        d = tmp_path / name.replace(".txt", "")
+        d.mkdir()
+        (d / name).write_bytes(data)
+        with pytest.raises(PrepError, match=msg):
+            create(d, vocab, tmp_path / ("out_" + name), OPTS, workers=1)
+        assert not list((tmp_path / ("out_" + name)).glob("*.hdf5"))  # nothing half-written
+    with pytest.raises(PrepError, match="no such input directory"):
+        create(tmp_path / "missing", vocab, tmp_path / "o3", OPTS)
+
+
+def test_cli_create(corpus, tmp_path):
+    root, _, vocab = corpus
+    r = subprocess.run([sys.executable, "-m", "input_preprocessing", "create", "--input", str(root / "text"),
+                        "--vocab", str(vocab), "--output", str(tmp_path / "o"), "--max-seq-length", "64",
+                        "--max-predictions-per-seq", "10", "--dupe-factor", "1", "--workers", "2"],
+                       cwd=PKG_ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["parts"] == 3
+    assert read_shard(next((tmp_path / "o").glob("*.hdf5")), 64).lengths.max() <= 64
+    r = subprocess.run([sys.executable, "-m", "input_preprocessing", "create", "--help"], cwd=PKG_ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and "--dupe-factor" in r.stdout
