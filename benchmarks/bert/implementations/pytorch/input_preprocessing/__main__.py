@@ -92,6 +92,78 @@ STEPS["stratify"] = ("split shards by real length into strata + manifest.json + 
                      _stratify_args, _run_stratify)
 
 
+# ---------------------------------------------------------------- shard, eval, checksum, verify, stats
+
+
+def _shard_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--input", required=True, help="directory of hdf5 parts (e.g. the output of create)")
+    p.add_argument("--output", required=True, help="new directory: part_<j>_of_<N>.hdf5")
+    p.add_argument("--num-shards", type=int, required=True, help="N (MLPerf uses 2048 or 4320)")
+    p.add_argument("--layout", choices=("fixed", "variable"), default="variable")
+    p.add_argument("--max-seq-length", type=int, default=512, help="padded length of a fixed-layout output")
+    p.add_argument("--max-predictions", type=int, default=76, help="prediction slots of a fixed-layout output")
+    _workers(p)
+
+
+def _run_shard(a: argparse.Namespace) -> object:
+    from .shard import shard
+
+    return shard(a.input, a.output, a.num_shards, a.layout, a.max_seq_length, a.max_predictions, a.workers)
+
+
+def _eval_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--input", required=True, help="hdf5 file or directory of the eval examples (create's output)")
+    p.add_argument("--output", required=True, help="new directory for eval_10k.hdf5")
+    p.add_argument("--num-samples", type=int, default=10000)
+    p.add_argument("--layout", choices=("", "fixed", "variable"), default="", help="default: the input's")
+    p.add_argument("--max-seq-length", type=int, default=512, help="for a fixed output from variable input")
+    p.add_argument("--max-predictions", type=int, default=76, help="for a fixed output from variable input")
+
+
+def _run_eval(a: argparse.Namespace) -> object:
+    from .pick_eval import pick_eval
+
+    return pick_eval(a.input, a.output, a.num_samples, a.layout, a.max_seq_length, a.max_predictions)
+
+
+def _sum_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--input", required=True, help="directory of shards (searched recursively)")
+    p.add_argument("--manifest", default="", help="md5 manifest path (default: INPUT/md5sums.txt)")
+    _workers(p)
+
+
+def _run_checksum(a: argparse.Namespace) -> object:
+    from .checksum import checksum
+
+    return {"files": len(checksum(a.input, a.manifest, a.workers))}
+
+
+def _run_verify(a: argparse.Namespace) -> object:
+    from .checksum import verify
+
+    return verify(a.input, a.manifest, a.workers)
+
+
+def _stats_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--input", required=True, help="directory of shards (searched recursively)")
+    p.add_argument("--output", required=True, help="directory for stats.json and length_histogram.png")
+    p.add_argument("--max-seq-length", type=int, default=512)
+
+
+def _run_stats(a: argparse.Namespace) -> object:
+    from .stats import stats
+
+    return stats(a.input, a.output, a.max_seq_length)
+
+
+STEPS["shard"] = ("re-chop hdf5 parts into N shards, fixed or variable layout", _shard_args, _run_shard)
+STEPS["eval"] = ("pick the evenly spaced eval set (10,000 samples) from the eval examples", _eval_args, _run_eval)
+STEPS["checksum"] = ("write an md5 manifest of every shard", _sum_args, _run_checksum)
+STEPS["verify"] = ("check shards against their md5 manifest (exit 2 on any difference)", _sum_args, _run_verify)
+STEPS["stats"] = ("length histogram, tokens, padding fraction: stats.json + length_histogram.png",
+                  _stats_args, _run_stats)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m input_preprocessing", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

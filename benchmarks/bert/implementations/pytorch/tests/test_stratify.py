@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -13,8 +11,6 @@ from bert import demo_data
 from bert.data import list_shards, read_shard
 from input_preprocessing.common import PrepError
 from input_preprocessing.stratify import load_manifest, stratify, strata_ranges
-
-PKG_ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module", params=["variable", "fixed"])
@@ -87,15 +83,3 @@ def test_bad_bounds_and_inputs_are_named(shards, tmp_path):
     (tmp_path / "full" / "mine.txt").write_text("x")
     with pytest.raises(PrepError, match=r"full: is not empty and has no \.run\.json"):
         stratify(src, tmp_path / "full", [64], max_seq_length=64)
-
-
-def test_cli(shards, tmp_path):
-    src, _ = shards
-    r = subprocess.run([sys.executable, "-m", "input_preprocessing", "stratify", "--input", str(src), "--output",
-                        str(tmp_path / "o"), "--bounds", "32,64", "--max-seq-length", "64", "--workers", "1"],
-                       cwd=PKG_ROOT, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    assert set(json.loads(r.stdout)) == {"stratum_0_1-32", "stratum_1_33-64"}
-    r = subprocess.run([sys.executable, "-m", "input_preprocessing", "stratify", "--input", str(tmp_path / "none"),
-                        "--output", str(tmp_path / "o2")], cwd=PKG_ROOT, capture_output=True, text=True)
-    assert r.returncode == 2 and "none: no such directory" in r.stderr

@@ -1,0 +1,54 @@
+"""eval: the evaluation set, ``num_samples`` evenly spaced samples of the eval examples.
+
+Sample i of the pick is global sample ``i * N // num_samples`` of the N eval examples (all
+input files in sorted order): the same every time, spread over the whole eval text, as the
+reference keeps every (N/10000)-th sample.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from bert.data import DataError, Shard, list_shards, read_shard
+
+from .common import PrepError, file_fingerprint, prepare_output, shard_geometry, write_shard_atomic
+
+
+def eval_file_name(num_samples: int) -> str:
+    return "eval_10k.hdf5" if num_samples == 10000 else f"eval_{num_samples}.hdf5"
+
+
+def pick_indices(total: int, num_samples: int) -> np.ndarray:
+    if not 1 <= num_samples <= total:
+        raise PrepError(f"cannot pick {num_samples} samples out of {total}")
+    return (np.arange(num_samples, dtype=np.int64) * total) // num_samples
+
+
+def pick_eval(input_path: str | Path, output_dir: str | Path, num_samples: int = 10000, layout: str = "",
+              max_seq_length: int = 512, max_predictions: int = 76) -> dict:
+    """Write ``output_dir/eval_10k.hdf5`` (``eval_<n>.hdf5`` for another count); ``layout`` '' keeps the input's."""
+    p = Path(input_path)
+    try:
+        paths = [p] if p.is_file() else list_shards(p)
+        data = Shard.concat([read_shard(x) for x in paths])
+    except DataError as e:
+        raise PrepError(str(e)) from None
+    in_layout, s, pp = shard_geometry(paths[0])
+    layout = layout or in_layout
+    if in_layout == "fixed" and layout == "fixed":
+        max_seq_length, max_predictions = s, pp
+    idx = pick_indices(len(data), num_samples)
+    root = p.parent if p.is_file() else p
+    out = prepare_output(output_dir, "eval", {"num_samples": num_samples, "layout": layout,
+                                              "max_seq_length": max_seq_length, "max_predictions": max_predictions,
+                                              "inputs": file_fingerprint(paths, root)})
+    picked = data.subset(idx)
+    target = out / eval_file_name(num_samples)
+    try:
+        write_shard_atomic(target, picked, layout, max_seq_length, max_predictions)
+    except ValueError as e:
+        raise PrepError(f"{target}: {e}") from None
+    return {"eval_examples": len(data), "picked": len(picked), "file": str(target),
+            "tokens": int(len(picked.tokens))}

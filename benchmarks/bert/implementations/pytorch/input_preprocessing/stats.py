@@ -1,0 +1,71 @@
+"""stats: length histogram, tokens, padding fraction of a dataset; JSON plus a PNG plot.
+
+Reads every shard under the directory (recursively: a stratified directory works too).
+The padding fraction is the share of padding when every sample is padded to
+``max_seq_length``: the work the unpadded model path saves.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from bert.data import DataError, read_shard
+
+from .checksum import find_shards
+from .common import PrepError, atomic_write, write_json
+
+
+def dataset_stats(directory: str | Path, max_seq_length: int = 512) -> tuple[dict, np.ndarray]:
+    """(summary, histogram) where histogram[L] = samples of real length L."""
+    hist = np.zeros(max_seq_length + 1, dtype=np.int64)
+    preds = nsp_random = 0
+    d = Path(directory)
+    for p in find_shards(d):
+        try:
+            s = read_shard(p, max_seq_length)
+        except DataError as e:
+            raise PrepError(str(e)) from None
+        hist += np.bincount(s.lengths, minlength=max_seq_length + 1)
+        preds += len(s.mlm_ids)
+        nsp_random += int(s.nsp.sum())
+    n = int(hist.sum())
+    lengths = np.arange(max_seq_length + 1)
+    tokens = int((hist * lengths).sum())
+    cdf = np.cumsum(hist)
+    summary = {
+        "directory": str(d), "samples": n, "tokens": tokens, "max_seq_length": max_seq_length,
+        "mean_length": round(tokens / n, 2), "median_length": int(np.searchsorted(cdf, (n + 1) // 2)),
+        "min_length": int(np.nonzero(hist)[0][0]), "max_length": int(np.nonzero(hist)[0][-1]),
+        "fraction_at_max_length": round(int(hist[max_seq_length]) / n, 4),
+        "padding_fraction": round(1 - tokens / (n * max_seq_length), 4),
+        "predictions_per_sample": round(preds / n, 2), "nsp_random_fraction": round(nsp_random / n, 4),
+    }
+    return summary, hist
+
+
+def _plot(path: Path, hist: np.ndarray, summary: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.bar(np.arange(len(hist)), hist, width=1.0, color="#3b6ea5")
+    ax.set_xlabel("real sequence length (tokens)")
+    ax.set_ylabel("samples")
+    ax.set_title(f"{summary['samples']:,} samples, mean {summary['mean_length']}, "
+                 f"padding {summary['padding_fraction']:.1%} at {summary['max_seq_length']}")
+    fig.tight_layout()
+    atomic_write(path, lambda t: fig.savefig(t, format="png", dpi=100))
+    plt.close(fig)
+
+
+def stats(directory: str | Path, output_dir: str | Path, max_seq_length: int = 512) -> dict:
+    """Write ``stats.json`` (summary + histogram) and ``length_histogram.png`` to ``output_dir``."""
+    summary, hist = dataset_stats(directory, max_seq_length)
+    out = Path(output_dir)
+    write_json(out / "stats.json", {**summary, "length_histogram": hist.tolist()})
+    _plot(out / "length_histogram.png", hist, summary)
+    return summary
