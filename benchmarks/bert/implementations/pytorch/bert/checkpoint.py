@@ -268,3 +268,23 @@ def load_weights(path: str | Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     if Path(str(p) + ".index").is_file():
         return load_tf_checkpoint(p, cfg)
     return load_hf(p, cfg)
+
+
+def config_from_bert_json(path: str | Path, base: ModelConfig | None = None) -> ModelConfig:
+    """``cfg`` with the architecture of a Google/HF ``bert_config.json``/``config.json``."""
+    import dataclasses
+
+    p = Path(path)
+    try:
+        j = json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{p}: cannot read the BERT config: {e}") from None
+    keys = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_hidden_layers": "num_layers",
+            "num_attention_heads": "num_heads", "intermediate_size": "intermediate_size",
+            "max_position_embeddings": "max_position_embeddings", "type_vocab_size": "type_vocab_size"}
+    missing = [k for k in keys if k not in j]
+    if missing:
+        raise CheckpointError(f"{p}: lacks {missing}")
+    if j.get("hidden_act", "gelu") != "gelu":
+        raise CheckpointError(f"{p}: hidden_act {j['hidden_act']!r}; this model implements 'gelu' only")
+    return dataclasses.replace(base or ModelConfig(), **{ours: int(j[k]) for k, ours in keys.items()})

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Callable
 
 from .common import PrepError, default_workers
@@ -156,10 +157,42 @@ def _run_stats(a: argparse.Namespace) -> object:
     return stats(a.input, a.output, a.max_seq_length)
 
 
+def _ckpt_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--input", required=True, help="TF checkpoint prefix (model.ckpt-28252; needs TensorFlow), "
+                   "Hugging Face directory/file, or a state dict saved by this project")
+    p.add_argument("--output", required=True, help="a .pt file (our state dict) or, with --to hf, a directory")
+    p.add_argument("--to", choices=("pt", "hf"), default="pt")
+    p.add_argument("--bert-config", default="", help="bert_config.json of the checkpoint (default: BERT-Large)")
+
+
+def _run_ckpt(a: argparse.Namespace) -> object:
+    import torch
+
+    from bert.checkpoint import CheckpointError, config_from_bert_json, export_hf, load_weights
+    from bert.config import ModelConfig
+
+    from .common import atomic_write
+
+    try:
+        cfg = config_from_bert_json(a.bert_config) if a.bert_config else ModelConfig()
+        state = load_weights(a.input, cfg)
+    except CheckpointError as e:
+        raise PrepError(str(e)) from None
+    if a.to == "hf":
+        export_hf(state, cfg, a.output)
+    else:
+        atomic_write(Path(a.output), lambda t: torch.save(state, t))
+    return {"tensors": len(state), "parameters": sum(v.numel() for k, v in state.items()
+                                                     if not k.startswith("cls.predictions.decoder")),
+            "output": a.output}
+
+
 STEPS["shard"] = ("re-chop hdf5 parts into N shards, fixed or variable layout", _shard_args, _run_shard)
 STEPS["eval"] = ("pick the evenly spaced eval set (10,000 samples) from the eval examples", _eval_args, _run_eval)
 STEPS["checksum"] = ("write an md5 manifest of every shard", _sum_args, _run_checksum)
 STEPS["verify"] = ("check shards against their md5 manifest (exit 2 on any difference)", _sum_args, _run_verify)
+STEPS["checkpoint"] = ("convert model weights: TF phase-1 checkpoint / HF / ours -> ours (.pt) or HF",
+                       _ckpt_args, _run_ckpt)
 STEPS["stats"] = ("length histogram, tokens, padding fraction: stats.json + length_histogram.png",
                   _stats_args, _run_stats)
 

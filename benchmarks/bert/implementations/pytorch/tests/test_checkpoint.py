@@ -142,3 +142,24 @@ def test_load_weights_dispatches_on_format(tmp_path):
     (tmp_path / "model.ckpt-9.index").write_bytes(b"")
     with pytest.raises(ck.CheckpointError, match="model.ckpt-9"):  # TF prefix: needs TF or names the file
         ck.load_weights(tmp_path / "model.ckpt-9", TINY)
+
+
+def test_checkpoint_cli_converts_both_ways_with_a_bert_config(tmp_path, capsys):
+    import json
+
+    from input_preprocessing.__main__ import main
+
+    model = _model(5)
+    torch.save(model.state_dict(), tmp_path / "ours.pt")
+    (tmp_path / "bert_config.json").write_text(json.dumps(
+        {"vocab_size": 40, "hidden_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 12,
+         "max_position_embeddings": 16, "type_vocab_size": 2, "hidden_act": "gelu"}))
+    cfg_args = ["--bert-config", str(tmp_path / "bert_config.json")]
+    assert main(["checkpoint", "--input", str(tmp_path / "ours.pt"), "--output", str(tmp_path / "hf"), "--to", "hf",
+                 *cfg_args]) == 0
+    assert main(["checkpoint", "--input", str(tmp_path / "hf"), "--output", str(tmp_path / "back.pt"), *cfg_args]) == 0
+    back = torch.load(tmp_path / "back.pt", weights_only=True)
+    assert all(torch.equal(back[k], v) for k, v in model.state_dict().items())
+    capsys.readouterr()
+    assert main(["checkpoint", "--input", str(tmp_path / "ours.pt"), "--output", str(tmp_path / "x.pt")]) == 2
+    assert "ours.pt: 352 missing tensors" in capsys.readouterr().err  # BERT-Large has 22 more layers
