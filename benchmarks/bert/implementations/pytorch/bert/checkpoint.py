@@ -161,20 +161,29 @@ def state_dict_to_tf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dic
 
 
 def read_tf_checkpoint(prefix: str | Path) -> dict[str, np.ndarray]:
-    """All variables of a TF checkpoint (``model.ckpt-28252`` = the prefix of its
-    ``.index``/``.data-*`` files). Needs TensorFlow (the optional ``prep`` extra)."""
+    """The model variables of a TF checkpoint (``model.ckpt-28252`` = the prefix of its
+    ``.index``/``.data-*`` files); optimizer slots are not read.
+
+    Read by ``bert/tf_bundle.py`` (no TensorFlow needed); a checkpoint feature it does not
+    decode (compressed index, sliced tensors) falls back to TensorFlow when installed.
+    """
+    from .tf_bundle import BundleError, read_bundle
+
     prefix = str(prefix)
     if not Path(prefix + ".index").is_file():
         raise CheckpointError(f"{prefix}: no TensorFlow checkpoint here ({prefix}.index does not exist; "
                               "pass the prefix, e.g. .../model.ckpt-28252)")
     try:
-        import tensorflow as tf  # optional, large; used only for this conversion
+        return read_bundle(prefix, keep=_is_tf_model_tensor)
+    except BundleError as e:
+        own = str(e)
+    try:
+        import tensorflow as tf  # optional, large; only for checkpoints the bundle reader refuses
     except ImportError:
-        raise CheckpointError(f"{prefix}: reading a TensorFlow checkpoint needs TensorFlow; install it "
-                              "(pip install tensorflow-cpu) or convert on a machine that has it") from None
+        raise CheckpointError(f"{own} (TensorFlow, which might read it, is not installed)") from None
     try:
         reader = tf.train.load_checkpoint(prefix)
-        return {n: reader.get_tensor(n) for n in reader.get_variable_to_shape_map()}
+        return {n: reader.get_tensor(n) for n in reader.get_variable_to_shape_map() if _is_tf_model_tensor(n)}
     except Exception as e:  # TF raises its own error types; name the file and the cause
         raise CheckpointError(f"{prefix}: cannot read TensorFlow checkpoint: {e}") from None
 

@@ -158,7 +158,7 @@ def _run_stats(a: argparse.Namespace) -> object:
 
 
 def _ckpt_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--input", required=True, help="TF checkpoint prefix (model.ckpt-28252; needs TensorFlow), "
+    p.add_argument("--input", required=True, help="TF checkpoint prefix (model.ckpt-28252), "
                    "Hugging Face directory/file, or a state dict saved by this project")
     p.add_argument("--output", required=True, help="a .pt file (our state dict) or, with --to hf, a directory")
     p.add_argument("--to", choices=("pt", "hf"), default="pt")

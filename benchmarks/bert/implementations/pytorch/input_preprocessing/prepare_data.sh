@@ -27,9 +27,8 @@
 # and md5sums.txt in every hdf5 directory (check later with `... verify --input DIR`).
 #
 # Usage: input_preprocessing/prepare_data.sh DOWNLOAD OUT [NUM_SHARDS (2048)] [WORKERS (all cores)]
-# Run from benchmarks/bert/implementations/pytorch with the venv active (pip install .[prep];
-# the checkpoint conversion also needs TensorFlow: pip install tensorflow-cpu, or skip it
-# with SKIP_CHECKPOINT=1 and convert elsewhere).
+# Run from benchmarks/bert/implementations/pytorch with the venv active (pip install .[prep]).
+# The checkpoint is read without TensorFlow (bert/tf_bundle.py); SKIP_CHECKPOINT=1 skips it.
 set -euo pipefail
 
 if [[ $# -lt 2 ]]; then

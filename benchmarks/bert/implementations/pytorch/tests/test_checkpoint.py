@@ -79,19 +79,21 @@ def test_tf_reader_names_the_file(tmp_path):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
-                    reason="TensorFlow is not installed (optional 'prep' extra); the mapping is tested with a fake reader")
-def test_tf_import_from_a_real_tiny_checkpoint(tmp_path):  # pragma: no cover - needs TF
+                    reason="TensorFlow is not installed (optional); tests/data/tf_tiny_ckpt, written by it, "
+                           "covers the reader without it")
+def test_tf_import_of_a_checkpoint_tensorflow_writes_now(tmp_path):  # pragma: no cover - needs TF
     import tensorflow as tf
 
     state = _model().state_dict()
     arrays = ck.state_dict_to_tf(state, TINY)
-    variables = {n: tf.Variable(a, name=n) for n, a in arrays.items()}
-    ckpt = tf.train.Checkpoint(**{n.replace("/", "."): v for n, v in variables.items()})
-    prefix = ckpt.write(str(tmp_path / "model.ckpt"))
-    raw = ck.read_tf_checkpoint(prefix)
-    # tf.train.Checkpoint stores object-graph names; rename back to the variable names.
-    renamed = {k.split("/.ATTRIBUTES")[0].replace(".", "/"): v for k, v in raw.items() if ".ATTRIBUTES" in k}
-    back = ck.state_dict_from_tf(renamed, TINY, prefix)
+    tf.compat.v1.disable_eager_execution()
+    with tf.Graph().as_default():
+        variables = [tf.compat.v1.Variable(a, name=n) for n, a in arrays.items()]
+        saver = tf.compat.v1.train.Saver(variables)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            prefix = saver.save(sess, str(tmp_path / "model.ckpt"), global_step=3, write_meta_graph=False)
+    back = ck.load_weights(prefix, TINY)
     for k, v in state.items():
         assert torch.equal(back[k], v), k
 
@@ -140,7 +142,7 @@ def test_load_weights_dispatches_on_format(tmp_path):
         back = ck.load_weights(path, TINY)
         assert all(torch.equal(back[k], v) for k, v in model.state_dict().items()), path
     (tmp_path / "model.ckpt-9.index").write_bytes(b"")
-    with pytest.raises(ck.CheckpointError, match="model.ckpt-9"):  # TF prefix: needs TF or names the file
+    with pytest.raises(ck.CheckpointError, match="model.ckpt-9.index: not a TensorFlow checkpoint index"):
         ck.load_weights(tmp_path / "model.ckpt-9", TINY)
 
 
@@ -163,3 +165,40 @@ def test_checkpoint_cli_converts_both_ways_with_a_bert_config(tmp_path, capsys):
     capsys.readouterr()
     assert main(["checkpoint", "--input", str(tmp_path / "ours.pt"), "--output", str(tmp_path / "x.pt")]) == 2
     assert "ours.pt: 352 missing tensors" in capsys.readouterr().err  # BERT-Large has 22 more layers
+
+
+# ---------------------------------------------------------------- TF bundle reader (no TensorFlow)
+
+TF_FIXTURE = __import__("pathlib").Path(__file__).parent / "data" / "tf_tiny_ckpt"
+
+
+def test_bundle_reader_reads_what_tensorflow_wrote():
+    from bert.tf_bundle import read_bundle
+
+    saved = np.load(TF_FIXTURE / "values.npz")
+    got = read_bundle(TF_FIXTURE / "model.ckpt-7")
+    assert sorted(got) == sorted(saved.files)
+    for name in saved.files:
+        np.testing.assert_array_equal(got[name], saved[name], err_msg=name)
+        assert got[name].dtype == saved[name].dtype
+    # the import path: optimizer slots and the step counter skipped, the weights mapped
+    state = ck.load_weights(TF_FIXTURE / "model.ckpt-7", TINY)
+    np.testing.assert_array_equal(state["bert.encoder.layer.1.output.dense.weight"].numpy(),
+                                  saved["bert/encoder/layer_1/output/dense/kernel"].T)
+    np.testing.assert_array_equal(state["cls.seq_relationship.weight"].numpy(),
+                                  saved["cls/seq_relationship/output_weights"])
+    BertForPreTraining(TINY).load_state_dict(state, strict=True)
+
+
+def test_bundle_reader_names_broken_files(tmp_path):
+    import shutil
+
+    for f in TF_FIXTURE.glob("model.ckpt-7.*"):
+        shutil.copy(f, tmp_path / f.name)
+    data = tmp_path / "model.ckpt-7.data-00000-of-00001"
+    data.write_bytes(data.read_bytes()[:100])
+    with pytest.raises(ck.CheckpointError, match=r"model.ckpt-7: .*expected .* \(truncated data file\?\)"):
+        ck.load_weights(tmp_path / "model.ckpt-7", TINY)
+    (tmp_path / "model.ckpt-7.index").write_bytes(b"\x00" * 100)
+    with pytest.raises(ck.CheckpointError, match=r"model.ckpt-7.index: not a TensorFlow checkpoint index"):
+        ck.load_weights(tmp_path / "model.ckpt-7", TINY)
