@@ -83,3 +83,16 @@ def test_bad_bounds_and_inputs_are_named(shards, tmp_path):
     (tmp_path / "full" / "mine.txt").write_text("x")
     with pytest.raises(PrepError, match=r"full: is not empty and has no \.run\.json"):
         stratify(src, tmp_path / "full", [64], max_seq_length=64)
+
+
+def test_the_sampler_reads_what_stratify_writes(shards, tmp_path):
+    from bert.sampler import LengthIndex
+
+    src, _ = shards
+    out = tmp_path / "s"
+    manifest = stratify(src, out, [16, 40, 64], max_seq_length=64, workers=1)
+    idx = LengthIndex.from_manifest(out)
+    assert idx.bounds == ((1, 16), (17, 40), (41, 64))
+    assert len(idx.lengths) == manifest["total_samples"]
+    on_disk = np.concatenate([read_shard(p).lengths for p in idx.paths])
+    np.testing.assert_array_equal(idx.lengths, on_disk)
