@@ -227,7 +227,9 @@ def _instances(docs: list[list[list[int]]], d: int, o: CreateOptions, v: Vocab, 
                     tokens = [v.cls, *a, v.sep, *b, v.sep]
                     segments = [0] * (len(a) + 2) + [1] * (len(b) + 1)
                     masked, pos, labels = _mask(tokens, o, v, rng)
-                    out.append((masked, segments, pos, labels, int(is_random)))
+                    # compact at once: ~1 kB per example instead of ~15 kB of Python ints
+                    out.append((np.array(masked, np.int16), np.array(segments, np.int8),
+                                np.array(pos, np.int16), np.array(labels, np.int16), int(is_random)))
             chunk, length = [], 0
         i += 1
 
@@ -250,9 +252,8 @@ def examples_of_part(path: Path, vocab: Vocab, o: CreateOptions, tokenizer=None)
     offs, poffs = np.zeros(len(inst) + 1, np.int64), np.zeros(len(inst) + 1, np.int64)
     np.cumsum(lens, out=offs[1:])
     np.cumsum(plens, out=poffs[1:])
-    flat = lambda k, dt: np.fromiter((t for x in inst for t in x[k]), dtype=dt)  # noqa: E731
-    return Shard(str(path), flat(0, np.int16), flat(1, np.int8), offs, flat(2, np.int16), flat(3, np.int16), poffs,
-                 np.array([x[4] for x in inst], dtype=np.int8))
+    flat = lambda k: np.concatenate([x[k] for x in inst])  # noqa: E731
+    return Shard(str(path), flat(0), flat(1), offs, flat(2), flat(3), poffs, np.array([x[4] for x in inst], dtype=np.int8))
 
 
 # ---------------------------------------------------------------- the step
