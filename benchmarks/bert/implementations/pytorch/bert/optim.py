@@ -230,7 +230,7 @@ def build_optimizer(
       default ``adam_w_mode=True`` (published v1.1 open-division code), i.e. decoupled
       decay; ``adam`` is kept as a name so configs can say what the paper says. apex
       ``FusedAdam`` on CUDA when allowed, else ``torch.optim.AdamW`` (``fused=True`` on
-      CUDA, ``foreach=True`` elsewhere).
+      CUDA and CPU, ``foreach=True`` elsewhere).
 
     ``cfg.impl == "apex"`` raises ``ConfigError`` unless apex (with CUDA extensions) is
     importable and the device is CUDA. Parameters must already be on the device.
@@ -273,11 +273,15 @@ def build_optimizer(
                 bias_correction=True, adam_w_mode=True,
             )
             return opt, f"{cfg.name}:apex-fused"
-        kind = {"fused": True} if on_cuda else {"foreach": True}
+        # torch's fused AdamW has CUDA and CPU kernels (one pass per tensor instead of a
+        # dozen foreach passes: ~4x faster on the CPU benchmark's 11M parameters); foreach
+        # elsewhere.
+        fused = device_type in ("cuda", "cpu")
+        kind = {"fused": True} if fused else {"foreach": True}
         opt = torch.optim.AdamW(
             groups, lr=cfg.lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay, **kind
         )
-        return opt, f"{cfg.name}:torch-{'fused' if on_cuda else 'foreach'}"
+        return opt, f"{cfg.name}:torch-{'fused' if fused else 'foreach'}"
 
     raise ConfigError(f"optim.name: unknown optimizer {cfg.name!r}")
 

@@ -221,7 +221,7 @@ def test_adamw_matches_torch_plain_adamw(name):
                       weight_decay=0.00289 * 10, impl="auto")
     ours, ref = make_model(), make_model()
     opt, impl = build_optimizer(ours, cfg, "cpu")
-    assert impl == f"{name}:torch-foreach"
+    assert impl == f"{name}:torch-fused"
     ref_opt = torch.optim.AdamW(param_groups(ref, cfg.weight_decay), lr=cfg.lr,
                                 betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, foreach=False)
     for k in range(5):
@@ -343,13 +343,13 @@ def test_scheduler_drives_optimizer_lr(name):
 # ---------------------------------------------------------------- implementation choice
 
 
-def test_build_optimizer_cpu_reports_foreach():
+def test_build_optimizer_cpu_reports_foreach_and_fused():
     model = make_model()
     opt, impl = build_optimizer(model, OptimConfig(name="lamb"), "cpu")
     assert impl == "lamb:foreach" and isinstance(opt, Lamb)
     opt, impl = build_optimizer(model, OptimConfig(name="adamw"), "cpu")
-    assert impl == "adamw:torch-foreach"
-    assert isinstance(opt, torch.optim.AdamW) and opt.defaults["foreach"] is True
+    assert impl == "adamw:torch-fused"
+    assert isinstance(opt, torch.optim.AdamW) and opt.defaults["fused"] is True
 
 
 def test_impl_apex_without_apex_raises(monkeypatch):
