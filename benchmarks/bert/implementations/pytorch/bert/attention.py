@@ -14,11 +14,12 @@ Every backend offers the same two entry points:
 outside training, so backends never look at a training flag.
 
 The portable ``varlen`` pads into ``[B, max_seqlen]``, runs ``padded`` and gathers back
-(attention then costs B * max_seqlen^2 instead of sum L^2: with presorted batches the two
-are close). On GPU two true variable-length kernels override ``varlen``:
+(attention then costs B * max_seqlen^2 instead of sum L^2). Overrides:
 
 - ``flash``: flash-attn's ``flash_attn_varlen_func`` (fp16/bf16 inputs, i.e. under
   autocast; attention dropout supported). Only when ``flash_attn`` imports.
+- on CPU, ``sdpa``'s ``varlen`` runs one SDPA call per sequence (``SdpaPerSequence``):
+  attention follows real tokens there too.
 - ``torch_varlen``: ``torch.nn.attention.varlen.varlen_attn`` (torch's own flash kernel).
   It has no dropout argument, so ``auto`` picks it only when ``attention_dropout`` is 0,
   and it raises if asked for dropout; with BERT's 0.1 attention dropout and no flash-attn
@@ -83,6 +84,23 @@ class SdpaAttention(AttentionBackend):
         # [B, 1, 1, S] broadcasts over heads and query rows; no [B, H, S, S] mask is built.
         mask = key_mask[:, None, None, :]
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+
+
+class SdpaPerSequence(SdpaAttention):
+    """CPU: ``varlen`` as one unmasked SDPA call per sequence, so attention costs sum L^2
+    (not B * max_seqlen^2) and no padded grid is built. Reads ``cu_seqlens`` on the host:
+    free on CPU, a device sync on GPU -- hence chosen for CPU only. Costs a Python loop over
+    the batch's sequences per layer (microseconds each against milliseconds of kernels).
+    """
+
+    def varlen(self, q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0):
+        bounds = cu_seqlens.tolist()
+        outs = []
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            # [L, H, D] -> [1, H, L, D]: views; SDPA returns a fresh [1, H, L, D].
+            qs, ks, vs = (t[a:b].transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+            outs.append(F.scaled_dot_product_attention(qs, ks, vs, dropout_p=dropout_p)[0].transpose(0, 1))
+        return torch.cat(outs)
 
 
 class MathAttention(AttentionBackend):
@@ -191,5 +209,5 @@ def build_attention(backend: str, device_type: str, attention_dropout: float = 0
                              f"model.attention_dropout is {attention_dropout}")
         return FlashVarlenAttention(fn) if backend == "flash" else TorchVarlenAttention(fn)
     if backend == "sdpa":
-        return SdpaAttention()
+        return SdpaAttention() if gpu else SdpaPerSequence()
     return MathAttention()
