@@ -126,9 +126,9 @@ class GradSyncConfig:
 
 @dataclass
 class EvalConfig:
-    # Evaluate every this many training samples; 0 = the reference rule
-    # floor(0.05*(230.23*GBS + 3e6)/25000)*25000.
-    interval_samples: int = 0
+    # Evaluate every this many training samples; -1 = the reference rule
+    # floor(0.05*(230.23*GBS + 3e6)/25000)*25000. 0 is an error (it would never advance).
+    interval_samples: int = -1
     target_accuracy: float = 0.720  # masked-LM accuracy that ends the run
     batch_size: int = 125  # per rank
     # Evaluate once before training starts (costs one eval pass; not a timed event).
@@ -139,7 +139,34 @@ class EvalConfig:
 class DistConfig:
     backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: NCCL on GPU, gloo on CPU
     master_port: int = 29500  # used when neither the launcher nor the env sets one
-    timeout_s: float = 600.0  # process-group timeout
+    # Collective timeout: a rank stuck this long in a collective (a peer died or hangs)
+    # fails with an error naming it, instead of hanging the job. Must stay under the 2
+    # minutes we promise; raise it only if one rank legitimately works alone longer.
+    timeout_s: float = 90.0
+    # Rendezvous timeout: how long rank 0 waits for every rank to join at start (slow
+    # container starts on big jobs); separate so the collective timeout can stay short.
+    startup_timeout_s: float = 900.0
+
+
+@dataclass
+class CheckpointConfig:
+    """Train-state checkpoints (bert/resume.py): everything a run needs to continue exactly."""
+
+    dir: str = ""  # where they are written and looked for; empty = <log.output_dir>/checkpoints
+    # Write one every N optimizer steps; 0 = off (timed MLPerf runs: a write stalls training).
+    interval_steps: int = 0
+    # Write one every M minutes of wall clock (decided at a poll, all ranks agreeing); 0 = off.
+    interval_minutes: float = 0.0
+    keep: int = 2  # complete checkpoints kept; older ones are deleted after a new one is complete
+    # SIGTERM / SIGUSR1 (SLURM --signal=B:USR1@<s>) -> checkpoint at the next poll, exit 3.
+    on_signal: bool = True
+    # Steps between polls of the signal flag and the minutes clock. Distributed, a poll is one
+    # 4-byte all_reduce plus a host sync (ranks must agree to stop at the same step): about
+    # 50 us of NCCL latency per poll, so every 10 steps costs nothing measurable.
+    poll_steps: int = 10
+    # auto: continue from the newest complete checkpoint in ``dir`` if there is one;
+    # require: fail if there is none (``python -m bert.train --resume``); off: start fresh.
+    resume: Literal["auto", "require", "off"] = "auto"
 
 
 @dataclass
@@ -170,6 +197,10 @@ class RunConfig:
     # Write the final model weights here at the end of the run (a state dict with
     # Hugging Face BertForPreTraining names; empty = don't). Not part of the timed run.
     save_checkpoint: str = ""
+    # End the run (run_stop aborted) once the loss was NaN/inf for this many consecutive
+    # steps; checked at the progress line (no extra host sync), so up to
+    # log.progress_interval_steps later.
+    max_nonfinite_steps: int = 20
     # Whether the launcher dropped the page cache before this run (logged as cache_clear).
     cache_cleared: bool = False
     threads: int = 0  # torch intra-op threads per rank on CPU; 0 = torch's own choice
@@ -184,6 +215,7 @@ class Config:
     grad_sync: GradSyncConfig = field(default_factory=GradSyncConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     dist: DistConfig = field(default_factory=DistConfig)
+    ckpt: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
@@ -197,7 +229,7 @@ def global_batch_size(cfg: Config, world_size: int) -> int:
 
 def eval_interval_samples(cfg: Config, world_size: int) -> int:
     """Samples between evaluations: the override, else the reference rule."""
-    if cfg.eval.interval_samples > 0:
+    if cfg.eval.interval_samples != -1:
         return cfg.eval.interval_samples
     gbs = global_batch_size(cfg, world_size)
     return int(math.floor(0.05 * (230.23 * gbs + 3e6) / 25000) * 25000)
@@ -372,10 +404,12 @@ def validate(cfg: Config) -> None:
     need(o.end_lr >= 0, "optim.end_lr", "must be >= 0")
     need(cfg.grad_sync.bucket_cap_mb > 0, "grad_sync.bucket_cap_mb", "must be positive")
     e = cfg.eval
-    need(e.interval_samples >= 0, "eval.interval_samples", "must be >= 0 (0 = reference rule)")
+    need(e.interval_samples > 0 or e.interval_samples == -1, "eval.interval_samples",
+         f"{e.interval_samples} is not a number of samples (> 0), nor -1 for the reference rule")
     need(0 < e.target_accuracy <= 1, "eval.target_accuracy", "must be in (0, 1]")
     need(e.batch_size > 0, "eval.batch_size", "must be positive")
     need(cfg.dist.timeout_s > 0, "dist.timeout_s", "must be positive")
+    need(cfg.dist.startup_timeout_s > 0, "dist.startup_timeout_s", "must be positive")
     need(0 < cfg.dist.master_port < 65536, "dist.master_port", "must be a TCP port")
     need(cfg.log.progress_interval_steps > 0, "log.progress_interval_steps", "must be positive")
     need(bool(cfg.log.output_dir), "log.output_dir", "must not be empty")
@@ -392,6 +426,12 @@ def validate(cfg: Config) -> None:
     need(r.grad_accum_steps > 0, "run.grad_accum_steps", "must be positive")
     need(r.max_samples >= 0, "run.max_samples", "must be >= 0")
     need(r.threads >= 0, "run.threads", "must be >= 0")
+    need(r.max_nonfinite_steps > 0, "run.max_nonfinite_steps", "must be positive")
+    k = cfg.ckpt
+    need(k.interval_steps >= 0, "ckpt.interval_steps", "must be >= 0 (0 = off)")
+    need(k.interval_minutes >= 0, "ckpt.interval_minutes", "must be >= 0 (0 = off)")
+    need(k.keep > 0, "ckpt.keep", "must be positive")
+    need(k.poll_steps > 0, "ckpt.poll_steps", "must be positive")
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:

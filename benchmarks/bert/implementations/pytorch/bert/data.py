@@ -294,7 +294,10 @@ def read_shard(path: str | Path, max_seq_length: int | None = None) -> Shard:
         if missing:
             raise DataError(f"{path}: missing dataset(s) {missing} for a {layout}-length shard "
                             f"(has: {sorted(f.keys())})")
-        shard = _read_fixed(path, f) if layout == "fixed" else _read_variable(path, f)
+        try:
+            shard = _read_fixed(path, f) if layout == "fixed" else _read_variable(path, f)
+        except OSError as e:  # a truncated or damaged file can open and fail mid-read
+            raise DataError(f"{path}: cannot read (truncated or corrupt?): {e}") from None
     _check_values(shard, max_seq_length)
     return shard
 

@@ -112,9 +112,13 @@ def init_process_group(denv: DistEnv, cfg: DistConfig, device: torch.device) -> 
     if denv.world_size == 1:
         return
     backend = cfg.backend if cfg.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
+    # Our own store, so the rendezvous may wait cfg.startup_timeout_s for late ranks while
+    # every collective fails after cfg.timeout_s (one timeout would have to be both).
+    store = dist.TCPStore(denv.master_addr, denv.master_port, denv.world_size, is_master=denv.rank == 0,
+                          timeout=datetime.timedelta(seconds=cfg.startup_timeout_s))
     dist.init_process_group(
         backend=backend,
-        init_method=f"tcp://{denv.master_addr}:{denv.master_port}",
+        store=store,
         rank=denv.rank,
         world_size=denv.world_size,
         timeout=datetime.timedelta(seconds=cfg.timeout_s),
@@ -131,6 +135,33 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
+
+
+def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
+    """In-place max across ranks (identity on one process): "does any rank say yes"."""
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t
+
+
+def barrier() -> None:
+    """Wait for every rank (no-op on one process). A sync point; bounded by dist.timeout_s."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def is_comm_failure(err: BaseException) -> bool:
+    """Did this exception come from a collective whose peer died or timed out?
+
+    torch raises DistBackendError (NCCL, and gloo in recent versions) or a RuntimeError whose
+    text comes from gloo's transport; anything else is a bug or bad input, reported as such.
+    """
+    if isinstance(err, getattr(dist, "DistBackendError", ())):
+        return True
+    text = str(err)
+    return isinstance(err, RuntimeError) and any(
+        s in text for s in ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+                            "Timed out", "timed out", "Timeout", "gloo", "NCCL"))
 
 
 def broadcast_object(obj, src: int = 0):

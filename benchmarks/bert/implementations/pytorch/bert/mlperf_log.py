@@ -29,7 +29,7 @@ def _plain(v: Any) -> Any:
 class MLPerfLogger:
     """``enabled`` is False on every rank but 0: the calls stay in the code, the lines don't."""
 
-    def __init__(self, path: str | Path | None, enabled: bool, echo: bool = True):
+    def __init__(self, path: str | Path | None, enabled: bool, echo: bool = True, append: bool = False):
         self.enabled = enabled
         self._handlers: list[logging.Handler] = []
         if not enabled:
@@ -39,7 +39,8 @@ class MLPerfLogger:
         logger = logging.Logger(f"mlperf_bert_{id(self)}", level=logging.INFO)
         if path is not None:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-            self._handlers.append(logging.FileHandler(path, mode="w"))
+            # append: a resumed run adds to its first part's log; it never rewrites history.
+            self._handlers.append(logging.FileHandler(path, mode="a" if append else "w"))
         if echo:
             self._handlers.append(logging.StreamHandler(sys.stdout))
         for h in self._handlers:
