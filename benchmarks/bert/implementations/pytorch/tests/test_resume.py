@@ -224,3 +224,19 @@ def test_persistent_nan_loss_aborts(tiny_data, tmp_path):
     assert by_key["run_stop"]["metadata"]["status"] == "aborted"
     assert by_key["nonfinite_loss_steps"]["value"] == 3  # noticed at the first progress line past 3
     assert "eval_accuracy" not in by_key
+
+
+def test_resume_with_another_world_size_is_refused(tiny_data, baseline, tmp_path, capsys):
+    import shutil
+
+    from bert import train
+
+    ckpt_dir = tmp_path / "ckpts"
+    shutil.copytree(baseline / "checkpoints", ckpt_dir)
+    (ckpt_dir / "finished.json").unlink()  # make it look preempted
+    args = [*TINY, f"data.train_dir={tiny_data / 'train'}", f"data.eval_dir={tiny_data / 'eval'}",
+            f"log.output_dir={tmp_path / 'out'}", f"ckpt.dir={ckpt_dir}"]
+    assert train.main(args) == 2
+    assert "written with world_size=2, this run has 1" in capsys.readouterr().err
+    assert train.main([*args, "ckpt.resume=off"]) == 2  # a fresh start would mix with them
+    assert "holds checkpoints of an unfinished run" in capsys.readouterr().err

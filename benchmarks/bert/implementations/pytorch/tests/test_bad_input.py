@@ -1,0 +1,132 @@
+"""Bad input ends the run with exit status 2 and one message naming the file or key, no
+traceback, and nothing half-written (no weights file, no checkpoint, no temp file)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from bert import train
+from bert.data import read_shard, write_shard
+from test_resume import TINY, checkpoints, no_partial_files, tiny_data  # noqa: F401 - fixture
+
+
+def run(data_args: list[str], out: Path, *extra: str) -> int:
+    return train.main([*TINY, *data_args, f"log.output_dir={out}", f"run.save_checkpoint={out / 'final.pt'}",
+                       "run.max_samples=32", *extra])
+
+
+def _fixed_copy(tiny_data: Path, target: Path) -> Path:
+    """One of the demo shards, rewritten in the fixed-length layout, alone in ``target``."""
+    target.mkdir()
+    src = sorted((tiny_data / "train").iterdir())[0]
+    path = target / "part_0.hdf5"
+    write_shard(path, read_shard(src), "fixed", max_seq_length=64, max_predictions=10)
+    return path
+
+
+def _replace(path: Path, name: str, data) -> None:
+    with h5py.File(path, "a") as f:
+        del f[name]
+        if data is not None:
+            f.create_dataset(name, data=data)
+
+
+def _truncate(path: Path) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size // 2)
+
+
+def _scribble(path: Path) -> None:
+    with open(path, "r+b") as f:
+        f.write(b"\x00garbage" * 64)
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("missing_dir", r"no such directory"),
+    ("empty_dir", r"holds no shard files"),
+    ("truncated", r"part_0.hdf5: cannot (open as hdf5|read)"),
+    ("corrupt", r"part_0.hdf5: cannot open as hdf5"),
+    ("no_masked_lm_ids", r"part_0.hdf5: missing dataset\(s\) \['masked_lm_ids'\]"),
+    ("float_input_ids", r"part_0.hdf5: dataset 'input_ids' has dtype float32"),
+    ("short_segment_ids", r"part_0.hdf5: dataset 'segment_ids' has shape \(40, 63\)"),
+])
+def test_bad_training_data(tiny_data, tmp_path, capsys, damage, message):  # noqa: F811
+    train_dir = tmp_path / "train"
+    if damage == "empty_dir":
+        train_dir.mkdir()
+    elif damage != "missing_dir":
+        shard = _fixed_copy(tiny_data, train_dir)
+        with h5py.File(shard, "r") as f:
+            ids, seg = f["input_ids"][()], f["segment_ids"][()]
+        {"truncated": lambda: _truncate(shard), "corrupt": lambda: _scribble(shard),
+         "no_masked_lm_ids": lambda: _replace(shard, "masked_lm_ids", None),
+         "float_input_ids": lambda: _replace(shard, "input_ids", ids.astype(np.float32)),
+         "short_segment_ids": lambda: _replace(shard, "segment_ids", seg[:, :-1])}[damage]()
+    out = tmp_path / "out"
+    assert run([f"data.train_dir={train_dir}", f"data.eval_dir={tiny_data / 'eval'}"], out) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert any(line.startswith("error: rank 0: ") for line in err.splitlines())
+    assert re.search(message, err), err
+    if damage not in ("missing_dir", "empty_dir"):
+        assert str(train_dir) in err
+    assert not (out / "final.pt").exists() and not checkpoints(out) and not no_partial_files(tmp_path)
+
+
+@pytest.mark.parametrize("override, key", [
+    ("optim.lrr=1", "unknown config key 'optim.lrr'"),
+    ("run.local_batch_size=abc", "run.local_batch_size: expected an integer"),
+    ("eval.interval_samples=0", "eval.interval_samples: 0 is not a number of samples"),
+    ("ckpt.keep=0", "ckpt.keep: must be positive"),
+])
+def test_bad_config(tiny_data, tmp_path, capsys, override, key):  # noqa: F811
+    out = tmp_path / "out"
+    assert run([f"data.train_dir={tiny_data / 'train'}", f"data.eval_dir={tiny_data / 'eval'}"], out, override) == 2
+    assert key in capsys.readouterr().err
+    assert not out.exists()  # rejected before anything is opened
+
+
+def test_checkpoint_of_another_model_shape(tiny_data, tmp_path, capsys):  # noqa: F811
+    data = [f"data.train_dir={tiny_data / 'train'}", f"data.eval_dir={tiny_data / 'eval'}"]
+    out = tmp_path / "out"
+    # A preempted-looking run: checkpoints at every step, no finished marker.
+    assert run(data, out, "ckpt.interval_steps=1") == 1
+    (out / "checkpoints" / "finished.json").unlink()
+    (out / "final.pt").unlink()
+    (ckpt,) = checkpoints(out)[-1:]
+    before = sorted(p.name for p in ckpt.iterdir())
+    capsys.readouterr()
+    assert run(data, out, "model.hidden_size=64", "model.intermediate_size=128") == 2
+    err = capsys.readouterr().err
+    assert f"{ckpt / 'train.pt'}: written for a different model" in err
+    assert "bert.embeddings.word_embeddings.weight has shape (128, 32) there, (128, 64) here" in err
+    assert sorted(p.name for p in ckpt.iterdir()) == before  # the checkpoint is left intact
+    assert not (out / "final.pt").exists() and not no_partial_files(out)
+
+    # The same model as an init checkpoint (plain weights) is refused alike.
+    weights = tmp_path / "w.pt"
+    torch.save(torch.load(ckpt / "train.pt", weights_only=True)["model"], weights)
+    fresh = tmp_path / "fresh"
+    assert run(data, fresh, f"run.init_checkpoint={weights}", "model.hidden_size=64",
+               "model.intermediate_size=128") == 2
+    err = capsys.readouterr().err
+    assert f"{weights}: tensor 'bert.embeddings.word_embeddings.weight' has shape (128, 32); " \
+           "the model config wants (128, 64)" in err
+
+
+def test_torn_checkpoint_file_is_named(tiny_data, tmp_path, capsys):  # noqa: F811
+    data = [f"data.train_dir={tiny_data / 'train'}", f"data.eval_dir={tiny_data / 'eval'}"]
+    out = tmp_path / "out"
+    assert run(data, out, "ckpt.interval_steps=1") == 1
+    (out / "checkpoints" / "finished.json").unlink()
+    ckpt = checkpoints(out)[-1]
+    _truncate(ckpt / "train.pt")  # damage after the fact (the atomic write never leaves this)
+    capsys.readouterr()
+    assert run(data, out) == 2
+    assert f"{ckpt / 'train.pt'}: cannot read checkpoint" in capsys.readouterr().err
