@@ -52,6 +52,7 @@ from typing import Any, Callable, Sequence
 import h5py
 import numpy as np
 
+from .config import ConfigError  # a ValueError: callers catching ValueError still do
 from .data import DataError, Sample, Shard, _row_offsets, collate, list_shards, read_shard
 
 MANIFEST_FORMAT = "mlperf-bert-strata/1"
@@ -202,10 +203,10 @@ class Strata:
         c = None
         if override:
             if rounding != "fixed":
-                raise ValueError("sampler.counts fixes the counts; it needs sampler.rounding=fixed")
+                raise ConfigError("sampler.counts fixes the counts; it needs sampler.rounding=fixed")
             c = np.array([int(x) for x in override.split(",")], dtype=np.int64)
             if len(c) != len(self.bounds) or c.sum() != unit or (c < 0).any():
-                raise ValueError(f"sampler.counts={override!r}: need {len(self.bounds)} "
+                raise ConfigError(f"sampler.counts={override!r}: need {len(self.bounds)} "
                                  f"non-negative counts summing to {unit}")
         return CountSchedule(self.shares, unit, rounding, c)
 

@@ -130,3 +130,17 @@ def test_torn_checkpoint_file_is_named(tiny_data, tmp_path, capsys):  # noqa: F8
     capsys.readouterr()
     assert run(data, out) == 2
     assert f"{ckpt / 'train.pt'}: cannot read checkpoint" in capsys.readouterr().err
+
+
+def test_stratum_counts_not_summing_to_the_batch(tmp_path, capsys, tiny_data):  # noqa: F811
+    from test_sampler import P, S, write_stratified
+
+    write_stratified(tmp_path / "strata", [16, 8, 8])  # three strata
+    out = tmp_path / "out"
+    args = [*TINY, f"data.train_dir={tmp_path / 'strata'}", f"data.eval_dir={tiny_data / 'eval'}",
+            f"data.max_seq_length={S}", f"data.max_predictions_per_seq={P}", f"model.max_position_embeddings={S}",
+            f"log.output_dir={out}", "run.division=open", "sampler.mode=stratified", "sampler.counts=4,2,1"]  # 7 != 8
+    assert train.main(args) == 2
+    err = capsys.readouterr().err
+    assert "sampler.counts='4,2,1': need 3 non-negative counts summing to 8" in err and "Traceback" not in err
+    assert not checkpoints(out) and not no_partial_files(tmp_path)
