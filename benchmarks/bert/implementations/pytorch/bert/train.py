@@ -154,19 +154,20 @@ def build(cfg: Config, denv: distributed.DistEnv, device: torch.device) -> tuple
     if cfg.run.init_checkpoint:
         # TF phase-1 checkpoint, HF weights or ours; names and shapes checked against cfg.model.
         model.load_state_dict(load_weights(cfg.run.init_checkpoint, cfg.model))
+    # Before DDP: a comm hook that sees scaled gradients reads precision.loss_scale(scaler).
+    precision = build_precision(cfg.precision, device.type)
+    scaler = build_scaler(cfg.precision, precision, device.type)
+    if cfg.model.compile_layers:
+        # Per layer, in place (nn.Module.compile): parameter names and the state dict are
+        # unchanged, and DDP wraps the same modules. Compiles on first call, not here.
+        for layer in model.bert.encoder.layer:
+            layer.compile()
     train_model: torch.nn.Module = model
     if denv.world_size > 1:
         train_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
                           bucket_cap_mb=cfg.grad_sync.bucket_cap_mb)
-    if cfg.model.compile_layers:
-        # Per layer, in place (nn.Module.compile): parameter names and the state dict are
-        # unchanged, and DDP sees the same module. Compiles on first call, not here.
-        for layer in model.bert.encoder.layer:
-            layer.compile()
     optimizer, impl = build_optimizer(model, cfg.optim, device.type)
     scheduler = build_scheduler(optimizer, cfg.optim)
-    precision = build_precision(cfg.precision, device.type)
-    scaler = build_scaler(cfg.precision, precision, device.type)
     d = cfg.data
     batches = sampler.train_batches(cfg, denv.rank, denv.world_size)  # picks the mode once
     eval_set = EvalSet(d.eval_dir, denv.rank, denv.world_size, d.eval_samples, d.max_seq_length)

@@ -1,7 +1,7 @@
 """Mixed precision (bert.precision) through the real training step: bf16 and fp16 autocast,
 fp16 dynamic loss scaling (skip + backoff on inf/nan, growth on schedule), fp32 master
 weights and optimizer state, evaluation precision, the resolved settings in the log, and a
-bf16 run of the demo config from scratch to the demo target.
+the torch.compile option.
 
 Oracles: torch.amp.GradScaler's documented rules (backoff on a non-finite step, growth
 after growth_interval finite ones), fp32 arithmetic for the bf16 loss, and the MLCommons
@@ -27,6 +27,16 @@ from conftest import mllog_events, run_checker
 SINGLE = DistEnv(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=0, launcher="single")
 TINY = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.intermediate_size=64",
         "run.local_batch_size=8", "eval.batch_size=50", "data.eval_samples=50", "optim.warmup_steps=0"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread, restored after: these tiny models gain little from a second
+    thread, and on a shared machine spinning threads cost more than they give."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 def _demo(demo_data, out, *extra):
@@ -208,7 +218,7 @@ def test_fp16_run_counts_and_logs_skipped_steps(demo_data, tmp_path, capsys):
     halvings the final scale shows (growth is off here: interval > steps)."""
     init = 2.0**30
     rc = train.main(_demo(demo_data, tmp_path, *TINY, "precision.dtype=fp16", f"precision.loss_scale_init={init}",
-                          "precision.loss_scale_growth_interval=1000", "eval.interval_samples=80",
+                          "precision.loss_scale_growth_interval=1000", "eval.interval_samples=80", "run.threads=1",
                           "run.max_samples=160", "log.progress_interval_steps=5"))
     assert rc == 1  # the sample limit, not the target
     out = capsys.readouterr().out
@@ -228,18 +238,23 @@ def test_fp16_run_counts_and_logs_skipped_steps(demo_data, tmp_path, capsys):
     assert resolved["precision"] == "fp16" and resolved["optimizer_impl"] == "lamb:foreach"
 
 
-def test_bf16_trains_demo_config_to_target_from_scratch(demo_data, tmp_path, capsys):
-    """The demo model and data (config_CPU_1x2.sh) from random init, in bf16 autocast, on one
-    process; evaluated on 500 of the demo's eval samples. Must reach 0.720 and pass the
-    checker."""
-    rc = train.main(_demo(demo_data, tmp_path, "precision.dtype=bf16", "run.local_batch_size=32",
-                          "optim.lr=0.02", "optim.warmup_steps=50", "optim.total_steps=2000",
-                          "eval.interval_samples=3200", "run.max_samples=64000", "data.eval_samples=500"))
-    out = capsys.readouterr().out
-    assert rc == 0, out[-3000:]
-    assert "precision bf16 (eval bf16, loss scaling none)" in out
-    ok, check = run_checker(tmp_path / "result_0.txt")
-    assert ok, check
-    events = mllog_events(tmp_path / "result_0.txt")
-    assert {e["key"]: e["value"] for e in events}["precision"] == "bf16"
-    assert [e["value"] for e in events if e["key"] == "skipped_steps"][-1] == 0
+# ---------------------------------------------------------------- torch.compile option
+
+
+def test_compiled_layers_match_eager(demo_data, tmp_path, monkeypatch):
+    """model.compile_layers: same parameter names, and the same losses as eager over a few
+    steps. Dynamo captures each layer (forward and, through AOT autograd, backward); the
+    code generator is swapped for aot_eager here because inductor's C++ build of even this
+    tiny layer takes minutes on a shared 2-core machine (what it generates is torch's to
+    test; that our layer traces and trains the same is ours)."""
+    real_compile = torch.nn.Module.compile
+    monkeypatch.setattr(torch.nn.Module, "compile",
+                        lambda self, **kw: real_compile(self, **{**kw, "backend": "aot_eager"}))
+    losses = {}
+    for flag in ("false", "true"):
+        p = _parts(demo_data, tmp_path / flag, f"model.compile_layers={flag}", "optim.lr=1e-3", seed=4)
+        losses[flag] = torch.stack([train.train_step(p, 1, 1.0)[0] for _ in range(3)])
+        names = [n for n, _ in p.model.named_parameters()]
+    assert all(not n.startswith("_orig_mod") for n in names)
+    assert p.model.bert.encoder.layer[0]._compiled_call_impl is not None
+    torch.testing.assert_close(losses["true"], losses["false"], rtol=1e-4, atol=1e-5)
