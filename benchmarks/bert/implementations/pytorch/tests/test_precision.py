@@ -1,6 +1,6 @@
 """Mixed precision (bert.precision) through the real training step: bf16 and fp16 autocast,
 fp16 dynamic loss scaling (skip + backoff on inf/nan, growth on schedule), fp32 master
-weights and optimizer state, evaluation precision, the resolved settings in the log, and a
+weights and optimizer state, evaluation precision, the resolved settings in the log, and
 the torch.compile option.
 
 Oracles: torch.amp.GradScaler's documented rules (backoff on a non-finite step, growth
