@@ -385,7 +385,7 @@ def test_auto_takes_apex_when_present(monkeypatch):
 
 
 @pytest.mark.parametrize("impl, expect", [("fused", "adamw:torch-fused"), ("foreach", "adamw:torch-foreach"),
-                                          ("torch", "adamw:torch-foreach")])
+                                          ("torch", "adamw:torch-fused")])
 def test_adamw_implementations_agree_on_cpu(impl, expect):
     """Each AdamW implementation that runs on CPU (torch's fused kernel included) makes the
     same update as torch's plain per-tensor AdamW on the same groups."""
