@@ -392,7 +392,7 @@ def test_adamw_implementations_agree_on_cpu(impl, expect):
     cfg = OptimConfig(name="adamw", lr=3e-3, beta1=0.8, beta2=0.817, eps=1e-9, weight_decay=0.03, impl=impl)
     ours, ref = make_model(), make_model()
     opt, name = build_optimizer(ours, cfg, "cpu")
-    assert name == expect and opt.defaults["fused" if impl == "fused" else "foreach"] is True
+    assert name == expect and opt.defaults[expect.rsplit("-", 1)[1]] is True
     ref_opt = torch.optim.AdamW(param_groups(ref, cfg.weight_decay), lr=cfg.lr,
                                 betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, foreach=False)
     for k in range(5):
