@@ -38,6 +38,7 @@ add optim.beta2 OPT_LAMB_BETA_2
 add optim.eps OPT_EPSILON
 add optim.weight_decay WEIGHT_DECAY_RATE
 add optim.end_lr END_LR
+add precision.dtype PRECISION
 add eval.interval_samples EVAL_ITER_SAMPLES
 add eval.target_accuracy TARGET_MLM_ACCURACY
 # EXTRA_PARAMS: further key=value overrides, whitespace separated (word splitting intended).

@@ -47,9 +47,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common, flops  # noqa: E402
-from bert.config import ModelConfig, OptimConfig  # noqa: E402
+from bert.config import ModelConfig, OptimConfig, PrecisionConfig  # noqa: E402
 from bert.model import BertForPreTraining  # noqa: E402
 from bert.optim import build_optimizer, build_scheduler  # noqa: E402
+from bert.precision import build_precision, build_scaler  # noqa: E402
 from bert.train import Parts, train_step  # noqa: E402
 
 LARGE = ModelConfig()  # the config defaults are BERT-Large (hidden 1024, 24 layers, 16 heads)
@@ -101,7 +102,11 @@ def build(case: Case, mcfg: ModelConfig, device: torch.device, batches: list[dic
             yield batches[k % len(batches)]
             k += 1
 
-    parts = Parts(model, train_model, opt, build_scheduler(opt, ocfg), feed(), [], 0, device,
+    # fp32 Precision (no-op autocast, disabled scaler): run_case wraps the step in bf16 itself.
+    pcfg = PrecisionConfig(dtype="fp32")
+    prec = build_precision(pcfg, device.type)
+    parts = Parts(model, train_model, opt, build_scheduler(opt, ocfg), build_scaler(pcfg, prec, device.type), prec,
+                  feed(), [], 0, device,
                   case.batch, 1, 1)
     return parts, impl
 

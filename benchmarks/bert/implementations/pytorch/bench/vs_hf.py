@@ -45,9 +45,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common, flops  # noqa: E402
-from bert.config import ModelConfig, OptimConfig  # noqa: E402
+from bert.config import ModelConfig, OptimConfig, PrecisionConfig  # noqa: E402
 from bert.model import BertForPreTraining  # noqa: E402
 from bert.optim import build_optimizer, build_scheduler  # noqa: E402
+from bert.precision import build_precision, build_scaler  # noqa: E402
 from bert.train import Parts, train_step  # noqa: E402
 
 LR, WD, CLIP = 1e-4, 0.01, 1.0
@@ -87,7 +88,10 @@ class Ours:
         opt, self.impl = build_optimizer(self.model, ocfg, "cpu")
         self.batches = batches
         self.k = 0
-        self.parts = Parts(self.model, self.model, opt, build_scheduler(opt, ocfg), self._feed(),
+        pcfg = PrecisionConfig(dtype="fp32")  # same dtype as the HF side
+        prec = build_precision(pcfg, "cpu")
+        self.parts = Parts(self.model, self.model, opt, build_scheduler(opt, ocfg),
+                           build_scaler(pcfg, prec, "cpu"), prec, self._feed(),
                            [], 0, torch.device("cpu"), setup.batch, 1, 1)
 
     def _feed(self):

@@ -55,6 +55,10 @@ class ModelConfig:
     # decreasing), attention within each sequence; the padded layout with less padding.
     # Needs unpad=false.
     pack: bool = False
+    # Run each encoder layer through torch.compile (inductor), applied from outside by
+    # bert.train.build so the module stays plain eager code. Costs compile time at the
+    # first steps (and a recompile when a new batch shape appears); off = eager.
+    compile_layers: bool = False
 
 
 @dataclass
@@ -113,10 +117,31 @@ class OptimConfig:
     total_steps: int = 7100  # opt_learning_rate_training_steps: end of the poly decay
     end_lr: float = 0.0  # learning rate reached at total_steps
     decay_power: float = 1.0  # polynomial decay degree (1 = linear)
-    # Implementation, resolved once: "auto" takes apex's fused kernels when importable on
-    # GPU, else torch's (fused AdamW on GPU, foreach) and our foreach LAMB; "apex" requires
-    # apex; "torch" never uses it.
-    impl: Literal["auto", "apex", "torch"] = "auto"
+    # Implementation, resolved once (bert.optim.build_optimizer; the log's
+    # opt_implementation says which ran): "auto" takes apex's fused kernels when importable
+    # on GPU, else torch's (fused AdamW on GPU, foreach elsewhere) and our foreach LAMB;
+    # "apex" requires apex; "torch" is "auto" without apex; "fused" requires torch's fused
+    # AdamW (CPU or GPU; there is no torch LAMB); "foreach" never fuses (the on/off baseline).
+    impl: Literal["auto", "apex", "torch", "fused", "foreach"] = "auto"
+
+
+@dataclass
+class PrecisionConfig:
+    # Arithmetic of forward and backward, resolved once by bert.precision: "auto" = bf16 on
+    # GPU, fp32 on CPU (CPUs without bf16 units emulate it, slower than fp32); "bf16" and
+    # "fp16" run the model under torch.autocast (weights, gradients and optimizer state stay
+    # fp32: autocast casts per op); "fp16" also scales the loss dynamically (below).
+    dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    # Evaluation arithmetic; "train" = whatever training resolved to.
+    eval_dtype: Literal["train", "fp32", "bf16", "fp16"] = "train"
+    # fp16 dynamic loss scaling (torch.amp.GradScaler): start at loss_scale_init; a step
+    # whose gradients hold an inf/nan is skipped (weights untouched, counted and logged)
+    # and the scale multiplied by loss_scale_backoff; after loss_scale_growth_interval
+    # finite steps in a row it is multiplied by loss_scale_growth. Unused unless fp16.
+    loss_scale_init: float = 65536.0  # 2**16, torch's and apex's default
+    loss_scale_growth: float = 2.0
+    loss_scale_backoff: float = 0.5
+    loss_scale_growth_interval: int = 2000
 
 
 @dataclass
@@ -212,6 +237,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     grad_sync: GradSyncConfig = field(default_factory=GradSyncConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     dist: DistConfig = field(default_factory=DistConfig)
@@ -402,6 +428,13 @@ def validate(cfg: Config) -> None:
     need(o.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
     need(o.total_steps > 0, "optim.total_steps", "must be positive")
     need(o.end_lr >= 0, "optim.end_lr", "must be >= 0")
+    pr = cfg.precision
+    need(pr.loss_scale_init > 0, "precision.loss_scale_init", "must be positive")
+    need(pr.loss_scale_growth > 1, "precision.loss_scale_growth", "must be > 1")
+    need(0 < pr.loss_scale_backoff < 1, "precision.loss_scale_backoff", "must be in (0, 1)")
+    need(pr.loss_scale_growth_interval > 0, "precision.loss_scale_growth_interval", "must be positive")
+    need(not (o.impl == "fused" and o.name == "lamb"), "optim.impl",
+         "'fused' is torch's fused AdamW; torch has no LAMB (use auto, apex or foreach)")
     need(cfg.grad_sync.bucket_cap_mb > 0, "grad_sync.bucket_cap_mb", "must be positive")
     e = cfg.eval
     need(e.interval_samples > 0 or e.interval_samples == -1, "eval.interval_samples",

@@ -110,14 +110,20 @@ class MLPerfLogger:
         # epoch_num = training samples seen: what the RCP checker reads as samples to converge.
         self.event(C.EVAL_ACCURACY, float(accuracy), epoch_num=samples)
 
+    def skipped_steps(self, count: int, samples: int) -> None:
+        # Our own key: optimizer steps fp16 loss scaling skipped so far (0 unless fp16).
+        self.event("skipped_steps", int(count), samples_count=samples)
+
     def run_stop(self, status: str, samples: int, eval_samples: int) -> None:
         self.event(C.TRAIN_SAMPLES, samples)
         self.event(C.EVAL_SAMPLES, eval_samples)
         self.end(C.RUN_STOP, status=status, samples_count=samples)
 
 
-def hyperparameters(cfg, world_size: int, global_batch: int, optimizer_impl: str) -> dict[str, Any]:
-    """The benchmark's required hyperparameter keys (5.0.0), plus a few that describe the run.
+def hyperparameters(cfg, world_size: int, global_batch: int, optimizer_impl: str,
+                    precision: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The benchmark's required hyperparameter keys (5.0.0), plus a few that describe the run
+    (``precision``: the resolved arithmetic and loss-scale settings, bert.precision).
 
     The rules name LAMB keys for both divisions; an open-division Adam run logs its own
     betas/epsilon/decay under those names (what the published open submissions did).
@@ -142,4 +148,5 @@ def hyperparameters(cfg, world_size: int, global_batch: int, optimizer_impl: str
         "opt_gradient_clip_norm": o.max_grad_norm,
         "max_sequence_length": cfg.data.max_seq_length,
         "world_size": world_size,
+        **(precision or {}),
     }

@@ -232,8 +232,16 @@ def build_optimizer(
       ``FusedAdam`` on CUDA when allowed, else ``torch.optim.AdamW`` (``fused=True`` on
       CUDA and CPU, ``foreach=True`` elsewhere).
 
-    ``cfg.impl == "apex"`` raises ``ConfigError`` unless apex (with CUDA extensions) is
-    importable and the device is CUDA. Parameters must already be on the device.
+    ``cfg.impl`` narrows the choice: ``apex`` raises ``ConfigError`` unless apex (with CUDA
+    extensions) is importable and the device is CUDA; ``torch`` never takes apex; ``fused``
+    is torch's fused AdamW on any device it supports (CPU included; LAMB has none, which
+    ``config.validate`` rejects); ``foreach`` never fuses, the baseline a benchmark
+    compares the fused kernels against. Parameters must already be on the device.
+
+    Under fp16 loss scaling the optimizer only ever sees unscaled float32 gradients (the
+    training step unscales before clipping). torch's fused AdamW takes the scaler's inf
+    flag on device, so its skipped steps cost no host sync; the others are stepped or not
+    by ``GradScaler.step`` after one sync.
     """
     groups = param_groups(model, cfg.weight_decay)
     betas = (cfg.beta1, cfg.beta2)
@@ -251,6 +259,9 @@ def build_optimizer(
             raise ConfigError(f"optim.impl: 'apex' requested but {why}; use 'auto' or 'torch'")
 
     if cfg.name == "lamb":
+        if cfg.impl == "fused":
+            raise ConfigError("optim.impl: 'fused' is torch's fused AdamW; torch has no LAMB "
+                              "(use auto, apex or foreach)")
         if apex_opt is not None:
             # max_grad_norm=inf, not 0: FusedLAMB divides the gradients by
             # global_norm / max_grad_norm whenever global_norm > max_grad_norm, so 0 would
@@ -275,8 +286,9 @@ def build_optimizer(
             return opt, f"{cfg.name}:apex-fused"
         # torch's fused AdamW has CUDA and CPU kernels (one pass per tensor instead of a
         # dozen foreach passes: ~4x faster on the CPU benchmark's 11M parameters); foreach
-        # elsewhere.
-        fused = device_type in ("cuda", "cpu")
+        # elsewhere, or when asked for (impl=foreach, the baseline the fused kernel is
+        # measured against).
+        fused = cfg.impl == "fused" or (device_type in ("cuda", "cpu") and cfg.impl in ("auto", "torch"))
         kind = {"fused": True} if fused else {"foreach": True}
         opt = torch.optim.AdamW(
             groups, lr=cfg.lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay, **kind

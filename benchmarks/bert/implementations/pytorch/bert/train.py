@@ -31,6 +31,7 @@ from .data import DataError, EvalSet
 from .mlperf_log import MLPerfLogger, hyperparameters
 from .model import BertForPreTraining, mlm_correct_and_count, pretraining_loss
 from .optim import build_optimizer, build_scheduler
+from .precision import Precision, build_precision, build_scaler
 
 LABEL_KEYS = ("mlm_labels", "nsp_labels")
 BAD_INPUT = (ConfigError, DataError, resume.CheckpointError)  # exit 2 with the message, no traceback
@@ -47,6 +48,9 @@ class TrainState:
     # [steps with a NaN/inf loss in all, in a row now]: kept on the device so counting
     # costs no host sync; read with the progress line's loss.
     nonfinite: torch.Tensor = field(default_factory=lambda: torch.zeros(2, dtype=torch.int64))
+    # fp16 steps skipped for inf/nan gradients: a 0-d int64 on the device, summed without a
+    # host sync and read at the progress lines and evaluations.
+    skipped_steps: torch.Tensor | int = 0
 
 
 @dataclass
@@ -55,6 +59,8 @@ class Parts:
     train_model: torch.nn.Module  # what the loop calls: DDP-wrapped when distributed
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler  # fp16 loss scaling; disabled (no-op calls) otherwise
+    precision: Precision
     batches: Iterator[dict]
     eval_batches: list[dict]  # collated once at init: the eval set never changes
     eval_samples: int  # across all ranks
@@ -73,7 +79,8 @@ def _split(batch: dict) -> tuple[dict, dict]:
     return {k: v for k, v in batch.items() if k not in LABEL_KEYS}, {k: batch[k] for k in LABEL_KEYS}
 
 
-def evaluate(model: torch.nn.Module, eval_batches: list[dict], device: torch.device) -> float:
+def evaluate(model: torch.nn.Module, eval_batches: list[dict], device: torch.device,
+             autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> float:
     """Masked-LM accuracy over the whole eval set: counts summed across ranks, then divided."""
     was_training = model.training
     model.eval()
@@ -81,7 +88,8 @@ def evaluate(model: torch.nn.Module, eval_batches: list[dict], device: torch.dev
     with torch.no_grad():
         for batch in eval_batches:
             inputs, labels = _split(_to(batch, device))
-            mlm_logits, _ = model(**inputs)
+            with autocast():
+                mlm_logits, _ = model(**inputs)
             correct, count = mlm_correct_and_count(mlm_logits, labels["mlm_labels"])
             totals[0] += correct
             totals[1] += count
@@ -91,24 +99,28 @@ def evaluate(model: torch.nn.Module, eval_batches: list[dict], device: torch.dev
     return correct / count if count else 0.0
 
 
-def train_step(p: Parts, accum: int, clip: float) -> torch.Tensor:
-    """One optimizer step over ``accum`` micro-batches; returns the mean loss (on device)."""
+def train_step(p: Parts, accum: int, clip: float) -> tuple[torch.Tensor, torch.Tensor | int]:
+    """One optimizer step over ``accum`` micro-batches; returns the mean loss (on device)
+    and whether fp16 loss scaling skipped the step (see bert.precision)."""
     total = torch.zeros((), device=p.device)
     for i in range(accum):
         inputs, labels = _split(_to(next(p.batches), p.device))
         # no_sync: the allreduce runs once, on the last micro-step's backward.
         sync = i == accum - 1 or not isinstance(p.train_model, DDP)
         with contextlib.nullcontext() if sync else p.train_model.no_sync():
-            mlm_logits, nsp_logits = p.train_model(**inputs)
-            loss = pretraining_loss(mlm_logits, nsp_logits, labels["mlm_labels"], labels["nsp_labels"]) / accum
-            loss.backward()
+            with p.precision.train_autocast():  # forward and loss only; backward follows it
+                mlm_logits, nsp_logits = p.train_model(**inputs)
+                loss = pretraining_loss(mlm_logits, nsp_logits, labels["mlm_labels"], labels["nsp_labels"]) / accum
+            p.scaler.scale(loss).backward()
         total += loss.detach()
+    p.scaler.unscale_(p.optimizer)  # fp16: true gradients from here on (no-op otherwise)
     if clip > 0:  # closed-division clipping: global norm, after the allreduce
         torch.nn.utils.clip_grad_norm_(p.model.parameters(), clip, foreach=True)
-    p.optimizer.step()
+    skipped = p.precision.step(p.scaler, p.optimizer)
+    # The schedule advances on a skipped step too: the samples were consumed (no sync).
     p.scheduler.step()
     p.optimizer.zero_grad()  # sets grads to None (torch and apex alike): no memset
-    return total
+    return total, skipped
 
 
 def train(p: Parts, cfg: Config, log: MLPerfLogger, say: Callable[[str], None], s: TrainState,
@@ -116,17 +128,19 @@ def train(p: Parts, cfg: Config, log: MLPerfLogger, say: Callable[[str], None], 
     last_t, last_samples = time.perf_counter(), s.samples
     log.block_start(s.samples, p.eval_interval)
     while True:
-        loss = train_step(p, cfg.run.grad_accum_steps, cfg.optim.max_grad_norm)
+        loss, skipped = train_step(p, cfg.run.grad_accum_steps, cfg.optim.max_grad_norm)
         s.step += 1
         s.samples += p.global_batch
         bad = (~torch.isfinite(loss)).long()  # device-side count: no sync
         s.nonfinite = torch.stack([s.nonfinite[0] + bad, (s.nonfinite[1] + 1) * bad])
+        s.skipped_steps += skipped
         if s.step % cfg.log.progress_interval_steps == 0:
             now = time.perf_counter()  # the .tolist() below is the interval's one host sync
             value, streak = torch.stack([loss.double(), s.nonfinite[1].double()]).tolist()
             rate = (s.samples - last_samples) / (now - last_t)
             say(f"step {s.step:6d} | samples {s.samples:9d} | loss {value:7.4f} | "
-                f"lr {p.scheduler.get_last_lr()[0]:.3e} | {rate:8.1f} samples/s")
+                f"lr {p.scheduler.get_last_lr()[0]:.3e} | skipped {int(s.skipped_steps)} | "
+                f"scale {p.scaler.get_scale():.0f} | {rate:8.1f} samples/s")
             last_t, last_samples = now, s.samples
             if streak >= cfg.run.max_nonfinite_steps:
                 say(f"loss NaN/inf for the last {int(streak)} steps (run.max_nonfinite_steps="
@@ -135,9 +149,10 @@ def train(p: Parts, cfg: Config, log: MLPerfLogger, say: Callable[[str], None], 
         if s.samples >= s.next_eval or s.samples >= p.max_samples:
             log.block_stop(s.next_eval - p.eval_interval, s.samples)
             log.eval_start(s.samples)
-            acc = evaluate(p.model, p.eval_batches, p.device)
+            acc = evaluate(p.model, p.eval_batches, p.device, p.precision.eval_autocast)
             log.eval_stop(s.samples)
             log.eval_accuracy(acc, s.samples)
+            log.skipped_steps(int(s.skipped_steps), s.samples)  # a sync; the eval had one
             say(f"eval  @ {s.samples} samples: masked-LM accuracy {acc:.4f} (target {cfg.eval.target_accuracy})")
             if acc >= cfg.eval.target_accuracy:
                 return "success", s
@@ -158,6 +173,14 @@ def build(cfg: Config, denv: distributed.DistEnv, device: torch.device) -> tuple
     if cfg.run.init_checkpoint:
         # TF phase-1 checkpoint, HF weights or ours; names and shapes checked against cfg.model.
         model.load_state_dict(load_weights(cfg.run.init_checkpoint, cfg.model))
+    # Before DDP: a comm hook that sees scaled gradients reads precision.loss_scale(scaler).
+    precision = build_precision(cfg.precision, device.type)
+    scaler = build_scaler(cfg.precision, precision, device.type)
+    if cfg.model.compile_layers:
+        # Per layer, in place (nn.Module.compile): parameter names and the state dict are
+        # unchanged, and DDP wraps the same modules. Compiles on first call, not here.
+        for layer in model.bert.encoder.layer:
+            layer.compile()
     train_model: torch.nn.Module = model
     if denv.world_size > 1:
         train_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
@@ -170,7 +193,7 @@ def build(cfg: Config, denv: distributed.DistEnv, device: torch.device) -> tuple
     eval_batches = sampler.eval_batches(eval_set, cfg.eval.batch_size, cfg.model.unpad, cfg.model.pack,
                                         d.max_seq_length)
     ws = denv.world_size
-    parts = Parts(model, train_model, optimizer, scheduler, iter(batches), eval_batches,
+    parts = Parts(model, train_model, optimizer, scheduler, scaler, precision, iter(batches), eval_batches,
                   eval_set.total_samples, device,
                   global_batch_size(cfg, ws), eval_interval_samples(cfg, ws), max_samples(cfg, ws))
     return parts, impl
@@ -244,12 +267,13 @@ def _run(cfg: Config, denv: distributed.DistEnv, device: torch.device, log: MLPe
     seed_everything(cfg.run.seed)  # identical initial weights on every rank
     parts, impl = build(cfg, denv, device)
     seed_everything(cfg.run.seed + denv.rank)  # distinct dropout streams per rank
-    state = TrainState(next_eval=parts.eval_interval)
+    state = TrainState(next_eval=parts.eval_interval, skipped_steps=torch.zeros((), dtype=torch.int64, device=device))
     if start_from is not None:
         resume.restore(start_from, parts, state, denv.rank, denv.world_size)
     state.nonfinite = state.nonfinite.to(device)
     log.submission(cfg.run.division, cfg.log.submitter, cfg.log.platform or cfg.log.system, cfg.log.status)
-    log.hyperparameters(hyperparameters(cfg, denv.world_size, parts.global_batch, impl))
+    prec_hp = parts.precision.hyperparameters(cfg.precision)
+    log.hyperparameters(hyperparameters(cfg, denv.world_size, parts.global_batch, impl, prec_hp))
     if start_from is not None:
         # Not an MLPerf key (the checker ignores unknown keys); says this log is not one timed run.
         log.event("resumed_from_checkpoint", str(start_from), step=state.step, samples_count=state.samples)
@@ -259,9 +283,10 @@ def _run(cfg: Config, denv: distributed.DistEnv, device: torch.device, log: MLPe
              {"world_size": denv.world_size, "launcher": denv.launcher, "device": str(device),
               "optimizer_impl": impl, "global_batch_size": parts.global_batch,
               "eval_interval_samples": parts.eval_interval, "max_samples": parts.max_samples,
-              "resumed_from": str(start_from or "")})
+              "resumed_from": str(start_from or ""), **prec_hp})
     say(f"bert: {denv.world_size} rank(s) via {denv.launcher} on {device}; optimizer {impl}; "
-        f"global batch {parts.global_batch}; eval every {parts.eval_interval} samples; "
+        f"precision {parts.precision.train} (eval {parts.precision.eval}, loss scaling "
+        f"{prec_hp['loss_scaling']}); global batch {parts.global_batch}; eval every {parts.eval_interval} samples; "
         f"abort after {parts.max_samples}")
     if dry_run:
         say("dry run: everything built, nothing trained")
@@ -281,7 +306,8 @@ def _run(cfg: Config, denv: distributed.DistEnv, device: torch.device, log: MLPe
         resume.mark_finished(ckpt_dir, status, state.step)  # only where checkpoints were written
         if cfg.run.save_checkpoint:
             save_weights(parts.model, cfg.run.save_checkpoint)
-    say(f"run_stop {status} after {state.step} steps, {state.samples} samples"
+    say(f"run_stop {status} after {state.step} steps, {state.samples} samples, "
+        f"{int(state.skipped_steps)} skipped"
         + (f"; {total_nonfinite} steps had a NaN/inf loss" if total_nonfinite else ""))
     return 0 if status == "success" else 1
 

@@ -382,3 +382,36 @@ def test_auto_takes_apex_when_present(monkeypatch):
     assert impl == "adam:apex-fused" and made["adam_w_mode"] is True
     _, impl = build_optimizer(model, OptimConfig(name="lamb", impl="torch"), "cuda")
     assert impl == "lamb:foreach"
+
+
+@pytest.mark.parametrize("impl, expect", [("fused", "adamw:torch-fused"), ("foreach", "adamw:torch-foreach"),
+                                          ("torch", "adamw:torch-fused")])
+def test_adamw_implementations_agree_on_cpu(impl, expect):
+    """Each AdamW implementation that runs on CPU (torch's fused kernel included) makes the
+    same update as torch's plain per-tensor AdamW on the same groups."""
+    cfg = OptimConfig(name="adamw", lr=3e-3, beta1=0.8, beta2=0.817, eps=1e-9, weight_decay=0.03, impl=impl)
+    ours, ref = make_model(), make_model()
+    opt, name = build_optimizer(ours, cfg, "cpu")
+    assert name == expect and opt.defaults[expect.rsplit("-", 1)[1]] is True
+    ref_opt = torch.optim.AdamW(param_groups(ref, cfg.weight_decay), lr=cfg.lr,
+                                betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, foreach=False)
+    for k in range(5):
+        set_grads(ours, k)
+        set_grads(ref, k)
+        opt.step()
+        ref_opt.step()
+    assert_params_close(params_of(ours), params_of(ref), tol=1e-6)
+
+
+def test_impl_choices_on_cuda_without_apex(monkeypatch):
+    """What each impl picks on CUDA when apex is absent (built on CPU tensors: only the
+    choice is checked, no step runs)."""
+    monkeypatch.setattr(optim, "_load_apex", lambda: None)
+    model = make_model()
+    picks = {impl: build_optimizer(model, OptimConfig(name="adamw", impl=impl), "cuda")[1]
+             for impl in ("auto", "torch", "fused", "foreach")}
+    assert picks == {"auto": "adamw:torch-fused", "torch": "adamw:torch-fused",
+                     "fused": "adamw:torch-fused", "foreach": "adamw:torch-foreach"}
+    assert build_optimizer(model, OptimConfig(name="lamb", impl="foreach"), "cuda")[1] == "lamb:foreach"
+    with pytest.raises(ConfigError, match="optim.impl"):
+        build_optimizer(model, OptimConfig(name="lamb", impl="fused"), "cpu")
