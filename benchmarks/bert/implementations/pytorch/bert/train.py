@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import distributed, sampler
+from . import distributed, grad_sync, sampler
 from .config import Config, ConfigError, build_config, dump, eval_interval_samples, global_batch_size, max_samples, parse_overrides
 from .checkpoint import load_weights
 from .data import EvalSet
@@ -46,6 +46,7 @@ class Parts:
     model: torch.nn.Module  # the bare module (eval, checkpoints)
     train_model: torch.nn.Module  # what the loop calls: DDP-wrapped when distributed
     optimizer: torch.optim.Optimizer
+    after_sync: Callable[[], object]  # after the last backward: global clip (closed) or nothing
     scheduler: torch.optim.lr_scheduler.LRScheduler
     batches: Iterator[dict]
     eval_batches: list[dict]  # collated once at init: the eval set never changes
@@ -83,20 +84,19 @@ def evaluate(model: torch.nn.Module, eval_batches: list[dict], device: torch.dev
     return correct / count if count else 0.0
 
 
-def train_step(p: Parts, accum: int, clip: float) -> torch.Tensor:
+def train_step(p: Parts, accum: int) -> torch.Tensor:
     """One optimizer step over ``accum`` micro-batches; returns the mean loss (on device)."""
     total = torch.zeros((), device=p.device)
     for i in range(accum):
         inputs, labels = _split(_to(next(p.batches), p.device))
-        # no_sync: the allreduce runs once, on the last micro-step's backward.
+        # no_sync: the allreduce (and a bucket-wise clip) runs once, on the last micro-step.
         sync = i == accum - 1 or not isinstance(p.train_model, DDP)
         with contextlib.nullcontext() if sync else p.train_model.no_sync():
             mlm_logits, nsp_logits = p.train_model(**inputs)
             loss = pretraining_loss(mlm_logits, nsp_logits, labels["mlm_labels"], labels["nsp_labels"]) / accum
             loss.backward()
         total += loss.detach()
-    if clip > 0:  # closed-division clipping: global norm, after the allreduce
-        torch.nn.utils.clip_grad_norm_(p.model.parameters(), clip, foreach=True)
+    p.after_sync()
     p.optimizer.step()
     p.scheduler.step()
     p.optimizer.zero_grad()  # sets grads to None (torch and apex alike): no memset
@@ -108,7 +108,7 @@ def train(p: Parts, cfg: Config, log: MLPerfLogger, say: Callable[[str], None]) 
     last_t, last_samples = time.perf_counter(), 0
     log.block_start(s.samples, p.eval_interval)
     while True:
-        loss = train_step(p, cfg.run.grad_accum_steps, cfg.optim.max_grad_norm)
+        loss = train_step(p, cfg.run.grad_accum_steps)
         s.step += 1
         s.samples += p.global_batch
         if s.step % cfg.log.progress_interval_steps == 0:
@@ -143,6 +143,8 @@ def build(cfg: Config, denv: distributed.DistEnv, device: torch.device) -> tuple
     if denv.world_size > 1:
         train_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
                           bucket_cap_mb=cfg.grad_sync.bucket_cap_mb)
+    sync = grad_sync.build(cfg.grad_sync, train_model if isinstance(train_model, DDP) else None,
+                           model.parameters(), cfg.optim.max_grad_norm)
     optimizer, impl = build_optimizer(model, cfg.optim, device.type)
     scheduler = build_scheduler(optimizer, cfg.optim)
     d = cfg.data
@@ -151,7 +153,7 @@ def build(cfg: Config, denv: distributed.DistEnv, device: torch.device) -> tuple
     eval_batches = sampler.eval_batches(eval_set, cfg.eval.batch_size, cfg.model.unpad, cfg.model.pack,
                                         d.max_seq_length)
     ws = denv.world_size
-    parts = Parts(model, train_model, optimizer, scheduler, iter(batches), eval_batches,
+    parts = Parts(model, train_model, optimizer, sync.after_sync, scheduler, iter(batches), eval_batches,
                   eval_set.total_samples, device,
                   global_batch_size(cfg, ws), eval_interval_samples(cfg, ws), max_samples(cfg, ws))
     return parts, impl
