@@ -47,7 +47,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common, flops  # noqa: E402
-from bert.config import ModelConfig, OptimConfig, PrecisionConfig  # noqa: E402
+from bert import grad_sync  # noqa: E402
+from bert.config import GradSyncConfig, ModelConfig, OptimConfig, PrecisionConfig  # noqa: E402
 from bert.model import BertForPreTraining  # noqa: E402
 from bert.optim import build_optimizer, build_scheduler  # noqa: E402
 from bert.precision import build_precision, build_scaler  # noqa: E402
@@ -105,8 +106,9 @@ def build(case: Case, mcfg: ModelConfig, device: torch.device, batches: list[dic
     # fp32 Precision (no-op autocast, disabled scaler): run_case wraps the step in bf16 itself.
     pcfg = PrecisionConfig(dtype="fp32")
     prec = build_precision(pcfg, device.type)
+    clip = grad_sync.build(GradSyncConfig(), None, model.parameters(), 1.0).after_sync  # global norm 1.0
     parts = Parts(model, train_model, opt, build_scheduler(opt, ocfg), build_scaler(pcfg, prec, device.type), prec,
-                  feed(), [], 0, device,
+                  clip, feed(), [], 0, device,
                   case.batch, 1, 1)
     return parts, impl
 
@@ -128,13 +130,13 @@ def run_case(case: Case, args, mcfg: ModelConfig, device: torch.device, peak: fl
     t0 = time.perf_counter()
     for _ in range(args.warmup):
         with autocast:
-            train_step(parts, 1, 1.0)
+            train_step(parts, 1)
     common.sync(device)
     warmup_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     for _ in range(args.steps):
         with autocast:
-            loss = train_step(parts, 1, 1.0)
+            loss = train_step(parts, 1)
     common.sync(device)
     secs = time.perf_counter() - t0
     done = range(args.warmup, args.warmup + args.steps)  # batch index k % num_batches

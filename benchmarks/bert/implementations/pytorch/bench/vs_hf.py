@@ -45,7 +45,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common, flops  # noqa: E402
-from bert.config import ModelConfig, OptimConfig, PrecisionConfig  # noqa: E402
+from bert import grad_sync  # noqa: E402
+from bert.config import GradSyncConfig, ModelConfig, OptimConfig, PrecisionConfig  # noqa: E402
 from bert.model import BertForPreTraining  # noqa: E402
 from bert.optim import build_optimizer, build_scheduler  # noqa: E402
 from bert.precision import build_precision, build_scaler  # noqa: E402
@@ -91,7 +92,9 @@ class Ours:
         pcfg = PrecisionConfig(dtype="fp32")  # same dtype as the HF side
         prec = build_precision(pcfg, "cpu")
         self.parts = Parts(self.model, self.model, opt, build_scheduler(opt, ocfg),
-                           build_scaler(pcfg, prec, "cpu"), prec, self._feed(),
+                           build_scaler(pcfg, prec, "cpu"), prec,
+                           grad_sync.build(GradSyncConfig(), None, self.model.parameters(), CLIP).after_sync,
+                           self._feed(),
                            [], 0, torch.device("cpu"), setup.batch, 1, 1)
 
     def _feed(self):
@@ -99,7 +102,7 @@ class Ours:
             yield self.batches[self.k % len(self.batches)]
 
     def step(self) -> None:
-        train_step(self.parts, 1, CLIP)
+        train_step(self.parts, 1)
         self.k += 1
 
 

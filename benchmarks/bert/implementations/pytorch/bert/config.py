@@ -147,6 +147,16 @@ class PrecisionConfig:
 @dataclass
 class GradSyncConfig:
     bucket_cap_mb: float = 25.0  # DDP gradient bucket size
+    # Bucket-wise clipping before the allreduce (open division, Kim et al. 2024): each rank
+    # scales each DDP bucket to its threshold as soon as backward fills it, so its allreduce
+    # overlaps the rest of backward. 0 = off. Excludes optim.max_grad_norm (never both).
+    bucket_clip_norm: float = 0.0
+    # Bucket threshold: "count" = bucket_clip_norm / sqrt(number of DDP buckets) (the paper);
+    # "size" = bucket_clip_norm * sqrt(bucket numel / total numel). Both bound the norm by it.
+    bucket_clip_rule: Literal["count", "size"] = "count"
+    # Bucket on the wire: "none" = as is; "fp16"/"bf16" = cast, allreduce, cast back (half
+    # the bytes, that dtype's rounding).
+    compression: Literal["none", "fp16", "bf16"] = "none"
 
 
 @dataclass
@@ -435,7 +445,13 @@ def validate(cfg: Config) -> None:
     need(pr.loss_scale_growth_interval > 0, "precision.loss_scale_growth_interval", "must be positive")
     need(not (o.impl == "fused" and o.name == "lamb"), "optim.impl",
          "'fused' is torch's fused AdamW; torch has no LAMB (use auto, apex or foreach)")
-    need(cfg.grad_sync.bucket_cap_mb > 0, "grad_sync.bucket_cap_mb", "must be positive")
+    g = cfg.grad_sync
+    need(g.bucket_cap_mb > 0, "grad_sync.bucket_cap_mb", "must be positive")
+    need(g.bucket_clip_norm >= 0, "grad_sync.bucket_clip_norm", "must be >= 0 (0 = off)")
+    need(not (g.bucket_clip_norm > 0 and o.max_grad_norm > 0), "grad_sync.bucket_clip_norm",
+         "bucket-wise clipping and optim.max_grad_norm (global clipping) exclude each other: set one to 0")
+    need(not (g.bucket_clip_norm > 0 and cfg.run.division == "closed"), "grad_sync.bucket_clip_norm",
+         "the closed division clips on the global norm after allreduce (optim.max_grad_norm)")
     e = cfg.eval
     need(e.interval_samples > 0 or e.interval_samples == -1, "eval.interval_samples",
          f"{e.interval_samples} is not a number of samples (> 0), nor -1 for the reference rule")

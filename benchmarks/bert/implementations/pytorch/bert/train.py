@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import random
 import sys
 import time
@@ -24,14 +25,14 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import distributed, resume, sampler
+from . import distributed, grad_sync, resume, sampler
 from .config import Config, ConfigError, build_config, dump, eval_interval_samples, global_batch_size, max_samples, parse_overrides
 from .checkpoint import load_weights
 from .data import DataError, EvalSet
 from .mlperf_log import MLPerfLogger, hyperparameters
 from .model import BertForPreTraining, mlm_correct_and_count, pretraining_loss
 from .optim import build_optimizer, build_scheduler
-from .precision import Precision, build_precision, build_scaler
+from .precision import Precision, build_precision, build_scaler, loss_scale
 
 LABEL_KEYS = ("mlm_labels", "nsp_labels")
 BAD_INPUT = (ConfigError, DataError, resume.CheckpointError)  # exit 2 with the message, no traceback
@@ -61,6 +62,7 @@ class Parts:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler  # fp16 loss scaling; disabled (no-op calls) otherwise
     precision: Precision
+    after_sync: Callable[[], object]  # after the last backward: global clip (closed) or nothing
     batches: Iterator[dict]
     eval_batches: list[dict]  # collated once at init: the eval set never changes
     eval_samples: int  # across all ranks
@@ -99,13 +101,13 @@ def evaluate(model: torch.nn.Module, eval_batches: list[dict], device: torch.dev
     return correct / count if count else 0.0
 
 
-def train_step(p: Parts, accum: int, clip: float) -> tuple[torch.Tensor, torch.Tensor | int]:
+def train_step(p: Parts, accum: int) -> tuple[torch.Tensor, torch.Tensor | int]:
     """One optimizer step over ``accum`` micro-batches; returns the mean loss (on device)
     and whether fp16 loss scaling skipped the step (see bert.precision)."""
     total = torch.zeros((), device=p.device)
     for i in range(accum):
         inputs, labels = _split(_to(next(p.batches), p.device))
-        # no_sync: the allreduce runs once, on the last micro-step's backward.
+        # no_sync: the allreduce (and a bucket-wise clip) runs once, on the last micro-step.
         sync = i == accum - 1 or not isinstance(p.train_model, DDP)
         with contextlib.nullcontext() if sync else p.train_model.no_sync():
             with p.precision.train_autocast():  # forward and loss only; backward follows it
@@ -114,8 +116,7 @@ def train_step(p: Parts, accum: int, clip: float) -> tuple[torch.Tensor, torch.T
             p.scaler.scale(loss).backward()
         total += loss.detach()
     p.scaler.unscale_(p.optimizer)  # fp16: true gradients from here on (no-op otherwise)
-    if clip > 0:  # closed-division clipping: global norm, after the allreduce
-        torch.nn.utils.clip_grad_norm_(p.model.parameters(), clip, foreach=True)
+    p.after_sync()  # closed division: global-norm clip after the allreduce; else nothing
     skipped = p.precision.step(p.scaler, p.optimizer)
     # The schedule advances on a skipped step too: the samples were consumed (no sync).
     p.scheduler.step()
@@ -128,7 +129,7 @@ def train(p: Parts, cfg: Config, log: MLPerfLogger, say: Callable[[str], None], 
     last_t, last_samples = time.perf_counter(), s.samples
     log.block_start(s.samples, p.eval_interval)
     while True:
-        loss, skipped = train_step(p, cfg.run.grad_accum_steps, cfg.optim.max_grad_norm)
+        loss, skipped = train_step(p, cfg.run.grad_accum_steps)
         s.step += 1
         s.samples += p.global_batch
         bad = (~torch.isfinite(loss)).long()  # device-side count: no sync
@@ -168,6 +169,11 @@ def train(p: Parts, cfg: Config, log: MLPerfLogger, say: Callable[[str], None], 
                 return "preempted", s
 
 
+def _scale_or_one(scaler: torch.amp.GradScaler) -> torch.Tensor | float:
+    scale = loss_scale(scaler)  # a device tensor, no sync; None before the first scaled loss
+    return 1.0 if scale is None else scale
+
+
 def build(cfg: Config, denv: distributed.DistEnv, device: torch.device) -> tuple[Parts, str]:
     model = BertForPreTraining(cfg.model, device.type).to(device)
     if cfg.run.init_checkpoint:
@@ -185,6 +191,10 @@ def build(cfg: Config, denv: distributed.DistEnv, device: torch.device) -> tuple
     if denv.world_size > 1:
         train_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
                           bucket_cap_mb=cfg.grad_sync.bucket_cap_mb)
+    # The bucket-clip hook sees scaled fp16 gradients: its thresholds follow the live scale.
+    hook_scale = functools.partial(_scale_or_one, scaler) if scaler.is_enabled() else None
+    sync = grad_sync.build(cfg.grad_sync, train_model if isinstance(train_model, DDP) else None,
+                           model.parameters(), cfg.optim.max_grad_norm, hook_scale)
     optimizer, impl = build_optimizer(model, cfg.optim, device.type)
     scheduler = build_scheduler(optimizer, cfg.optim)
     d = cfg.data
@@ -193,7 +203,8 @@ def build(cfg: Config, denv: distributed.DistEnv, device: torch.device) -> tuple
     eval_batches = sampler.eval_batches(eval_set, cfg.eval.batch_size, cfg.model.unpad, cfg.model.pack,
                                         d.max_seq_length)
     ws = denv.world_size
-    parts = Parts(model, train_model, optimizer, scheduler, scaler, precision, iter(batches), eval_batches,
+    parts = Parts(model, train_model, optimizer, scheduler, scaler, precision, sync.after_sync, iter(batches),
+                  eval_batches,
                   eval_set.total_samples, device,
                   global_batch_size(cfg, ws), eval_interval_samples(cfg, ws), max_samples(cfg, ws))
     return parts, impl

@@ -119,7 +119,7 @@ def test_autocast_in_training_and_eval_weights_and_state_stay_fp32(demo_data, tm
                                                                    train_out, eval_out):
     p = _parts(demo_data, tmp_path, f"precision.dtype={dtype}", f"precision.eval_dtype={eval_dtype}",
                "optim.name=adamw", "precision.loss_scale_init=256")
-    assert _linear_dtypes(p, lambda: train.train_step(p, 1, 1.0)) == {train_out}
+    assert _linear_dtypes(p, lambda: train.train_step(p, 1)) == {train_out}
     assert _linear_dtypes(p, lambda: train.evaluate(p.model, p.eval_batches, p.device,
                                                     p.precision.eval_autocast)) == {eval_out}
     # Master weights and optimizer state: float32 whatever the arithmetic.
@@ -132,7 +132,7 @@ def test_fp32_and_bf16_losses_agree_within_bf16_tolerance(demo_data, tmp_path):
     losses = {}
     for dtype in ("fp32", "bf16"):
         p = _parts(demo_data, tmp_path / dtype, f"precision.dtype={dtype}", "optim.lr=1e-3", seed=3)
-        losses[dtype] = torch.stack([train.train_step(p, 1, 1.0)[0] for _ in range(5)])
+        losses[dtype] = torch.stack([train.train_step(p, 1)[0] for _ in range(5)])
     # Same init, same batches: the bf16 run follows the fp32 one within bf16's 8-bit
     # mantissa (relative rounding 2**-8 per op) ...
     torch.testing.assert_close(losses["bf16"], losses["fp32"], rtol=2e-2, atol=0.0)
@@ -150,7 +150,7 @@ def test_fp16_inf_gradient_skips_step_backs_off_and_keeps_weights(demo_data, tmp
     p = _parts(demo_data, tmp_path, "precision.dtype=fp16", f"optim.name={optimizer}", f"optim.impl={impl}",
                "precision.loss_scale_init=1024", "precision.loss_scale_backoff=0.25")
     assert type(p.optimizer).__name__ == {"lamb": "Lamb", "adamw": "AdamW"}[optimizer]
-    _, skipped = train.train_step(p, 1, 1.0)  # a finite step first: optimizer state exists
+    _, skipped = train.train_step(p, 1)  # a finite step first: optimizer state exists
     assert int(skipped) == 0 and p.scaler.get_scale() == 1024.0
     before = _snapshot(p)
 
@@ -159,7 +159,7 @@ def test_fp16_inf_gradient_skips_step_backs_off_and_keeps_weights(demo_data, tmp
         handle = weight.register_hook(lambda g, v=poison: g.index_fill(0, torch.tensor([0]), v))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()"
-            _, skipped = train.train_step(p, 1, 1.0)
+            _, skipped = train.train_step(p, 1)
         handle.remove()
         assert int(skipped) == 1
         after = _snapshot(p)
@@ -167,7 +167,7 @@ def test_fp16_inf_gradient_skips_step_backs_off_and_keeps_weights(demo_data, tmp
         _assert_state_equal(before[1], after[1])  # moments and step counts untouched
     assert p.scaler.get_scale() == 1024.0 * 0.25 * 0.25
 
-    _, skipped = train.train_step(p, 1, 1.0)  # finite again: the update goes through
+    _, skipped = train.train_step(p, 1)  # finite again: the update goes through
     assert int(skipped) == 0
     assert not torch.equal(weight, before[0]["bert.encoder.layer.0.output.dense.weight"])
     assert all(torch.isfinite(t).all() for t in p.model.parameters())
@@ -178,7 +178,7 @@ def test_fp16_scale_grows_on_schedule(demo_data, tmp_path):
                "precision.loss_scale_growth_interval=3", "precision.loss_scale_growth=4")
     scales = []
     for _ in range(7):
-        _, skipped = train.train_step(p, 1, 1.0)
+        _, skipped = train.train_step(p, 1)
         assert int(skipped) == 0
         scales.append(p.scaler.get_scale())
     assert scales == [8, 8, 32, 32, 32, 128, 128]
@@ -204,7 +204,7 @@ def test_fp16_gradients_are_unscaled_before_clipping(demo_data, tmp_path, monkey
                        ("fp16_s2", ["precision.dtype=fp16", "precision.loss_scale_init=2"]),
                        ("fp16_s4096", ["precision.dtype=fp16", "precision.loss_scale_init=4096"])):
         p = _parts(demo_data, tmp_path / key, *extra, seed=5)
-        train.train_step(p, 1, 1.0)
+        train.train_step(p, 1)
     assert norms["fp16_s2"][0] == pytest.approx(norms["fp16_s4096"][0], rel=1e-2)
     assert norms["fp16_s2"][0] == pytest.approx(norms["fp32"][0], rel=5e-2)
 
@@ -290,7 +290,7 @@ def test_compiled_layers_match_eager(demo_data, tmp_path, monkeypatch):
     losses = {}
     for flag in ("false", "true"):
         p = _parts(demo_data, tmp_path / flag, f"model.compile_layers={flag}", "optim.lr=1e-3", seed=4)
-        losses[flag] = torch.stack([train.train_step(p, 1, 1.0)[0] for _ in range(3)])
+        losses[flag] = torch.stack([train.train_step(p, 1)[0] for _ in range(3)])
         names = [n for n, _ in p.model.named_parameters()]
     assert all(not n.startswith("_orig_mod") for n in names)
     assert p.model.bert.encoder.layer[0]._compiled_call_impl is not None

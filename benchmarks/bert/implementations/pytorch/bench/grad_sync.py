@@ -1,0 +1,215 @@
+"""Step time of gradient clipping + allreduce variants on 2 gloo ranks, BERT-base gradient.
+
+    flock /tmp/bench.lock python bench/grad_sync.py --json [--link-gbps X] [--reps N]
+
+A benchmark, not a test: it prints numbers (and one JSON object with --json). One step =
+forward + backward + the variant's clipping and gradient reduction (no optimizer: the same
+for every variant). Each rank runs one intra-op thread. Variants:
+
+  compute_only          forward, backward, local global-norm clip; no communication
+  no_clip               DDP, buckets reduced during backward, no clipping          (i)
+  clip_then_allreduce   backward, then global-norm clip, then allreduce each bucket
+                        (nothing overlaps backward: what global clipping before the
+                        allreduce forces)                                           (ii)
+  bucketwise            DDP + bert.grad_sync bucket-wise clip hook                  (iii)
+  clip_after_allreduce  DDP, then global-norm clip of the reduced gradient (closed)  (iv)
+  bucketwise_bf16       (iii) with bf16 on the wire
+
+hidden_fraction (for bucketwise) = 1 - exposed(iii) / exposed(ii), exposed(v) = t(v) -
+t(compute_only): the share of the communication that (ii) exposes and (iii) hides
+behind backward.
+
+--link-gbps X simulates a network link: after each bucket's real (shared-memory) allreduce
+the bucket also waits 2(n-1)/n * bytes * 8 / X ns on one serial "link" thread (a ring
+allreduce's traffic per rank; one bucket on the wire at a time). The sleep costs no CPU, so
+it shows overlap that 2 shared CPU cores cannot show with real traffic.
+
+Times are medians over --reps steps after --warmup steps (DDP rebuilds its buckets after
+the first), taken as the slower of the two ranks. The machine is shared: rerun and compare
+medians; never read one step.
+"""
+
+import argparse
+import gc
+import json
+import os
+import queue
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bert import grad_sync  # noqa: E402
+from bert.config import GradSyncConfig, ModelConfig  # noqa: E402
+from bert.model import BertForPreTraining, pretraining_loss  # noqa: E402
+
+BERT_BASE = ModelConfig(hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072,
+                        hidden_dropout=0.0, attention_dropout=0.0, unpad=False, attention_backend="sdpa")
+MAX_NORM = 1.0
+VARIANTS = ("compute_only", "no_clip", "clip_then_allreduce", "bucketwise", "clip_after_allreduce", "bucketwise_bf16")
+
+
+class SimLink:
+    """One serial link: each reduced bucket is released bytes*8/gbps after the previous one."""
+
+    def __init__(self, gbps: float, world: int) -> None:
+        self.seconds_per_byte = 2 * (world - 1) / world * 8 / (gbps * 1e9)
+        self.jobs: queue.Queue = queue.Queue()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            fut, out, nbytes = self.jobs.get()
+            value = fut.wait()
+            time.sleep(nbytes * self.seconds_per_byte)
+            out.set_result(value)
+
+    def __call__(self, fut: torch.futures.Future, nbytes: int) -> torch.futures.Future:
+        out: torch.futures.Future = torch.futures.Future()
+        self.jobs.put((fut, out, nbytes))
+        return out
+
+
+def linked(comm, link, wire_bytes_per_elem):
+    if link is None:
+        return comm
+    return lambda bucket: link(comm(bucket), bucket.buffer().numel() * wire_bytes_per_elem)
+
+
+def batch(args, rank):
+    g = torch.Generator().manual_seed(rank)
+    ids = torch.randint(5, BERT_BASE.vocab_size, (args.batch, args.seq), generator=g)
+    labels = torch.full_like(ids, -100)
+    labels[:, 1::7] = ids[:, 1::7]
+    inputs = dict(input_ids=ids, token_type_ids=torch.zeros_like(ids), attention_mask=torch.ones_like(ids))
+    return inputs, labels, torch.randint(0, 2, (args.batch,), generator=g)
+
+
+def flat_buckets(params, cap_bytes):
+    """DDP-like buckets (reverse parameter order, ~cap bytes each) for the non-DDP variant."""
+    out, cur, size = [], [], 0
+    for p in reversed(params):
+        cur.append(p)
+        size += p.numel() * p.element_size()
+        if size >= cap_bytes:
+            out.append(cur)
+            cur, size = [], 0
+    return out + ([cur] if cur else [])
+
+
+def run_variant(name, args, rank, link):
+    torch.manual_seed(0)
+    model = BertForPreTraining(BERT_BASE)
+    params = list(model.parameters())
+    cfg = GradSyncConfig(bucket_cap_mb=args.bucket_cap_mb, compression="bf16" if name.endswith("bf16") else "none")
+    net, post, clip = model, (lambda: None), None
+    if name in ("no_clip", "bucketwise", "clip_after_allreduce", "bucketwise_bf16"):
+        net = DDP(model, bucket_cap_mb=args.bucket_cap_mb)
+        if name.startswith("bucketwise"):
+            clip = grad_sync.BucketClip(MAX_NORM, "count")
+        grad_sync.attach(net, linked(grad_sync.make_comm(cfg), link, 2 if name.endswith("bf16") else 4), clip)
+    if name == "clip_after_allreduce" or name == "compute_only":
+        post = lambda: torch.nn.utils.clip_grad_norm_(params, MAX_NORM, foreach=True)  # noqa: E731
+    if name == "clip_then_allreduce":
+        buckets = flat_buckets(params, args.bucket_cap_mb * 2**20)
+
+        def post():
+            torch.nn.utils.clip_grad_norm_(params, MAX_NORM, foreach=True)
+            flats, futs = [], []
+            for ps in buckets:  # flatten (allocates, as DDP's bucket copy does), reduce async
+                flat = torch.cat([p.grad.flatten() for p in ps]).div_(dist.get_world_size())
+                fut = dist.all_reduce(flat, async_op=True).get_future()
+                futs.append(link(fut, flat.numel() * 4) if link else fut)
+                flats.append(flat)
+            for ps, flat, fut in zip(buckets, flats, futs):
+                fut.wait()
+                for p, v in zip(ps, flat.split([p.numel() for p in ps])):
+                    p.grad.copy_(v.view_as(p))
+
+    inputs, labels, nsp = batch(args, rank)
+    times = []
+    for step in range(args.warmup + args.reps):
+        model.zero_grad(set_to_none=True)
+        dist.barrier()
+        t0 = time.perf_counter()
+        mlm, nsp_logits = net(**inputs)
+        pretraining_loss(mlm, nsp_logits, labels, nsp).backward()
+        post()
+        dt = torch.tensor([time.perf_counter() - t0])
+        dist.all_reduce(dt, op=dist.ReduceOp.MAX)  # the step is as slow as its slower rank
+        if step >= args.warmup:
+            times.append(dt.item())
+    n_buckets = len(clip.layout) if clip is not None else None
+    del net, model, params
+    gc.collect()
+    return times, n_buckets
+
+
+def worker(rank, port, args, out_path):
+    torch.set_num_threads(args.threads)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    link = SimLink(args.link_gbps, 2) if args.link_gbps > 0 else None
+    result = {}
+    for name in VARIANTS:
+        times, n_buckets = run_variant(name, args, rank, link)
+        result[name] = times
+        if n_buckets is not None:
+            result["n_buckets"] = n_buckets
+    if rank == 0:
+        Path(out_path).write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--link-gbps", type=float, default=0.0, help="simulated link speed (0 = none)")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=1, help="samples per rank")
+    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    ap.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
+    args = ap.parse_args()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "result.json")
+        mp.spawn(worker, args=(port, args, out), nprocs=2, join=True)
+        raw = json.loads(Path(out).read_text())
+    med = {k: statistics.median(raw[k]) for k in VARIANTS}
+    tc = med["compute_only"]
+    exposed_ii, exposed_iii = med["clip_then_allreduce"] - tc, med["bucketwise"] - tc
+    grad_numel = sum(p.numel() for p in BertForPreTraining(BERT_BASE).parameters())
+    report = {
+        **med,
+        "hidden_fraction": (1 - exposed_iii / exposed_ii) if exposed_ii > 0 else None,
+        "bucketwise_vs_no_clip": med["bucketwise"] / med["no_clip"],
+        "link_gbps": args.link_gbps or None,
+        "n_buckets": raw.get("n_buckets"),
+        "grad_numel": grad_numel,
+        "reps": args.reps, "batch": args.batch, "seq": args.seq, "bucket_cap_mb": args.bucket_cap_mb,
+        "samples": {k: raw[k] for k in VARIANTS},
+        "note": "seconds per step, median over reps, slower rank; shared 2-core CPU machine",
+    }
+    if args.json:
+        print(json.dumps(report))
+    else:
+        for k in VARIANTS:
+            print(f"{k:22s} {med[k]:8.4f} s")
+        print(f"hidden_fraction        {report['hidden_fraction']}")
+        print(f"bucketwise / no_clip   {report['bucketwise_vs_no_clip']:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,222 @@
+"""Gradient synchronisation: DDP communication hooks, chosen once from ``GradSyncConfig``.
+
+Two ways to bound the gradient norm, never both (``config.validate`` enforces it):
+
+closed division (the reference): DDP allreduces (mean) every bucket as backward fills it;
+after the allreduce the whole gradient is clipped on its global L2 norm
+(``torch.nn.utils.clip_grad_norm_``, foreach). Costs one norm pass over all gradients after
+the last bucket arrived; nothing can start before the whole gradient exists.
+
+open division, bucket-wise clipping before the allreduce (Kim et al. 2024): on every rank,
+as soon as DDP has filled bucket b (numel n_b, flat local gradient g_b), scale it down to
+its threshold t_b and start its allreduce at once:
+
+    g_b <- g_b * min(1, t_b / (||g_b|| + 1e-6))          (local norm, no communication)
+    rule "count": t_b = C / sqrt(B)                       (B = number of DDP buckets)
+    rule "size":  t_b = C * sqrt(n_b / N)                 (N = sum of n_b)
+
+Both rules satisfy sum_b t_b^2 = C^2, so every rank's clipped local gradient has norm at
+most C, and so does the mean (triangle inequality): ||mean_r g_r|| <= C. The bound is
+looser than the global clip (each bucket is capped separately, and by its local norm), but
+no bucket waits for any other: its allreduce overlaps the rest of backward. B and n_b are
+read from DDP, never assumed: DDP starts with one bucket holding every gradient and
+rebuilds its buckets (in the order backward produced them) at the second forward; the
+layout is read at attach time and once more right after that rebuild (a forward pre-hook
+that then removes itself). Each read allocates one zero gradient-sized copy, once.
+
+Communication of a bucket (after the optional clip):
+- "none": torch's allreduce hook (divide by world size, sum) on the bucket as is.
+- "fp16" / "bf16": our own cast hook (torch's bf16 hook is NCCL-only): divide by world
+  size in fp32 (a sum of scaled fp16 gradients overflows where the mean does not), cast
+  (allocates half the bucket), allreduce, copy back into the bucket. Error: that dtype's
+  rounding of the mean, plus its rounding of the partial sums.
+PowerSGD is not offered: torch's hook launches collectives from inside its futures'
+callbacks, which hung (alone) or desynchronised the ranks (after other hooks) on gloo here.
+
+Gradient accumulation: the training loop runs the first k-1 micro-steps under
+``DDP.no_sync`` (no hook, gradients add up locally); the hook clips and reduces the
+accumulated gradient on the last one.
+
+Mixed precision (loss scaling): pass ``loss_scale``, a callable returning the current scale
+(a float or a device tensor: no host sync). The hook sees scaled gradients S*g and clips
+them to S*t_b, i.e. clips the unscaled gradient to t_b. A bucket whose norm is not finite is
+left untouched (multiplied by 1), so its inf/nan reaches every rank through the allreduce
+and the scaler skips the step; clipping never turns an overflow into zeros. In the closed
+division the caller unscales before ``after_sync`` clips (GradScaler.unscale_).
+"""
+
+
+import functools
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from .config import GradSyncConfig
+
+EPS = 1e-6  # the same guard torch.nn.utils.clip_grad_norm_ adds to the norm
+
+Comm = Callable[[dist.GradBucket], torch.futures.Future]  # reduces one bucket to its mean
+LossScale = Callable[[], "float | torch.Tensor"]
+
+
+def bucket_thresholds(max_norm: float, numels: list[int], rule: str) -> list[float]:
+    """Per-bucket thresholds t_b with sum_b t_b^2 = max_norm^2 (see the module docstring)."""
+    if rule == "count":
+        return [max_norm / math.sqrt(len(numels))] * len(numels)
+    if rule == "size":
+        total = sum(numels)
+        return [max_norm * math.sqrt(n / total) for n in numels]
+    raise ValueError(f"unknown bucket threshold rule {rule!r}")
+
+
+def clip_(tensors: list[torch.Tensor], threshold: "float | torch.Tensor") -> torch.Tensor:
+    """Scale ``tensors`` in place so their joint L2 norm is at most ``threshold``.
+
+    Returns the norm before clipping (fp32, on device). No host sync: the coefficient is
+    chosen on device. A non-finite norm leaves the tensors as they are (inf/nan must reach
+    the loss scaler). Costs one norm kernel per tensor and one multiply.
+    """
+    if len(tensors) == 1:
+        norm = torch.linalg.vector_norm(tensors[0], dtype=torch.float32)
+    else:
+        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float32)))
+    coef = torch.clamp(threshold / (norm + EPS), max=1.0)
+    coef = torch.where(torch.isfinite(norm), coef, torch.ones_like(coef))
+    torch._foreach_mul_(tensors, coef.to(tensors[0].dtype))
+    return norm
+
+
+def _reducer_layout(ddp: DDP) -> list[int]:
+    """Numel of each DDP bucket, in bucket-index order, as DDP's reducer holds them now.
+
+    Allocates a zero copy of every bucket (the reducer's only public-ish view of its
+    layout); must not run inside a comm hook (the reducer holds its lock there).
+    """
+    return [b.buffer().numel() for b in ddp.reducer._get_zeros_like_grad_buckets()]
+
+
+class BucketClip:
+    """Bucket-wise clipping state: DDP's bucket layout and each bucket's threshold."""
+
+    def __init__(self, max_norm: float, rule: str, loss_scale: LossScale | None = None) -> None:
+        self.max_norm = max_norm
+        self.rule = rule
+        self.loss_scale: LossScale = loss_scale if loss_scale is not None else (lambda: 1.0)
+        self.layout: list[int] = []  # numel per bucket index
+        self.thresholds: list[float] = []  # unscaled t_b per bucket index
+
+    def set_layout(self, numels: list[int]) -> None:
+        self.layout = list(numels)
+        self.thresholds = bucket_thresholds(self.max_norm, self.layout, self.rule)
+
+    def watch(self, ddp: DDP) -> None:
+        """Read DDP's layout now and again right after its one-time bucket rebuild."""
+        self.set_layout(_reducer_layout(ddp))
+        handle: Any = None
+
+        def after_rebuild(_module: torch.nn.Module, _args: Any) -> None:
+            # DDP rebuilds in its own pre-forward, before calling the wrapped module.
+            if ddp._has_rebuilt_buckets:
+                self.set_layout(_reducer_layout(ddp))
+                handle.remove()  # layout is final: no per-forward cost from here on
+
+        handle = ddp.module.register_forward_pre_hook(after_rebuild)
+
+    def __call__(self, bucket: dist.GradBucket) -> torch.Tensor:
+        i, buf = bucket.index(), bucket.buffer()
+        if i >= len(self.layout) or self.layout[i] != buf.numel():
+            raise RuntimeError(f"grad_sync: DDP bucket {i} ({buf.numel()} elements) is not in the layout "
+                               f"read from DDP {self.layout}; did DDP rebuild its buckets again?")
+        return clip_([buf], self.thresholds[i] * self.loss_scale())
+
+
+def _cast_allreduce(dtype: torch.dtype, group: dist.ProcessGroup | None, bucket: dist.GradBucket) -> torch.futures.Future:
+    buf = bucket.buffer()
+    world = dist.get_world_size(group)
+    wire = buf.div_(world).to(dtype)  # mean taken in the bucket's dtype, then cast: allocates
+    fut = dist.all_reduce(wire, group=group, async_op=True).get_future()
+
+    def back(f: torch.futures.Future) -> torch.Tensor:
+        buf.copy_(f.value()[0])
+        return buf
+
+    return fut.then(back)
+
+
+def make_comm(cfg: GradSyncConfig, group: dist.ProcessGroup | None = None) -> Comm:
+    """The bucket reduction chosen by ``cfg.compression`` (a function of the bucket)."""
+    if cfg.compression == "none":
+        return functools.partial(default_hooks.allreduce_hook, group)
+    if cfg.compression in ("fp16", "bf16"):
+        return functools.partial(_cast_allreduce, getattr(torch, {"fp16": "float16", "bf16": "bfloat16"}[cfg.compression]), group)
+    raise ValueError(f"unknown grad_sync.compression {cfg.compression!r}")
+
+
+@dataclass
+class HookState:
+    comm: Comm
+    clip: BucketClip | None = None
+
+
+def _comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    return state.comm(bucket)
+
+
+def _clip_comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    state.clip(bucket)  # type: ignore[misc]  # registered only when clip is set
+    return state.comm(bucket)
+
+
+def attach(ddp: DDP, comm: Comm, clip: BucketClip | None = None) -> HookState:
+    """Register the hook on ``ddp``: optional bucket clip, then ``comm``. Once per DDP."""
+    state = HookState(comm, clip)
+    if clip is not None:
+        clip.watch(ddp)
+    ddp.register_comm_hook(state, _clip_comm_hook if clip is not None else _comm_hook)
+    return state
+
+
+@dataclass
+class GradSync:
+    """What ``build`` chose. ``after_sync()`` runs once per step after the last backward."""
+
+    after_sync: Callable[[], Any]
+    clip: BucketClip | None  # the bucket-wise clipping state, when the hook clips
+    mode: str  # human-readable: "global clip after allreduce", "bucket clip (count) + bf16", ...
+
+
+def _noop() -> None:
+    return None
+
+
+def build(cfg: GradSyncConfig, ddp: DDP | None, params: Iterable[torch.nn.Parameter], max_grad_norm: float,
+          loss_scale: LossScale | None = None) -> GradSync:
+    """Choose the gradient synchronisation once.
+
+    ``ddp`` is None in a single process: no communication; bucket-wise clipping then sees
+    one bucket holding the whole gradient (B = 1, t = C), i.e. the global clip, which is
+    also what DDP's own first step does before its bucket rebuild.
+    """
+    params = [p for p in params if p.requires_grad]
+    if cfg.bucket_clip_norm > 0:
+        clip = BucketClip(cfg.bucket_clip_norm, cfg.bucket_clip_rule, loss_scale)
+        mode = f"bucket clip ({cfg.bucket_clip_rule}) before allreduce"
+        if ddp is None:
+            # after_sync runs after scaler.unscale_ (bert.train.train_step): true gradients,
+            # so the threshold is not scaled here.
+            return GradSync(lambda: clip_([p.grad for p in params if p.grad is not None],
+                                          cfg.bucket_clip_norm), clip, mode + ", 1 process")
+        attach(ddp, make_comm(cfg), clip)
+        return GradSync(_noop, clip, f"{mode} + {cfg.compression}")
+    if ddp is not None and cfg.compression != "none":
+        attach(ddp, make_comm(cfg))
+    if max_grad_norm > 0:  # closed-division semantics: global norm after the allreduce
+        after = functools.partial(torch.nn.utils.clip_grad_norm_, params, max_grad_norm, foreach=True)
+        return GradSync(after, None, f"global clip after allreduce + {cfg.compression}")
+    return GradSync(_noop, None, f"no clipping + {cfg.compression}")

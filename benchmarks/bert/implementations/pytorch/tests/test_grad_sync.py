@@ -1,0 +1,323 @@
+"""bert/grad_sync.py: bucket-wise clipping before the allreduce, compression, accumulation,
+closed-division clipping, loss scale and inf/nan.
+
+One spawn of 2 gloo ranks runs every scenario on a tiny BERT (module fixture); the tests
+compare what DDP left in the gradients with the same math done in this process from each
+rank's local gradients, with plain DDP, and with torch's clip_grad_norm_.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from bert import grad_sync, train
+from bert.config import ConfigError, GradSyncConfig, ModelConfig, PrecisionConfig, build_config
+from bert.precision import build_precision, build_scaler
+from bert.model import BertForPreTraining, pretraining_loss
+
+CFG = ModelConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
+                  max_position_embeddings=32, hidden_dropout=0.0, attention_dropout=0.0, unpad=False)
+CAP_MB = 0.01  # ~10 KB buckets: about a dozen for this model
+CLIP = 0.05  # below the tiny model's gradient norms: clipping really happens
+INF_PARAM = "bert.encoder.layer.1.intermediate.dense.bias"  # rank 0 sets its grad[0] = inf
+
+
+def global_batch(seed, n=8, s=16):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(4, s + 1, (n,), generator=g)
+    mask = (torch.arange(s)[None, :] < lengths[:, None]).long()
+    ids = torch.randint(5, CFG.vocab_size, (n, s), generator=g) * mask
+    types = (torch.arange(s)[None, :] >= (lengths[:, None] // 2)).long() * mask
+    labels = torch.full((n, s), -100)
+    labels[:, 1], labels[:, 3] = ids[:, 1], ids[:, 3]
+    nsp = torch.randint(0, 2, (n,), generator=g)
+    return dict(input_ids=ids, token_type_ids=types, attention_mask=mask, mlm_labels=labels, nsp_labels=nsp)
+
+
+def part(batch, i, k):
+    return {key: v.chunk(k)[i] for key, v in batch.items()}
+
+
+def loss_of(model, b, scale=1.0):
+    mlm, nsp = model(input_ids=b["input_ids"], token_type_ids=b["token_type_ids"], attention_mask=b["attention_mask"])
+    return pretraining_loss(mlm, nsp, b["mlm_labels"], b["nsp_labels"]) * scale
+
+
+def grads(model):
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def fresh_model():
+    torch.manual_seed(0)
+    return BertForPreTraining(CFG)
+
+
+# ---------------------------------------------------------------- the 2-rank worker
+
+
+def _hook_run(rank, gcfg, steps=2, cap=CAP_MB, scale=None, inject_inf=False):
+    """``steps`` backward passes through DDP with the hook (no optimizer: weights fixed), the
+    last on batch seed steps-1. Returns the reduced grads and what the hook read from DDP."""
+    model = fresh_model()
+    ddp = DDP(model, bucket_cap_mb=cap)
+    sync = grad_sync.build(gcfg, ddp, model.parameters(), 0.0, (lambda: scale) if scale is not None else None)
+    if inject_inf and rank == 0:
+        def to_inf(g):
+            g = g.clone()
+            g[0] = float("inf")
+            return g
+        dict(model.named_parameters())[INF_PARAM].register_hook(to_inf)
+    for step in range(steps):
+        model.zero_grad(set_to_none=True)
+        loss_of(ddp, part(global_batch(step), rank, 2), 1.0 if scale is None else float(scale)).backward()
+    name_of = {p.data_ptr(): n for n, p in model.named_parameters()}
+    members = [[name_of[p.data_ptr()] for p in b.parameters()] for b in ddp.reducer._get_zeros_like_grad_buckets()]
+    out = dict(grads=grads(model), members=members)
+    if sync.clip is not None:
+        out.update(layout=sync.clip.layout, thresholds=sync.clip.thresholds)
+    return out
+
+
+def _loop_run(rank, gcfg, max_grad_norm, accum):
+    """One step of train.train_step (the loop's own code) with ``accum`` micro-batches."""
+    model = fresh_model()
+    ddp = DDP(model, bucket_cap_mb=CAP_MB)
+    sync = grad_sync.build(gcfg, ddp, model.parameters(), max_grad_norm)
+    seen = {}
+
+    def after_sync():
+        sync.after_sync()
+        seen.update(grads(model))
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _s: 1.0)
+    mine = part(global_batch(0), rank, 2)
+    batches = iter([part(mine, i, accum) for i in range(accum)])
+    pcfg = PrecisionConfig(dtype="fp32")
+    prec = build_precision(pcfg, "cpu")
+    p = train.Parts(model, ddp, opt, sched, build_scaler(pcfg, prec, "cpu"), prec, after_sync, batches, [], 0,
+                    torch.device("cpu"), 8, 8, 8)
+    train.train_step(p, accum)
+    return seen
+
+
+def _local_grads(rank, seed, scale=1.0):
+    model = fresh_model()
+    loss_of(model, part(global_batch(seed), rank, 2), scale).backward()
+    return grads(model)
+
+
+def _worker(rank, port, out_dir):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    G = GradSyncConfig
+    scenarios = {
+        "local": lambda: _local_grads(rank, 1),
+        "plain": lambda: _hook_run(rank, G(compression="none")),  # DDP's own allreduce, no hook
+        "count": lambda: _hook_run(rank, G(bucket_clip_norm=CLIP, bucket_clip_rule="count")),
+        "size": lambda: _hook_run(rank, G(bucket_clip_norm=CLIP, bucket_clip_rule="size")),
+        "count_big_buckets": lambda: _hook_run(rank, G(bucket_clip_norm=CLIP), cap=0.05),
+        "huge": lambda: _hook_run(rank, G(bucket_clip_norm=1e6)),
+        "bf16": lambda: _hook_run(rank, G(compression="bf16")),
+        "fp16": lambda: _hook_run(rank, G(compression="fp16")),
+        "count_bf16": lambda: _hook_run(rank, G(bucket_clip_norm=CLIP, compression="bf16")),
+        "scaled": lambda: _hook_run(rank, G(bucket_clip_norm=CLIP), scale=torch.tensor(1024.0)),
+        "inf": lambda: _hook_run(rank, G(bucket_clip_norm=CLIP), scale=torch.tensor(1024.0), inject_inf=True),
+        "accum": lambda: _loop_run(rank, G(), 0.0, accum=2),
+        "closed": lambda: _loop_run(rank, G(), CLIP, accum=1),
+    }
+    res = {}
+    for name, run in scenarios.items():
+        res[name] = run()
+    torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("grad_sync")
+    ctx = mp.spawn(_worker, args=(_free_port(), str(out)), nprocs=2, join=False)
+    deadline = time.monotonic() + 300  # a hang fails this module instead of blocking the suite
+    while not ctx.join(timeout=5):
+        if time.monotonic() > deadline:
+            for proc in ctx.processes:
+                proc.kill()
+            pytest.fail("the 2-rank grad_sync worker did not finish within 300 s")
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+
+
+# ---------------------------------------------------------------- oracles
+
+
+def single_process_grads(seed, clip=0.0):
+    """Gradient of the mean loss over the whole global batch, optionally clip_grad_norm_'d."""
+    model = fresh_model()
+    loss_of(model, global_batch(seed)).backward()
+    if clip:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip, foreach=False)
+    return grads(model)
+
+
+def bucketwise_oracle(locals_, members, thresholds):
+    """Clip each rank's bucket to its threshold by its local norm, then average the ranks."""
+    out, clipped_norms = {}, []
+    for names, t in zip(members, thresholds):
+        per_rank = []
+        for g in locals_:
+            norm = torch.linalg.vector_norm(torch.cat([g[n].flatten() for n in names]))
+            coef = min(1.0, t / (norm.item() + grad_sync.EPS))
+            clipped_norms.append((norm.item() * coef, t))
+            per_rank.append({n: g[n] * coef for n in names})
+        for n in names:
+            out[n] = sum(r[n] for r in per_rank) / len(per_rank)
+    return out, clipped_norms
+
+
+def assert_grads_close(got, want, **tol):
+    assert got.keys() == want.keys()
+    for n in want:
+        torch.testing.assert_close(got[n], want[n], **tol, msg=lambda m, n=n: f"{n}: {m}")
+
+
+# ---------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize("rule", ["count", "size"])
+def test_bucketwise_clip_equals_the_math_on_local_gradients(ranks, rule):
+    run = ranks[0][rule]
+    assert len(run["members"]) > 3  # several buckets, or this tests nothing
+    want, norms = bucketwise_oracle([r["local"] for r in ranks], run["members"], run["thresholds"])
+    assert_grads_close(run["grads"], want, atol=1e-7, rtol=1e-5)
+    assert_grads_close(ranks[1][rule]["grads"], want, atol=1e-7, rtol=1e-5)
+    assert all(n <= t * (1 + 1e-6) for n, t in norms)
+    assert sum(n < t * 0.999 for n, t in norms) < len(norms)  # some bucket really was clipped
+    assert math.isclose(sum(t * t for t in run["thresholds"]), CLIP ** 2, rel_tol=1e-9)
+    # the reduced gradient's global norm obeys the bound
+    total = torch.linalg.vector_norm(torch.stack([g.norm() for g in run["grads"].values()]))
+    assert total <= CLIP * (1 + 1e-5)
+
+
+def test_thresholds_follow_the_buckets_ddp_built(ranks):
+    small, big = ranks[0]["count"], ranks[0]["count_big_buckets"]
+    sizes = {n: p.numel() for n, p in fresh_model().named_parameters()}
+    for run in (small, big):
+        assert run["layout"] == [sum(sizes[n] for n in names) for names in run["members"]]
+        assert run["thresholds"] == pytest.approx([CLIP / math.sqrt(len(run["members"]))] * len(run["members"]))
+    assert len(big["members"]) < len(small["members"])
+    size = ranks[0]["size"]
+    total = sum(size["layout"])
+    assert size["thresholds"] == pytest.approx([CLIP * math.sqrt(n / total) for n in size["layout"]])
+
+
+def test_threshold_above_every_norm_equals_plain_ddp(ranks):
+    for r in ranks:
+        assert_grads_close(r["huge"]["grads"], r["plain"]["grads"], atol=0, rtol=0)
+    assert_grads_close(ranks[0]["plain"]["grads"], single_process_grads(1), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("run, ref, u", [("bf16", "plain", 2.0 ** -8), ("fp16", "plain", 2.0 ** -11),
+                                         ("count_bf16", "count", 2.0 ** -8)])
+def test_compression_within_the_dtype_rounding(ranks, run, ref, u):
+    got, want = ranks[0][run]["grads"], ranks[0][ref]["grads"]
+    a, b = ranks[0]["local"], ranks[1]["local"]
+    for n in want:
+        # each half-precision rounding (cast of each mean share, their sum) costs u relative
+        bound = 3 * u * (a[n].abs() + b[n].abs()) / 2 + 1e-7
+        assert ((got[n] - want[n]).abs() <= bound).all(), n
+    assert any(not torch.equal(got[n], want[n]) for n in want)  # the wire really was narrower
+
+
+def test_loss_scale_clips_the_unscaled_gradient(ranks):
+    scaled = {n: g / 1024.0 for n, g in ranks[0]["scaled"]["grads"].items()}
+    assert_grads_close(scaled, ranks[0]["count"]["grads"], atol=1e-7, rtol=1e-5)
+
+
+def test_inf_in_a_bucket_reaches_the_scaler_and_is_not_clipped_away(ranks):
+    run, ref = ranks[0]["inf"], ranks[0]["scaled"]
+    locals_ = [{n: g * 1024.0 for n, g in r["local"].items()} for r in ranks]
+    hit = next(i for i, names in enumerate(run["members"]) if INF_PARAM in names)
+    for r in ranks:
+        assert torch.isinf(r["inf"]["grads"][INF_PARAM][0])
+    for i, names in enumerate(run["members"]):
+        if i == hit:
+            # rank 0's bucket untouched (coefficient 1), rank 1's clipped as usual
+            t = run["thresholds"][i] * 1024.0
+            g1 = torch.cat([locals_[1][n].flatten() for n in names])
+            c1 = min(1.0, t / (g1.norm().item() + grad_sync.EPS))
+            for n in names:
+                want = (locals_[0][n] + c1 * locals_[1][n]) / 2
+                got = run["grads"][n]
+                if n == INF_PARAM:
+                    got, want = got[1:], want[1:]
+                torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        else:
+            for n in names:
+                assert torch.equal(run["grads"][n], ref["grads"][n]), n
+
+
+def test_clip_leaves_nonfinite_tensors_unchanged():
+    for bad in (float("nan"), float("inf")):
+        t = torch.arange(6.0) + 10
+        t[2] = bad
+        before = t.clone()
+        norm = grad_sync.clip_([t], 1.0)
+        assert not torch.isfinite(norm)
+        torch.testing.assert_close(t, before, equal_nan=True)
+
+
+def test_clip_of_a_list_equals_torch_clip_grad_norm():
+    torch.manual_seed(0)
+    ts = [torch.randn(5, 3), torch.randn(7), torch.randn(2, 2, 2)]
+    want = [t.clone() for t in ts]
+    for t in want:
+        t.grad = t.clone()
+    norm_want = torch.nn.utils.clip_grad_norm_(want, 0.5)
+    norm = grad_sync.clip_(ts, 0.5)
+    torch.testing.assert_close(norm, norm_want)
+    for t, w in zip(ts, want):
+        torch.testing.assert_close(t, w.grad)
+
+
+def test_accumulation_equals_one_step_on_the_larger_batch(ranks):
+    assert_grads_close(ranks[0]["accum"], single_process_grads(0), atol=1e-6, rtol=1e-5)
+
+
+def test_closed_mode_equals_clip_grad_norm_after_allreduce(ranks):
+    want = single_process_grads(0, clip=CLIP)
+    for r in ranks:
+        assert_grads_close(r["closed"], want, atol=1e-7, rtol=1e-5)
+
+
+def test_single_process_bucket_clip_is_the_global_clip():
+    model = fresh_model()
+    loss_of(model, global_batch(0)).backward()
+    want = single_process_grads(0, clip=CLIP)
+    sync = grad_sync.build(GradSyncConfig(bucket_clip_norm=CLIP), None, model.parameters(), 0.0)
+    sync.after_sync()
+    assert_grads_close(grads(model), want, atol=1e-7, rtol=1e-5)
+
+
+def test_config_makes_the_two_clippings_exclusive():
+    with pytest.raises(ConfigError, match="grad_sync.bucket_clip_norm"):
+        build_config({"run.division": "open", "grad_sync.bucket_clip_norm": "1.0"})  # optim default 1.0
+    with pytest.raises(ConfigError, match="closed division"):
+        build_config({"grad_sync.bucket_clip_norm": "1.0", "optim.max_grad_norm": "0"})
+    cfg = build_config({"run.division": "open", "grad_sync.bucket_clip_norm": "1.0", "optim.max_grad_norm": "0"})
+    assert cfg.grad_sync.bucket_clip_norm == 1.0 and cfg.optim.max_grad_norm == 0
+    with pytest.raises(ConfigError, match="grad_sync.compression"):
+        build_config({"grad_sync.compression": "int8"})
