@@ -173,7 +173,7 @@ def seed_everything(seed: int) -> None:
 
 
 def run(cfg: Config, dry_run: bool = False) -> int:
-    denv = distributed.detect(cfg.dist)
+    denv = distributed.job_env(cfg.dist)
     device = distributed.device_for(cfg.run.device, denv.local_rank)
     if cfg.run.threads > 0:
         torch.set_num_threads(cfg.run.threads)
