@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import distributed, sampler
 from .config import Config, ConfigError, build_config, dump, eval_interval_samples, global_batch_size, max_samples, parse_overrides
-from .checkpoint import load_weights
+from .checkpoint import load_weights, tf_tensor_names
 from .data import EvalSet
 from .mlperf_log import MLPerfLogger, hyperparameters
 from .model import BertForPreTraining, mlm_correct_and_count, pretraining_loss
@@ -189,6 +189,8 @@ def run(cfg: Config, dry_run: bool = False) -> int:
         seed_everything(cfg.run.seed + denv.rank)  # distinct dropout streams per rank
         log.submission(cfg.run.division, cfg.log.submitter, cfg.log.platform or cfg.log.system, cfg.log.status)
         log.hyperparameters(hyperparameters(cfg, denv.world_size, parts.global_batch, impl))
+        if cfg.log.compat:  # the tensors build() just initialized, by their TF checkpoint names
+            log.weights_initialization(tf_tensor_names(cfg.model))
         if denv.is_main:
             dump(cfg, log_path.with_name(log_path.stem + "_config.json"),
                  {"world_size": denv.world_size, "launcher": denv.launcher, "device": str(device),
