@@ -71,6 +71,9 @@ def test_config_resolves_to_valid_training_config(name, demo_data, large_geometr
     assert dumped["log"]["system"] == cfg_env["DGXSYSTEM"]
     if name != "config_CPU_1x2.sh":  # the benchmark's model
         assert dumped["model"]["hidden_size"] == 1024 and dumped["model"]["num_layers"] == 24
+    if name == "config_DGXA100_128x8.sh":  # the paper's load balance: 4 strata of 128, snake deal per node
+        assert dumped["sampler"]["mode"] == "stratified" and dumped["sampler"]["deal"] == "snake"
+        assert (dumped["sampler"]["strata_width"], dumped["sampler"]["group_size"]) == (128, 8)
     keys = {e["key"]: e["value"] for e in mllog_events(tmp_path / "result_0.txt")}
     assert keys["submission_division"] == cfg_env["DIVISION"] and keys["opt_base_learning_rate"] == float(cfg_env["LR"])
 
