@@ -15,7 +15,7 @@ venv: $(STAMP)
 $(STAMP): $(PKG)/constraints.txt $(PKG)/pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c $(PKG)/constraints.txt -e "$(PKG)[dev,prep,tools]"
+	$(PY) -m pip install --quiet -c $(PKG)/constraints.txt -e "$(PKG)[dev,prep,mpi,tools]"
 	touch $@
 
 demo: $(STAMP)

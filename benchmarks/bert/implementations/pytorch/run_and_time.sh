@@ -28,6 +28,7 @@ add run.grad_accum_steps GRADIENT_STEPS
 add run.max_samples MAX_SAMPLES_TERMINATION
 add run.threads CPU_THREADS_PER_RANK
 add run.cache_cleared CACHE_CLEARED
+add log.compat MLPERF_COMPAT_LOG
 add optim.name OPTIMIZER
 add optim.lr LR
 add optim.total_steps MAX_STEPS

@@ -7,13 +7,17 @@ Launchers describe the job in different variables; all reach the same ``DistEnv`
 - SLURM srun: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID; the master is the first host
   of SLURM_JOB_NODELIST (SLURM_STEP_NODELIST when set)
 An explicit MASTER_ADDR/MASTER_PORT always wins, so a batch script can pin them.
+Under mpirun nothing names the master: ``job_env`` asks MPI (mpi4py) for rank 0's host and
+a free port there, so `mpirun -np N` works across nodes like srun and torchrun do.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import re
+import socket
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -30,7 +34,7 @@ class DistEnv:
     local_rank: int
     master_addr: str
     master_port: int
-    launcher: str  # torchrun | mpi | pmi | slurm | single
+    launcher: str  # torchrun | mpi | pmi | slurm | single (mpi+mpi4py: rendezvous from MPI)
 
     @property
     def is_main(self) -> bool:
@@ -96,6 +100,41 @@ def detect(cfg: DistConfig, env: Mapping[str, str] | None = None) -> DistEnv:
         addr = first_host(nodelist) if nodelist else "127.0.0.1"
     port = _int(env, "MASTER_PORT")
     return DistEnv(rank, world, local, addr, port if port is not None else cfg.master_port, launcher)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def job_env(cfg: DistConfig, env: Mapping[str, str] | None = None) -> DistEnv:
+    """``detect``, then, for an MPI launch with no MASTER_ADDR, the rendezvous from MPI.
+
+    mpirun sets no master address: rank 0 names its host and a free port, and MPI
+    broadcasts them (one collective at start-up; mpi4py initializes MPI). Without mpi4py
+    a single-node job still works on 127.0.0.1; a multi-node one cannot, and says so.
+    """
+    env = os.environ if env is None else env
+    denv = detect(cfg, env)
+    if denv.launcher not in ("mpi", "pmi") or env.get("MASTER_ADDR") or denv.world_size == 1:
+        return denv
+    try:
+        from mpi4py import MPI  # optional (extra "mpi"): only MPI launches need it
+    except ImportError:
+        local_size = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
+        if local_size is not None and local_size != denv.world_size:
+            raise RuntimeError("multi-node mpirun without MASTER_ADDR needs mpi4py (pip install .[mpi]) "
+                               "to find rank 0's host; or export MASTER_ADDR and MASTER_PORT") from None
+        return denv
+    comm = MPI.COMM_WORLD
+    if comm.Get_size() != denv.world_size or comm.Get_rank() != denv.rank:
+        raise RuntimeError(f"MPI says rank {comm.Get_rank()} of {comm.Get_size()}, "
+                           f"the environment rank {denv.rank} of {denv.world_size}")
+    port = _int(env, "MASTER_PORT")
+    mine = (socket.gethostname(), port if port is not None else _free_port()) if denv.rank == 0 else None
+    addr, port = comm.bcast(mine, root=0)
+    return dataclasses.replace(denv, master_addr=addr, master_port=port, launcher=f"{denv.launcher}+mpi4py")
 
 
 def device_for(requested: str, local_rank: int) -> torch.device:

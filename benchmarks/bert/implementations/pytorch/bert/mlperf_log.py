@@ -88,6 +88,11 @@ class MLPerfLogger:
         for k, v in hp.items():
             self.event(k, v)
 
+    def weights_initialization(self, tensor_names: list[str]) -> None:
+        """One event per initialized tensor, named as in the TF checkpoint (rulesets 1.1.0-2.1.0)."""
+        for name in tensor_names:
+            self.event(C.WEIGHTS_INITIALIZATION, tensor=name)
+
     def init_stop(self) -> None:
         self.end(C.INIT_STOP)
 
@@ -127,9 +132,12 @@ def hyperparameters(cfg, world_size: int, global_batch: int, optimizer_impl: str
 
     The rules name LAMB keys for both divisions; an open-division Adam run logs its own
     betas/epsilon/decay under those names (what the published open submissions did).
+    ``log.compat`` adds ``opt_epsilon``, the name rulesets 1.0.0-2.0.0 use for it.
     """
     o = cfg.optim
+    compat = {"opt_epsilon": o.eps} if cfg.log.compat else {}
     return {
+        **compat,
         C.SEED: cfg.run.seed,
         C.GLOBAL_BATCH_SIZE: global_batch,
         C.GRADIENT_ACCUMULATION_STEPS: cfg.run.grad_accum_steps,

@@ -27,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import distributed, grad_sync, resume, sampler
 from .config import Config, ConfigError, build_config, dump, eval_interval_samples, global_batch_size, max_samples, parse_overrides
-from .checkpoint import load_weights
+from .checkpoint import load_weights, tf_tensor_names
 from .data import DataError, EvalSet
 from .mlperf_log import MLPerfLogger, hyperparameters
 from .model import BertForPreTraining, mlm_correct_and_count, pretraining_loss
@@ -226,7 +226,7 @@ def seed_everything(seed: int) -> None:
 
 
 def run(cfg: Config, dry_run: bool = False) -> int:
-    denv = distributed.detect(cfg.dist)
+    denv = distributed.job_env(cfg.dist)
     device = distributed.device_for(cfg.run.device, denv.local_rank)
     if cfg.run.threads > 0:
         torch.set_num_threads(cfg.run.threads)
@@ -285,6 +285,8 @@ def _run(cfg: Config, denv: distributed.DistEnv, device: torch.device, log: MLPe
     log.submission(cfg.run.division, cfg.log.submitter, cfg.log.platform or cfg.log.system, cfg.log.status)
     prec_hp = parts.precision.hyperparameters(cfg.precision)
     log.hyperparameters(hyperparameters(cfg, denv.world_size, parts.global_batch, impl, prec_hp))
+    if cfg.log.compat:  # the tensors build() just initialized, by their TF checkpoint names
+        log.weights_initialization(tf_tensor_names(cfg.model))
     if start_from is not None:
         # Not an MLPerf key (the checker ignores unknown keys); says this log is not one timed run.
         log.event("resumed_from_checkpoint", str(start_from), step=state.step, samples_count=state.samples)

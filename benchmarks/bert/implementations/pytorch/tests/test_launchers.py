@@ -1,0 +1,211 @@
+"""The launchers users run: `sbatch run.sub` on a real one-node SLURM cluster (munged,
+slurmctld, slurmd started here in a temp dir) and `mpirun -np 2` through mpi4py. Each run
+starts from the `trained` demo model, so it reaches the target at its first evaluation; the
+MLCommons compliance checker is the oracle for every log."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import PKG, VENV_BIN, mllog_events, run_checker
+
+SLURM_BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_env(trained, demo_data, logdir: Path, **extra: str) -> dict[str, str]:
+    """config_CPU_1x2.sh's variables, from the trained demo model: the first eval (64
+    samples) reaches the target; a short eval set keeps it quick."""
+    env = dict(os.environ, **demo_data.env)
+    env.update(PATH=f"{VENV_BIN}:{os.environ['PATH']}", DATADIR=str(demo_data.train), EVALDIR=str(demo_data.eval),
+               LOGDIR=str(logdir), INIT_CHECKPOINT=str(trained.checkpoint), LR="1e-4",
+               EVAL_ITER_SAMPLES="64", MAX_SAMPLES_TERMINATION="640",
+               EXTRA_PARAMS=demo_data.env["EXTRA_PARAMS"] + " data.eval_samples=500")
+    env.update(extra)
+    return env
+
+
+class SlurmCluster:
+    """munged + slurmctld + slurmd for one node, 'localhost', with this machine's CPUs."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.pidfiles = {name: root / f"{name}.pid" for name in ("munged", "slurmctld", "slurmd")}
+        self.conf = root / "slurm.conf"
+        self.env = dict(os.environ, SLURM_CONF=str(self.conf))
+
+    def start(self) -> None:
+        r = self.root
+        (r / "state").mkdir()
+        (r / "spool").mkdir()
+        key = r / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o600)
+        sock = r / "munge.socket"
+        subprocess.run(["munged", "--force", f"--key-file={key}", f"--socket={sock}", f"--seed-file={r / 'seed'}",
+                        f"--pid-file={self.pidfiles['munged']}", f"--log-file={r / 'munged.log'}"],
+                       check=True, timeout=30)
+        cpus = os.cpu_count() or 1
+        self.conf.write_text(f"""\
+ClusterName=bertci
+SlurmctldHost=localhost
+SlurmctldPort={_free_port()}
+SlurmdPort={_free_port()}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket={sock}
+CredType=cred/munge
+StateSaveLocation={r / 'state'}
+SlurmdSpoolDir={r / 'spool'}
+SlurmctldPidFile={self.pidfiles['slurmctld']}
+SlurmdPidFile={self.pidfiles['slurmd']}
+SlurmctldLogFile={r / 'slurmctld.log'}
+SlurmdLogFile={r / 'slurmd.log'}
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+MpiDefault=none
+ReturnToService=2
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SchedulerType=sched/builtin
+NodeName=localhost CPUs={cpus} RealMemory=1000 State=UNKNOWN
+PartitionName=ci Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+""")
+        subprocess.run(["slurmctld", "-i", "-f", str(self.conf)], check=True, env=self.env, timeout=30)
+        subprocess.run(["slurmd", "-N", "localhost", "-f", str(self.conf)], check=True, env=self.env, timeout=30)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            out = subprocess.run(["sinfo", "-h", "-o", "%t"], env=self.env, capture_output=True, text=True).stdout
+            if out.strip() == "idle":
+                return
+            time.sleep(1)
+        raise RuntimeError(f"the SLURM node never became idle:\n{self.logs()}")
+
+    def logs(self) -> str:
+        return "\n".join(f"== {p.name}\n{p.read_text()[-2000:]}" for p in sorted(self.root.glob("*.log")))
+
+    def stop(self) -> None:
+        """SIGTERM each daemon this cluster started, by its PID file; wait for it to go."""
+        for name in ("slurmd", "slurmctld", "munged"):
+            pidfile = self.pidfiles[name]
+            if not pidfile.exists():
+                continue
+            pid = int(pidfile.read_text().split()[0])
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                continue
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.2)
+            else:
+                os.kill(pid, signal.SIGKILL)
+
+    def wait_job(self, job_id: str, timeout_s: float) -> dict[str, str]:
+        """Poll `scontrol show job` until the job leaves PENDING/RUNNING; cancel it on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            out = subprocess.run(["scontrol", "show", "job", job_id], env=self.env, capture_output=True,
+                                 text=True).stdout
+            fields = dict(m.groups() for m in re.finditer(r"(\w+)=(\S*)", out))
+            if fields.get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", None):
+                return fields
+            if time.monotonic() > deadline:
+                subprocess.run(["scancel", job_id], env=self.env)
+                pytest.fail(f"job {job_id} still {fields.get('JobState')} after {timeout_s} s "
+                            f"(reason {fields.get('Reason')})\n{self.logs()}")
+            time.sleep(1)
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster(tmp_path_factory):
+    missing = [b for b in SLURM_BINARIES if shutil.which(b) is None]
+    if missing:
+        pytest.skip(f"SLURM/munge not installed ({', '.join(missing)}); .ci/run installs slurm-wlm and munge")
+    if os.geteuid() != 0:
+        pytest.skip("a private SLURM cluster needs root (slurmd launches the job's tasks)")
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def test_slurm_sbatch_run_sub_two_experiments_pass_checker(slurm_cluster, trained, demo_data, tmp_path):
+    assert trained.returncode == 0, trained.stdout[-3000:]
+    logdir = tmp_path / "logs"
+    env = _run_env(trained, demo_data, logdir, NEXP="2", SEED="100", DATESTAMP="ci",
+                   SLURM_CONF=slurm_cluster.env["SLURM_CONF"])
+    out_file = tmp_path / "job.out"
+    sub = subprocess.run(["sbatch", "--parsable", "-N", env["DGXNNODES"], "-t", "10", "-o", str(out_file), "run.sub"],
+                         cwd=PKG, env=env, capture_output=True, text=True, timeout=60)
+    assert sub.returncode == 0, sub.stderr
+    job = slurm_cluster.wait_job(sub.stdout.strip().split(";")[0], timeout_s=300)
+    output = out_file.read_text()
+    assert job["JobState"] == "COMPLETED" and job["ExitCode"] == "0:0", output[-4000:] + slurm_cluster.logs()
+    assert output.count("compliance checker (5.0.0): PASS") == 2, output[-4000:]
+    assert "run.sub: 2 run(s), 0 failed" in output
+    seeds, cache = [], []
+    for i in (1, 2):
+        log = logdir / f"ci_{i}.log"
+        ok, checker = run_checker(log)
+        assert ok, checker
+        events = {e["key"]: e for e in mllog_events(log)}
+        seeds.append(events["seed"]["value"])
+        cache.append(events["cache_clear"]["value"])
+        assert events["run_stop"]["metadata"]["status"] == "success"
+        resolved = json.loads((logdir / f"ci_{i}_config.json").read_text())["resolved"]
+        assert resolved["launcher"] == "slurm" and resolved["world_size"] == 2
+    assert seeds == [100, 101]  # distinct per run, as the closed division requires
+    # cache_clear tells the truth: true only where run.sub said it dropped the cache.
+    could_not = "could not drop the page cache" in output
+    assert cache == [not could_not] * 2
+
+
+def test_run_sub_names_missing_variables(tmp_path):
+    env = {"PATH": os.environ["PATH"], "DGXSYSTEM": "X", "DGXNNODES": "1"}
+    r = subprocess.run(["bash", "run.sub"], cwd=PKG, env=env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2
+    assert "missing variable(s): DGXNGPU DATADIR EVALDIR SLURM_JOB_ID" in r.stderr
+
+
+def test_mpirun_two_ranks_through_mpi4py(trained, demo_data, tmp_path):
+    if shutil.which("mpirun") is None:
+        pytest.skip("Open MPI not installed; .ci/run installs openmpi-bin")
+    pytest.importorskip("mpi4py", reason="the mpi extra (mpi4py) is not installed")
+    assert trained.returncode == 0, trained.stdout[-3000:]
+    env = _run_env(trained, demo_data, tmp_path, LAUNCHER="task", SEED="5",
+                   OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    env.pop("MASTER_ADDR", None)
+    env.pop("MASTER_PORT", None)
+    r = subprocess.run(["mpirun", "-np", "2", "-x", "PATH", "./run_and_time.sh"], cwd=PKG, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    ok, checker = run_checker(tmp_path / "result_0.txt")
+    assert ok, checker
+    resolved = json.loads((tmp_path / "result_0_config.json").read_text())["resolved"]
+    # Open MPI's variables gave rank/world; mpi4py gave the rendezvous (no MASTER_ADDR set).
+    assert resolved["launcher"] == "mpi+mpi4py" and resolved["world_size"] == 2
