@@ -34,4 +34,7 @@ export WEIGHT_DECAY_RATE=0.00289
 export END_LR=4.95e-5
 # Past step 179 the rate stays at END_LR; stop (aborted) after 250 steps.
 export MAX_SAMPLES_TERMINATION=$(( 250 * 16384 ))
-export EXTRA_PARAMS="sampler.mode=stratified sampler.strata_width=128 sampler.deal=snake sampler.group_size=8"
+# The paper's two techniques: stratified sampling with per-node snake presorting, and
+# bucket-wise clipping before the allreduce (so the global clip is off); bf16 autocast.
+export EXTRA_PARAMS="sampler.mode=stratified sampler.strata_width=128 sampler.deal=snake sampler.group_size=8 \
+grad_sync.bucket_clip_norm=1.0 grad_sync.bucket_clip_rule=count optim.max_grad_norm=0 precision.dtype=bf16"
