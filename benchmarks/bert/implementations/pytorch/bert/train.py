@@ -136,11 +136,14 @@ def train(p: Parts, cfg: Config, log: MLPerfLogger, say: Callable[[str], None], 
         s.nonfinite = torch.stack([s.nonfinite[0] + bad, (s.nonfinite[1] + 1) * bad])
         s.skipped_steps += skipped
         if s.step % cfg.log.progress_interval_steps == 0:
-            now = time.perf_counter()  # the .tolist() below is the interval's one host sync
-            value, streak = torch.stack([loss.double(), s.nonfinite[1].double()]).tolist()
+            now = time.perf_counter()
+            # One host sync for the device-side counters; get_scale() is a second one, fp16 only.
+            value, streak, skipped_n = torch.stack(
+                [loss.double(), s.nonfinite[1].double(), torch.as_tensor(s.skipped_steps, device=loss.device).double()]
+            ).tolist()
             rate = (s.samples - last_samples) / (now - last_t)
             say(f"step {s.step:6d} | samples {s.samples:9d} | loss {value:7.4f} | "
-                f"lr {p.scheduler.get_last_lr()[0]:.3e} | skipped {int(s.skipped_steps)} | "
+                f"lr {p.scheduler.get_last_lr()[0]:.3e} | skipped {int(skipped_n)} | "
                 f"scale {p.scaler.get_scale():.0f} | {rate:8.1f} samples/s")
             last_t, last_samples = now, s.samples
             if streak >= cfg.run.max_nonfinite_steps:
