@@ -7,6 +7,10 @@
 #
 # LAUNCHER=torchrun (default) starts DGXNGPU local ranks itself; LAUNCHER=task means this
 # script already is one rank (started by srun or mpirun), so it runs one process.
+#
+# SIGUSR1 / SIGTERM to this script reach the training processes (which checkpoint at their
+# next poll and exit 3, bert/resume.py): bash would otherwise die of SIGUSR1 and leave them
+# orphaned, and torchrun would die of it too, so under torchrun the signal goes to its workers.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
@@ -18,6 +22,7 @@ add data.train_dir DATADIR
 add data.eval_dir EVALDIR
 add run.init_checkpoint INIT_CHECKPOINT
 add run.save_checkpoint SAVE_CHECKPOINT
+add ckpt.dir CKPT_DIR
 add log.output_dir LOGDIR
 add log.log_file LOGFILE
 add log.system DGXSYSTEM
@@ -48,16 +53,34 @@ args+=("${extra[@]}")
 
 start=$(date +%s)
 echo "STARTING TIMING RUN AT $(date '+%Y-%m-%d %r')"
-set +e
 if [[ "${LAUNCHER:-torchrun}" == torchrun ]]; then
   # --standalone: a private rendezvous on this node; one process per GPU (CPU rank).
   torchrun --standalone --nnodes=1 --nproc_per_node="${DGXNGPU:?DGXNGPU must be set}" \
-    -m bert.train "${args[@]}"
+    -m bert.train "${args[@]}" &
 else
-  python -m bert.train "${args[@]}"
+  python -m bert.train "${args[@]}" &
 fi
-rc=$?
-set -e
+child=$!
+signalled=0
+# shellcheck disable=SC2317  # called from the traps below
+forward() { # forward SIG: to the trainer (under torchrun: to its workers, not to torchrun)
+  signalled=1
+  local targets=("${child}")
+  if [[ "${LAUNCHER:-torchrun}" == torchrun ]]; then
+    mapfile -t targets < <(pgrep -P "${child}" || true)
+  fi
+  if (( ${#targets[@]} )); then kill -s "$1" "${targets[@]}" 2>/dev/null || true; fi
+}
+trap 'forward USR1' USR1
+trap 'forward TERM' TERM
+# A trapped signal ends `wait` early (status > 128) while the trainer runs on: wait again.
+while :; do
+  signalled=0
+  rc=0
+  wait "${child}" || rc=$?
+  (( signalled && rc > 128 )) || break
+done
+trap - USR1 TERM
 end=$(date +%s)
 echo "ENDING TIMING RUN AT $(date '+%Y-%m-%d %r')"
 echo "RESULT,bert,${SEED:-default},$((end - start)),${USER:-$(id -un)},$(date -d "@${start}" '+%Y-%m-%d %r')"
