@@ -14,6 +14,9 @@ for every variant). Each rank runs one intra-op thread. Variants:
   bucketwise            DDP + bert.grad_sync bucket-wise clip hook                  (iii)
   clip_after_allreduce  DDP, then global-norm clip of the reduced gradient (closed)  (iv)
   bucketwise_bf16       (iii) with bf16 on the wire
+  bucketwise_powersgd   (iii) with PowerSGD (rank --powersgd-rank) on the wire, compressing
+                        from the first timed step; on gloo each compressed bucket finishes
+                        inside its hook (bert/grad_sync.py), so it overlaps nothing
 
 hidden_fraction (for bucketwise) = 1 - exposed(iii) / exposed(ii), exposed(v) = t(v) -
 t(compute_only): the share of the communication that (ii) exposes and (iii) hides
@@ -22,7 +25,8 @@ behind backward.
 --link-gbps X simulates a network link: after each bucket's real (shared-memory) allreduce
 the bucket also waits 2(n-1)/n * bytes * 8 / X ns on one serial "link" thread (a ring
 allreduce's traffic per rank; one bucket on the wire at a time). The sleep costs no CPU, so
-it shows overlap that 2 shared CPU cores cannot show with real traffic.
+it shows overlap that 2 shared CPU cores cannot show with real traffic. PowerSGD's bytes
+are its factors (r(n+m) per compressed n x m matrix) plus the tensors it sends as they are.
 
 Times are medians over --reps steps after --warmup steps (DDP rebuilds its buckets after
 the first), taken as the slower of the two ranks. The machine is shared: rerun and compare
@@ -55,7 +59,11 @@ from bert.model import BertForPreTraining, pretraining_loss  # noqa: E402
 BERT_BASE = ModelConfig(hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072,
                         hidden_dropout=0.0, attention_dropout=0.0, unpad=False, attention_backend="sdpa")
 MAX_NORM = 1.0
-VARIANTS = ("compute_only", "no_clip", "clip_then_allreduce", "bucketwise", "clip_after_allreduce", "bucketwise_bf16")
+VARIANTS = ("compute_only", "no_clip", "clip_then_allreduce", "bucketwise", "clip_after_allreduce", "bucketwise_bf16",
+            "bucketwise_powersgd")
+TINY = ModelConfig(vocab_size=512, hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128,
+                   max_position_embeddings=64, hidden_dropout=0.0, attention_dropout=0.0, unpad=False,
+                   attention_backend="sdpa")
 
 
 class SimLink:
@@ -79,15 +87,30 @@ class SimLink:
         return out
 
 
-def linked(comm, link, wire_bytes_per_elem):
+def linked(comm, link, wire_bytes):
+    """``comm`` followed by the simulated link's delay for ``wire_bytes(bucket)`` bytes."""
     if link is None:
         return comm
-    return lambda bucket: link(comm(bucket), bucket.buffer().numel() * wire_bytes_per_elem)
+    return lambda bucket: link(comm(bucket), wire_bytes(bucket))
+
+
+def powersgd_bytes(rank):
+    """Bytes PowerSGD sends for a bucket: rank-r factors of each matrix it compresses (torch:
+    when that at least halves it), everything else as fp32."""
+    def wire_bytes(bucket):
+        total = 0
+        for p in bucket.parameters():
+            n = p.shape[0]
+            m = p.numel() // n
+            compress = p.dim() > 1 and (n + m) * rank * 2 < n * m
+            total += (n + m) * rank if compress else p.numel()
+        return 4 * total
+    return wire_bytes
 
 
 def batch(args, rank):
     g = torch.Generator().manual_seed(rank)
-    ids = torch.randint(5, BERT_BASE.vocab_size, (args.batch, args.seq), generator=g)
+    ids = torch.randint(5, args.model.vocab_size, (args.batch, args.seq), generator=g)
     labels = torch.full_like(ids, -100)
     labels[:, 1::7] = ids[:, 1::7]
     inputs = dict(input_ids=ids, token_type_ids=torch.zeros_like(ids), attention_mask=torch.ones_like(ids))
@@ -108,15 +131,20 @@ def flat_buckets(params, cap_bytes):
 
 def run_variant(name, args, rank, link):
     torch.manual_seed(0)
-    model = BertForPreTraining(BERT_BASE)
+    model = BertForPreTraining(args.model)
     params = list(model.parameters())
-    cfg = GradSyncConfig(bucket_cap_mb=args.bucket_cap_mb, compression="bf16" if name.endswith("bf16") else "none")
+    compression = {"bucketwise_bf16": "bf16", "bucketwise_powersgd": "powersgd"}.get(name, "none")
+    # PowerSGD compresses from the first timed step on (torch's hook needs >= 2 plain ones).
+    cfg = GradSyncConfig(bucket_cap_mb=args.bucket_cap_mb, compression=compression,
+                         powersgd_rank=args.powersgd_rank, powersgd_start_step=max(2, args.warmup))
+    wire = {"none": lambda b: b.buffer().numel() * 4, "bf16": lambda b: b.buffer().numel() * 2,
+            "powersgd": powersgd_bytes(args.powersgd_rank)}[compression]
     net, post, clip = model, (lambda: None), None
-    if name in ("no_clip", "bucketwise", "clip_after_allreduce", "bucketwise_bf16"):
+    if name in ("no_clip", "bucketwise", "clip_after_allreduce") or name.startswith("bucketwise_"):
         net = DDP(model, bucket_cap_mb=args.bucket_cap_mb)
         if name.startswith("bucketwise"):
             clip = grad_sync.BucketClip(MAX_NORM, "count")
-        grad_sync.attach(net, linked(grad_sync.make_comm(cfg), link, 2 if name.endswith("bf16") else 4), clip)
+        grad_sync.attach(net, linked(grad_sync.make_comm(cfg), link, wire), clip)
     if name == "clip_after_allreduce" or name == "compute_only":
         post = lambda: torch.nn.utils.clip_grad_norm_(params, MAX_NORM, foreach=True)  # noqa: E731
     if name == "clip_then_allreduce":
@@ -179,7 +207,12 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--bucket-cap-mb", type=float, default=25.0)
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
+    ap.add_argument("--powersgd-rank", type=int, default=4)
+    ap.add_argument("--tiny", action="store_true", help="a tiny BERT instead of BERT-base (smoke test)")
     args = ap.parse_args()
+    args.model = TINY if args.tiny else BERT_BASE
+    if args.warmup < 2:
+        ap.error("--warmup must be >= 2 (DDP rebuilds its buckets after the first step)")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -190,15 +223,16 @@ def main() -> None:
     med = {k: statistics.median(raw[k]) for k in VARIANTS}
     tc = med["compute_only"]
     exposed_ii, exposed_iii = med["clip_then_allreduce"] - tc, med["bucketwise"] - tc
-    grad_numel = sum(p.numel() for p in BertForPreTraining(BERT_BASE).parameters())
+    grad_numel = sum(p.numel() for p in BertForPreTraining(args.model).parameters())
     report = {
         **med,
         "hidden_fraction": (1 - exposed_iii / exposed_ii) if exposed_ii > 0 else None,
         "bucketwise_vs_no_clip": med["bucketwise"] / med["no_clip"],
+        "powersgd_rank": args.powersgd_rank,
         "link_gbps": args.link_gbps or None,
         "n_buckets": raw.get("n_buckets"),
         "grad_numel": grad_numel,
-        "reps": args.reps, "batch": args.batch, "seq": args.seq, "bucket_cap_mb": args.bucket_cap_mb,
+        "model": "tiny" if args.tiny else "bert-base", "reps": args.reps, "batch": args.batch, "seq": args.seq, "bucket_cap_mb": args.bucket_cap_mb,
         "samples": {k: raw[k] for k in VARIANTS},
         "note": "seconds per step, median over reps, slower rank; shared 2-core CPU machine",
     }

@@ -155,8 +155,13 @@ class GradSyncConfig:
     # "size" = bucket_clip_norm * sqrt(bucket numel / total numel). Both bound the norm by it.
     bucket_clip_rule: Literal["count", "size"] = "count"
     # Bucket on the wire: "none" = as is; "fp16"/"bf16" = cast, allreduce, cast back (half
-    # the bytes, that dtype's rounding).
-    compression: Literal["none", "fp16", "bf16"] = "none"
+    # the bytes, that dtype's rounding); "powersgd" = rank-r factors of each gradient matrix
+    # with error feedback (open division; slow networks; bert/grad_sync.py).
+    compression: Literal["none", "fp16", "bf16", "powersgd"] = "none"
+    # PowerSGD: factor rank r (bytes per n x m matrix: r(n+m) instead of nm) and the number of
+    # optimizer steps reduced exactly (plain allreduce) before compressing starts.
+    powersgd_rank: int = 4
+    powersgd_start_step: int = 1000
 
 
 @dataclass
@@ -457,6 +462,15 @@ def validate(cfg: Config) -> None:
          "bucket-wise clipping and optim.max_grad_norm (global clipping) exclude each other: set one to 0")
     need(not (g.bucket_clip_norm > 0 and cfg.run.division == "closed"), "grad_sync.bucket_clip_norm",
          "the closed division clips on the global norm after allreduce (optim.max_grad_norm)")
+    need(g.powersgd_rank > 0, "grad_sync.powersgd_rank", "must be positive")
+    # torch's hook needs one exact step before error feedback and warm start begin.
+    need(g.powersgd_start_step >= 2, "grad_sync.powersgd_start_step", "must be >= 2")
+    need(not (g.compression == "powersgd" and cfg.run.division == "closed"), "grad_sync.compression",
+         "powersgd changes the gradient (low-rank, error feedback): open division only")
+    # An inf/nan bucket would enter the error-feedback residual and poison every later step.
+    need(not (g.compression == "powersgd" and pr.dtype == "fp16"), "grad_sync.compression",
+         "powersgd with precision.dtype=fp16: an overflowing step would leave inf in the "
+         "error-feedback residual forever; use bf16 or fp32")
     e = cfg.eval
     need(e.interval_samples > 0 or e.interval_samples == -1, "eval.interval_samples",
          f"{e.interval_samples} is not a number of samples (> 0), nor -1 for the reference rule")

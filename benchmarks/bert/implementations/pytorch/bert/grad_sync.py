@@ -30,8 +30,21 @@ Communication of a bucket (after the optional clip):
   size in fp32 (a sum of scaled fp16 gradients overflows where the mean does not), cast
   (allocates half the bucket), allreduce, copy back into the bucket. Error: that dtype's
   rounding of the mean, plus its rounding of the partial sums.
-PowerSGD is not offered: torch's hook launches collectives from inside its futures'
-callbacks, which hung (alone) or desynchronised the ranks (after other hooks) on gloo here.
+- "powersgd": torch's PowerSGD hook (Vogels et al. 2019; open division only, for slow
+  networks): each gradient matrix M (n x m) of the bucket is sent as two rank-r factors,
+  P = M Q (n x r, allreduced, orthogonalised) and Q = M^T P (m x r, allreduced): r(n+m)
+  numbers instead of nm; vectors (biases, LayerNorm) go uncompressed, as do matrices where
+  that would not halve the bytes. Error feedback keeps each rank's residual M - P Q^T and
+  adds it to the next step's gradient, so nothing is lost, only delayed; warm start reuses
+  Q. The first ``powersgd_start_step`` steps use plain allreduce (early gradients change
+  too fast to compress). Its state (residuals, Q, step count) lives in the hook, not in
+  train-state checkpoints: a resumed run restarts that warm-up and the error feedback.
+  On NCCL torch's hook runs as is (its follow-up collectives are queued in order on the
+  stream). On gloo a bucket's follow-up collectives start from completion callbacks on
+  gloo's threads, racing the next bucket's first one into a different order on each rank
+  (observed here as a size-mismatch abort): so on gloo each compressed bucket is finished
+  before the hook returns, serialising compressed communication with backward (cheap: it is
+  a small fraction of the bytes, which is the point of compressing).
 
 Gradient accumulation: the training loop runs the first k-1 micro-steps under
 ``DDP.no_sync`` (no hook, gradients add up locally); the hook clips and reduces the
@@ -55,6 +68,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .config import GradSyncConfig
@@ -149,12 +163,33 @@ def _cast_allreduce(dtype: torch.dtype, group: dist.ProcessGroup | None, bucket:
     return fut.then(back)
 
 
+def _powersgd_in_order(state: powersgd.PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Future:
+    """torch's PowerSGD hook, each compressed bucket completed before the next one starts
+    (gloo: see the module docstring). Plain-allreduce warm-up buckets stay asynchronous."""
+    compressing = state.iter >= state.start_powerSGD_iter  # the hook's own branch condition
+    fut = powersgd.powerSGD_hook(state, bucket)
+    if not compressing:
+        return fut
+    done: torch.futures.Future = torch.futures.Future()
+    done.set_result(fut.wait())
+    return done
+
+
+def powersgd_state(cfg: GradSyncConfig, group: dist.ProcessGroup | None = None) -> powersgd.PowerSGDState:
+    return powersgd.PowerSGDState(process_group=group, matrix_approximation_rank=cfg.powersgd_rank,
+                                  start_powerSGD_iter=cfg.powersgd_start_step, use_error_feedback=True,
+                                  warm_start=True, random_seed=0)
+
+
 def make_comm(cfg: GradSyncConfig, group: dist.ProcessGroup | None = None) -> Comm:
     """The bucket reduction chosen by ``cfg.compression`` (a function of the bucket)."""
     if cfg.compression == "none":
         return functools.partial(default_hooks.allreduce_hook, group)
     if cfg.compression in ("fp16", "bf16"):
         return functools.partial(_cast_allreduce, getattr(torch, {"fp16": "float16", "bf16": "bfloat16"}[cfg.compression]), group)
+    if cfg.compression == "powersgd":
+        hook = powersgd.powerSGD_hook if dist.get_backend(group) == "nccl" else _powersgd_in_order
+        return functools.partial(hook, powersgd_state(cfg, group))
     raise ValueError(f"unknown grad_sync.compression {cfg.compression!r}")
 
 

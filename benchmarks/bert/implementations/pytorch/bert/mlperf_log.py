@@ -134,8 +134,15 @@ def hyperparameters(cfg, world_size: int, global_batch: int, optimizer_impl: str
     betas/epsilon/decay under those names (what the published open submissions did).
     ``log.compat`` adds ``opt_epsilon``, the name rulesets 1.0.0-2.0.0 use for it.
     """
-    o = cfg.optim
+    o, g = cfg.optim, cfg.grad_sync
     compat = {"opt_epsilon": o.eps} if cfg.log.compat else {}
+    # Not MLPerf keys (the checker ignores them): how gradients are bounded and sent.
+    sync = {"grad_sync_bucket_cap_mb": g.bucket_cap_mb, "grad_sync_bucket_clip_norm": g.bucket_clip_norm,
+            "grad_sync_compression": g.compression}
+    if g.bucket_clip_norm > 0:
+        sync["grad_sync_bucket_clip_rule"] = g.bucket_clip_rule
+    if g.compression == "powersgd":
+        sync.update(grad_sync_powersgd_rank=g.powersgd_rank, grad_sync_powersgd_start_step=g.powersgd_start_step)
     return {
         **compat,
         C.SEED: cfg.run.seed,
@@ -156,5 +163,6 @@ def hyperparameters(cfg, world_size: int, global_batch: int, optimizer_impl: str
         "opt_gradient_clip_norm": o.max_grad_norm,
         "max_sequence_length": cfg.data.max_seq_length,
         "world_size": world_size,
+        **sync,
         **(precision or {}),
     }

@@ -70,6 +70,7 @@ class Parts:
     global_batch: int
     eval_interval: int
     max_samples: int
+    grad_sync: grad_sync.GradSync | None = None  # what bert.grad_sync chose (its bucket layout)
 
 
 def _to(batch: dict, device: torch.device) -> dict:
@@ -209,7 +210,7 @@ def build(cfg: Config, denv: distributed.DistEnv, device: torch.device) -> tuple
     parts = Parts(model, train_model, optimizer, scheduler, scaler, precision, sync.after_sync, iter(batches),
                   eval_batches,
                   eval_set.total_samples, device,
-                  global_batch_size(cfg, ws), eval_interval_samples(cfg, ws), max_samples(cfg, ws))
+                  global_batch_size(cfg, ws), eval_interval_samples(cfg, ws), max_samples(cfg, ws), sync)
     return parts, impl
 
 
@@ -313,6 +314,9 @@ def _run(cfg: Config, denv: distributed.DistEnv, device: torch.device, log: MLPe
     status, state = train(parts, cfg, log, say, state, ckpt)
     total_nonfinite = int(state.nonfinite[0])  # host sync, once
     log.event("nonfinite_loss_steps", total_nonfinite)  # not an MLPerf key; skipped/NaN steps
+    clip = parts.grad_sync.clip if parts.grad_sync is not None else None
+    if clip is not None:  # the layout DDP settled on (after its rebuild) and the thresholds
+        log.event("grad_sync_bucket_thresholds", clip.thresholds, bucket_numels=clip.layout)
     if status == "preempted":
         log.run_stop("aborted", state.samples, parts.eval_samples)
         say(f"stopped by signal {stop.signum} after step {state.step}: resume from {ckpt.written[-1]}")

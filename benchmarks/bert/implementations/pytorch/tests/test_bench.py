@@ -4,6 +4,9 @@ script end to end on a tiny model (every code path and the output file; no speed
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -85,3 +88,17 @@ def test_gpu_script_refuses_without_a_gpu_unless_smoke():
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
     assert gpu_bert_large.main(["--out", "/nonexistent/x.json"]) == 2
+
+
+def test_grad_sync_bench_smoke_prints_the_interface_keys():
+    """bench/grad_sync.py end to end (2 gloo ranks, tiny model, simulated link): every variant
+    timed and the issue's interface keys present; no speed asserted."""
+    pkg = Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, "bench/grad_sync.py", "--tiny", "--reps", "1", "--json", "--link-gbps", "10",
+                        "--bucket-cap-mb", "0.1"], cwd=pkg, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads(r.stdout.strip().splitlines()[-1])
+    for key in ("no_clip", "clip_then_allreduce", "bucketwise", "clip_after_allreduce", "bucketwise_bf16",
+                "bucketwise_powersgd", "compute_only"):
+        assert report[key] > 0, key
+    assert "hidden_fraction" in report and report["link_gbps"] == 10 and report["n_buckets"] > 1

@@ -110,6 +110,39 @@ def _loop_run(rank, gcfg, max_grad_norm, accum):
     return seen
 
 
+def mlp():
+    """Three bias-free matrices: with one sample per rank each weight's gradient has rank 1
+    per rank, so the 2-rank mean has rank <= 2 and rank-2 PowerSGD reproduces it exactly."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(32, 48, bias=False), torch.nn.Tanh(),
+                               torch.nn.Linear(48, 40, bias=False), torch.nn.Tanh(),
+                               torch.nn.Linear(40, 24, bias=False))
+
+
+def mlp_input(seed, rank):
+    return torch.randn(1, 32, generator=torch.Generator().manual_seed(100 * seed + rank))
+
+
+def _powersgd_run(rank, gcfg, steps=3):
+    """``steps`` backward passes of ``mlp`` through DDP with the hook, every matrix its own
+    bucket; PowerSGD compresses from step ``powersgd_start_step`` on. Returns the reduced
+    gradients of the last step, this rank's local ones, and the bucket layout."""
+    model = mlp()
+    ddp = DDP(model, bucket_cap_mb=0.001)  # ~1 KB: one matrix per bucket, buckets in flight together
+    sync = grad_sync.build(gcfg, ddp, model.parameters(), 0.0)
+    for step in range(steps):
+        model.zero_grad(set_to_none=True)
+        ddp(mlp_input(step, rank)).pow(2).sum().backward()
+    local = mlp()
+    local(mlp_input(steps - 1, rank)).pow(2).sum().backward()
+    name_of = {p.data_ptr(): n for n, p in model.named_parameters()}
+    members = [[name_of[p.data_ptr()] for p in b.parameters()] for b in ddp.reducer._get_zeros_like_grad_buckets()]
+    out = dict(grads=grads(model), local=grads(local), members=members)
+    if sync.clip is not None:
+        out.update(thresholds=sync.clip.thresholds)
+    return out
+
+
 def _local_grads(rank, seed, scale=1.0):
     model = fresh_model()
     loss_of(model, part(global_batch(seed), rank, 2), scale).backward()
@@ -134,6 +167,11 @@ def _worker(rank, port, out_dir):
         "inf": lambda: _hook_run(rank, G(bucket_clip_norm=CLIP), scale=torch.tensor(1024.0), inject_inf=True),
         "accum": lambda: _loop_run(rank, G(), 0.0, accum=2),
         "closed": lambda: _loop_run(rank, G(), CLIP, accum=1),
+        "psgd_r2": lambda: _powersgd_run(rank, G(compression="powersgd", powersgd_rank=2, powersgd_start_step=2)),
+        "psgd_r1": lambda: _powersgd_run(rank, G(compression="powersgd", powersgd_rank=1, powersgd_start_step=2)),
+        "psgd_warmup": lambda: _powersgd_run(rank, G(compression="powersgd", powersgd_rank=1, powersgd_start_step=4)),
+        "psgd_clip": lambda: _powersgd_run(rank, G(compression="powersgd", powersgd_rank=2, powersgd_start_step=2,
+                                                   bucket_clip_norm=0.5)),
     }
     res = {}
     for name, run in scenarios.items():
@@ -321,3 +359,51 @@ def test_config_makes_the_two_clippings_exclusive():
     assert cfg.grad_sync.bucket_clip_norm == 1.0 and cfg.optim.max_grad_norm == 0
     with pytest.raises(ConfigError, match="grad_sync.compression"):
         build_config({"grad_sync.compression": "int8"})
+
+
+def _mean(ranks, run):
+    a, b = (r[run]["local"] for r in ranks)
+    return {n: (a[n] + b[n]) / 2 for n in a}
+
+
+def test_powersgd_of_sufficient_rank_equals_the_allreduce(ranks):
+    """Rank-2 factors of a rank-2 mean gradient lose nothing: PowerSGD (compressed: 2(n+m)
+    numbers per n x m matrix) returns the plain mean, on both ranks, with its buckets in
+    flight together on gloo (torch's hook alone aborts on a collective mismatch there)."""
+    assert len(ranks[0]["psgd_r2"]["members"]) == 3
+    want = _mean(ranks, "psgd_r2")
+    for r in ranks:
+        assert_grads_close(r["psgd_r2"]["grads"], want, atol=1e-6, rtol=1e-4)
+
+
+def test_powersgd_of_lower_rank_compresses_and_ranks_agree(ranks):
+    want = _mean(ranks, "psgd_r1")
+    got = ranks[0]["psgd_r1"]["grads"]
+    assert_grads_close(ranks[1]["psgd_r1"]["grads"], got, atol=0, rtol=0)  # one result for all ranks
+    for n, g in got.items():
+        assert torch.linalg.matrix_rank(g) == 1 and torch.linalg.matrix_rank(want[n]) == 2, n
+        # the rank-1 part of the mean it keeps is no larger than the mean itself
+        assert g.norm() <= want[n].norm() * (1 + 1e-5) and not torch.allclose(g, want[n], rtol=1e-2), n
+
+
+def test_powersgd_reduces_exactly_before_its_start_step(ranks):
+    want = _mean(ranks, "psgd_warmup")
+    assert_grads_close(ranks[0]["psgd_warmup"]["grads"], want, atol=1e-7, rtol=1e-5)
+
+
+def test_powersgd_after_bucketwise_clip_equals_the_clip_math(ranks):
+    run = ranks[0]["psgd_clip"]
+    want, norms = bucketwise_oracle([r["psgd_clip"]["local"] for r in ranks], run["members"], run["thresholds"])
+    assert sum(n < t * 0.999 for n, t in norms) < len(norms)  # some bucket really was clipped
+    assert_grads_close(run["grads"], want, atol=1e-6, rtol=1e-4)
+
+
+def test_config_keeps_powersgd_in_the_open_division_and_off_fp16():
+    with pytest.raises(ConfigError, match="open division only"):
+        build_config({"grad_sync.compression": "powersgd"})
+    with pytest.raises(ConfigError, match="error-feedback residual"):
+        build_config({"run.division": "open", "grad_sync.compression": "powersgd", "precision.dtype": "fp16"})
+    with pytest.raises(ConfigError, match="grad_sync.powersgd_start_step"):
+        build_config({"run.division": "open", "grad_sync.compression": "powersgd", "grad_sync.powersgd_start_step": "1"})
+    cfg = build_config({"run.division": "open", "grad_sync.compression": "powersgd", "precision.dtype": "bf16"})
+    assert cfg.grad_sync.powersgd_rank == 4
