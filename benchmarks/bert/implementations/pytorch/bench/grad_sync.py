@@ -28,8 +28,9 @@ allreduce's traffic per rank; one bucket on the wire at a time). The sleep costs
 it shows overlap that 2 shared CPU cores cannot show with real traffic. PowerSGD's bytes
 are its factors (r(n+m) per compressed n x m matrix) plus the tensors it sends as they are.
 
-Times are medians over --reps steps after --warmup steps (DDP rebuilds its buckets after
-the first), taken as the slower of the two ranks. The machine is shared: rerun and compare
+Times are medians over --rounds x --reps steps (each round builds every variant afresh and
+times --reps steps after --warmup; DDP rebuilds its buckets after the first step), each
+step taken as the slower of the two ranks. The machine is shared: rerun and compare
 medians; never read one step.
 """
 
@@ -186,12 +187,13 @@ def worker(rank, port, args, out_path):
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     link = SimLink(args.link_gbps, 2) if args.link_gbps > 0 else None
-    result = {}
-    for name in VARIANTS:
-        times, n_buckets = run_variant(name, args, rank, link)
-        result[name] = times
-        if n_buckets is not None:
-            result["n_buckets"] = n_buckets
+    result = {name: [] for name in VARIANTS}
+    for _ in range(args.rounds):  # variants interleaved: a slow drift of the machine hits all
+        for name in VARIANTS:
+            times, n_buckets = run_variant(name, args, rank, link)
+            result[name] += times
+            if n_buckets is not None:
+                result["n_buckets"] = n_buckets
     if rank == 0:
         Path(out_path).write_text(json.dumps(result))
     dist.destroy_process_group()
@@ -203,6 +205,7 @@ def main() -> None:
     ap.add_argument("--link-gbps", type=float, default=0.0, help="simulated link speed (0 = none)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=1, help="passes over all variants (reps each), interleaved")
     ap.add_argument("--batch", type=int, default=1, help="samples per rank")
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--bucket-cap-mb", type=float, default=25.0)
@@ -228,13 +231,15 @@ def main() -> None:
         **med,
         "hidden_fraction": (1 - exposed_iii / exposed_ii) if exposed_ii > 0 else None,
         "bucketwise_vs_no_clip": med["bucketwise"] / med["no_clip"],
+        "exposed": {k: med[k] - tc for k in VARIANTS if k != "compute_only"},  # seconds over compute_only
         "powersgd_rank": args.powersgd_rank,
         "link_gbps": args.link_gbps or None,
         "n_buckets": raw.get("n_buckets"),
         "grad_numel": grad_numel,
-        "model": "tiny" if args.tiny else "bert-base", "reps": args.reps, "batch": args.batch, "seq": args.seq, "bucket_cap_mb": args.bucket_cap_mb,
+        "model": "tiny" if args.tiny else "bert-base", "reps": args.reps, "rounds": args.rounds,
+        "batch": args.batch, "seq": args.seq, "bucket_cap_mb": args.bucket_cap_mb,
         "samples": {k: raw[k] for k in VARIANTS},
-        "note": "seconds per step, median over reps, slower rank; shared 2-core CPU machine",
+        "note": "seconds per step, median over rounds x reps, slower rank; shared 2-core CPU machine",
     }
     if args.json:
         print(json.dumps(report))

@@ -37,8 +37,9 @@ Communication of a bucket (after the optional clip):
   that would not halve the bytes. Error feedback keeps each rank's residual M - P Q^T and
   adds it to the next step's gradient, so nothing is lost, only delayed; warm start reuses
   Q. The first ``powersgd_start_step`` steps use plain allreduce (early gradients change
-  too fast to compress). Its state (residuals, Q, step count) lives in the hook, not in
-  train-state checkpoints: a resumed run restarts that warm-up and the error feedback.
+  too fast to compress). Its state (step count, residuals, P and Q, per rank) goes into
+  train-state checkpoints (``GradSync.state_dict``); a resumed run continues with them,
+  its first step reduced exactly (see ``PowerSGD``), so not bit for bit.
   On NCCL torch's hook runs as is (its follow-up collectives are queued in order on the
   stream). On gloo a bucket's follow-up collectives start from completion callbacks on
   gloo's threads, racing the next bucket's first one into a different order on each rank
@@ -65,6 +66,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -163,22 +165,64 @@ def _cast_allreduce(dtype: torch.dtype, group: dist.ProcessGroup | None, bucket:
     return fut.then(back)
 
 
-def _powersgd_in_order(state: powersgd.PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Future:
-    """torch's PowerSGD hook, each compressed bucket completed before the next one starts
-    (gloo: see the module docstring). Plain-allreduce warm-up buckets stay asynchronous."""
-    compressing = state.iter >= state.start_powerSGD_iter  # the hook's own branch condition
-    fut = powersgd.powerSGD_hook(state, bucket)
-    if not compressing:
-        return fut
-    done: torch.futures.Future = torch.futures.Future()
-    done.set_result(fut.wait())
-    return done
+class PowerSGD:
+    """torch's PowerSGD hook as a bucket reduction, plus what torch leaves out:
 
+    - in order (gloo): each compressed bucket is completed before the hook returns (see the
+      module docstring); plain-allreduce warm-up buckets stay asynchronous;
+    - the CUDA RNG: the hook seeds its random initial Q with ``torch.manual_seed`` inside a
+      CPU-only ``fork_rng``, which reseeds every CUDA generator identically on every rank
+      (the dropout streams would stop differing between ranks); it is saved and put back
+      around each bucket's first compressed step (once per bucket per run);
+    - ``state_dict`` / ``load_state_dict``: step count, error-feedback residuals, warm-start
+      P and Q, and the seed generator, per rank, for train-state checkpoints. The state is
+      keyed by bucket index, valid for the layout DDP rebuilds after its first step; a
+      resumed process's first step still has DDP's initial layout, so that step is reduced
+      exactly (plain allreduce, state untouched) and compression resumes on the next.
+    """
 
-def powersgd_state(cfg: GradSyncConfig, group: dist.ProcessGroup | None = None) -> powersgd.PowerSGDState:
-    return powersgd.PowerSGDState(process_group=group, matrix_approximation_rank=cfg.powersgd_rank,
-                                  start_powerSGD_iter=cfg.powersgd_start_step, use_error_feedback=True,
-                                  warm_start=True, random_seed=0)
+    def __init__(self, cfg: GradSyncConfig, group: dist.ProcessGroup | None = None) -> None:
+        self.state = powersgd.PowerSGDState(process_group=group, matrix_approximation_rank=cfg.powersgd_rank,
+                                            start_powerSGD_iter=cfg.powersgd_start_step, use_error_feedback=True,
+                                            warm_start=True, random_seed=0)
+        self.in_order = dist.get_backend(group) != "nccl"
+        self.group = group
+        self.ddp: DDP | None = None  # set by ``attach``: its bucket layout must be final
+
+    def __call__(self, bucket: dist.GradBucket) -> torch.futures.Future:
+        st = self.state
+        compressing = st.iter >= st.start_powerSGD_iter  # the hook's own branch condition
+        if compressing and self.ddp is not None and not self.ddp._has_rebuilt_buckets:
+            return default_hooks.allreduce_hook(self.group, bucket)  # resumed: initial layout
+        first = compressing and bucket.index() not in st.p_memory_dict
+        cuda_rng = torch.cuda.get_rng_state_all() if first and torch.cuda.is_initialized() else None
+        fut = powersgd.powerSGD_hook(st, bucket)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+        if not (compressing and self.in_order):
+            return fut
+        done: torch.futures.Future = torch.futures.Future()
+        done.set_result(fut.wait())
+        return done
+
+    def state_dict(self) -> dict[str, Any]:
+        st = self.state
+        name, keys, pos, has_gauss, gauss = st.rng.get_state()
+        return {"iter": st.iter,
+                "error": {str(k): v for k, v in st.error_dict.items()},
+                "p": {str(k): v for k, v in st.p_memory_dict.items()},
+                "q": {str(k): v for k, v in st.q_memory_dict.items()},
+                "rng": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                        "has_gauss": int(has_gauss), "gauss": float(gauss)}}
+
+    def load_state_dict(self, sd: dict[str, Any], device: torch.device) -> None:
+        st = self.state
+        st.iter = sd["iter"]
+        for key, target in (("error", st.error_dict), ("p", st.p_memory_dict), ("q", st.q_memory_dict)):
+            target.clear()
+            target.update({int(k): v.to(device) for k, v in sd[key].items()})
+        r = sd["rng"]
+        st.rng.set_state((r["name"], r["keys"].numpy().astype(np.uint32), r["pos"], r["has_gauss"], r["gauss"]))
 
 
 def make_comm(cfg: GradSyncConfig, group: dist.ProcessGroup | None = None) -> Comm:
@@ -188,8 +232,7 @@ def make_comm(cfg: GradSyncConfig, group: dist.ProcessGroup | None = None) -> Co
     if cfg.compression in ("fp16", "bf16"):
         return functools.partial(_cast_allreduce, getattr(torch, {"fp16": "float16", "bf16": "bfloat16"}[cfg.compression]), group)
     if cfg.compression == "powersgd":
-        hook = powersgd.powerSGD_hook if dist.get_backend(group) == "nccl" else _powersgd_in_order
-        return functools.partial(hook, powersgd_state(cfg, group))
+        return PowerSGD(cfg, group)
     raise ValueError(f"unknown grad_sync.compression {cfg.compression!r}")
 
 
@@ -213,6 +256,8 @@ def attach(ddp: DDP, comm: Comm, clip: BucketClip | None = None) -> HookState:
     state = HookState(comm, clip)
     if clip is not None:
         clip.watch(ddp)
+    if isinstance(comm, PowerSGD):
+        comm.ddp = ddp
     ddp.register_comm_hook(state, _clip_comm_hook if clip is not None else _comm_hook)
     return state
 
@@ -224,6 +269,19 @@ class GradSync:
     after_sync: Callable[[], Any]
     clip: BucketClip | None  # the bucket-wise clipping state, when the hook clips
     mode: str  # human-readable: "global clip after allreduce", "bucket clip (count) + bf16", ...
+    comm: Comm | None = None  # the registered bucket reduction (None: DDP's own allreduce)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Per-rank state a resumed run needs (PowerSGD's); empty for the stateless modes."""
+        return self.comm.state_dict() if isinstance(self.comm, PowerSGD) else {}
+
+    def load_state_dict(self, sd: dict[str, Any], device: torch.device) -> None:
+        if isinstance(self.comm, PowerSGD):
+            if not sd:
+                raise ValueError("the checkpoint holds no PowerSGD state (written without grad_sync.compression=powersgd)")
+            self.comm.load_state_dict(sd, device)
+        elif sd:
+            raise ValueError("the checkpoint holds PowerSGD state but grad_sync.compression is not powersgd")
 
 
 def _noop() -> None:
@@ -247,11 +305,14 @@ def build(cfg: GradSyncConfig, ddp: DDP | None, params: Iterable[torch.nn.Parame
             # so the threshold is not scaled here.
             return GradSync(lambda: clip_([p.grad for p in params if p.grad is not None],
                                           cfg.bucket_clip_norm), clip, mode + ", 1 process")
-        attach(ddp, make_comm(cfg), clip)
-        return GradSync(_noop, clip, f"{mode} + {cfg.compression}")
+        comm = make_comm(cfg)
+        attach(ddp, comm, clip)
+        return GradSync(_noop, clip, f"{mode} + {cfg.compression}", comm)
+    comm = None
     if ddp is not None and cfg.compression != "none":
-        attach(ddp, make_comm(cfg))
+        comm = make_comm(cfg)
+        attach(ddp, comm)
     if max_grad_norm > 0:  # closed-division semantics: global norm after the allreduce
         after = functools.partial(torch.nn.utils.clip_grad_norm_, params, max_grad_norm, foreach=True)
-        return GradSync(after, None, f"global clip after allreduce + {cfg.compression}")
-    return GradSync(_noop, None, f"no clipping + {cfg.compression}")
+        return GradSync(after, None, f"global clip after allreduce + {cfg.compression}", comm)
+    return GradSync(_noop, None, f"no clipping + {cfg.compression}", comm)

@@ -5,8 +5,9 @@ A checkpoint is a directory ``step_000000123/`` holding
 
   train.pt     (rank 0) model, optimizer, LR schedule, grad scaler (when there is one), the
                loop's TrainState, and what must match on resume (world size, global batch)
-  rank_<r>.pt  (every rank) its RNG states (python, numpy, torch CPU, CUDA) and the position
-               of its training-data stream (``batches.state_dict()``)
+  rank_<r>.pt  (every rank) its RNG states (python, numpy, torch CPU, CUDA), the position
+               of its training-data stream (``batches.state_dict()``), and its gradient-sync
+               state (PowerSGD's residuals and factors; empty otherwise)
   meta.json    written last by rank 0: step, samples, world size, files
 
 It is assembled as ``.step_000000123.tmp/`` (each file written under a temporary name,
@@ -186,6 +187,12 @@ def restore(path: Path, parts: Any, state: Any, rank: int, world_size: int) -> N
         setattr(state, k, v.to(old.device) if torch.is_tensor(old) else type(old)(v))
     mine = _load(path / f"rank_{rank}.pt")
     parts.batches.load_state_dict(mine["batches"])
+    sync = getattr(parts, "grad_sync", None)
+    if sync is not None:
+        try:  # PowerSGD's residuals and factors; nothing for the other modes
+            sync.load_state_dict(mine.get("grad_sync", {}), parts.device)
+        except ValueError as e:
+            raise CheckpointError(f"{path / f'rank_{rank}.pt'}: {e}") from None
     _set_rng_state(mine["rng"], parts.device)
 
 
@@ -247,7 +254,9 @@ class Checkpointer:
         name = f"step_{state.step:09d}"
         tmp = self.dir / f".{name}.tmp"
         tmp.mkdir(parents=True, exist_ok=True)  # every rank: the directory is on a shared filesystem
-        _save_atomic({"rng": _rng_state(self.device), "batches": parts.batches.state_dict()},
+        sync = getattr(parts, "grad_sync", None)
+        _save_atomic({"rng": _rng_state(self.device), "batches": parts.batches.state_dict(),
+                      "grad_sync": sync.state_dict() if sync is not None else {}},
                      tmp / f"rank_{self.rank}.pt")
         if self.rank == 0:
             scaler = getattr(parts, "scaler", None)
