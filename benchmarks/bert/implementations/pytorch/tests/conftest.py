@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -34,6 +36,24 @@ def run_checker(log: Path, ruleset: str = "5.0.0") -> tuple[bool, str]:
                         "--ruleset", ruleset, str(log)], capture_output=True, text=True, cwd=log.parent)
     out = r.stdout + r.stderr
     return r.returncode == 0 and "SUCCESS" in out, out
+
+
+def run_and_time_signalled(env: dict[str, str], at_step: int = 5, sig: int = signal.SIGUSR1) -> tuple[int, str]:
+    """./run_and_time.sh with ``env``; ``sig`` to the script when its progress line for step
+    ``at_step`` appears. Returns (exit status, output)."""
+    proc = subprocess.Popen(["./run_and_time.sh"], cwd=PKG, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if re.match(rf"step +{at_step} \|", line):
+                proc.send_signal(sig)
+        rc = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return rc, "".join(lines)
 
 
 def mllog_events(log: Path) -> list[dict]:

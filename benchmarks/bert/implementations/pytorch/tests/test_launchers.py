@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PKG, VENV_BIN, mllog_events, run_checker
+from conftest import PKG, VENV_BIN, mllog_events, run_and_time_signalled, run_checker
 
 SLURM_BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol")
 
@@ -248,19 +248,7 @@ def test_run_and_time_torchrun_forwards_usr1_to_workers_then_resumes(trained, de
     env = _run_env(trained, demo_data, tmp_path, SEED="3", EVAL_ITER_SAMPLES="3200", MAX_SAMPLES_TERMINATION="6400",
                    CKPT_DIR=str(tmp_path / "ckpt"))
     env["EXTRA_PARAMS"] += " log.progress_interval_steps=5 ckpt.poll_steps=5"
-    proc = subprocess.Popen(["./run_and_time.sh"], cwd=PKG, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
-    lines = []
-    try:
-        for line in proc.stdout:
-            lines.append(line)
-            if re.match(r"step +5 \|", line):
-                proc.send_signal(signal.SIGUSR1)
-        rc = proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    first = "".join(lines)
+    rc, first = run_and_time_signalled(env)
     assert rc != 0 and "stopped by signal 10 after step" in first, first[-3000:]
     assert sorted(p.name for p in (tmp_path / "ckpt").glob("step_*")), first[-3000:]
     r = subprocess.run(["./run_and_time.sh"], cwd=PKG, env=env, capture_output=True, text=True, timeout=300)

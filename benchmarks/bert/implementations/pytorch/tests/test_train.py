@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 
 import pytest
@@ -15,7 +14,7 @@ import torch
 from bert import train
 from bert.config import build_config
 from bert.model import BertForPreTraining
-from conftest import PKG, VENV_BIN, mllog_events, run_checker
+from conftest import PKG, VENV_BIN, mllog_events, run_and_time_signalled, run_checker
 
 
 def _small_overrides(demo_data, out, *extra):
@@ -79,19 +78,8 @@ def test_open_division_bucket_clip_and_powersgd_on_two_ranks_survive_a_resume(tr
                EXTRA_PARAMS=demo_data.env["EXTRA_PARAMS"] + " data.eval_samples=500 optim.max_grad_norm=0 "
                "grad_sync.bucket_clip_norm=1.0 grad_sync.bucket_cap_mb=0.5 grad_sync.compression=powersgd "
                "grad_sync.powersgd_start_step=2 precision.dtype=fp32 log.progress_interval_steps=5 ckpt.poll_steps=5")
-    proc = subprocess.Popen(["./run_and_time.sh"], cwd=PKG, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
-    lines = []
-    try:
-        for line in proc.stdout:
-            lines.append(line)
-            if re.match(r"step +5 \|", line):
-                proc.send_signal(signal.SIGUSR1)
-        proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert "stopped by signal 10 after step 10" in "".join(lines), "".join(lines)[-3000:]
+    rc, first = run_and_time_signalled(env)
+    assert rc != 0 and "stopped by signal 10 after step 10" in first, first[-3000:]
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*")) == ["step_000000010"]
     r = subprocess.run(["./run_and_time.sh"], cwd=PKG, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "resumed from" in r.stdout, (r.stdout + r.stderr)[-3000:]
