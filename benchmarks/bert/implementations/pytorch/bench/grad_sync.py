@@ -196,6 +196,9 @@ def worker(rank, port, args, out_path):
                 result["n_buckets"] = n_buckets
     if rank == 0:
         Path(out_path).write_text(json.dumps(result))
+    # Both ranks done before either tears gloo down: a rank destroying its group while
+    # the other still works aborted once ("terminate called without an active exception").
+    dist.barrier()
     dist.destroy_process_group()
 
 

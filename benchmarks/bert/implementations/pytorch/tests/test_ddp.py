@@ -42,6 +42,9 @@ def _worker(rank, port, out):
     loss_of(ddp, *half).backward()
     if rank == 0:
         torch.save({n: p.grad.clone() for n, p in model.named_parameters()}, out)
+    # Both ranks done before either tears gloo down: a rank destroying its group while
+    # the other still works aborted once ("terminate called without an active exception").
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -212,6 +212,9 @@ def _worker(rank, port, out_dir):
     for name, run in scenarios.items():
         res[name] = run()
     torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
+    # Both ranks done before either tears gloo down: a rank destroying its group while
+    # the other still works aborted once ("terminate called without an active exception").
+    dist.barrier()
     dist.destroy_process_group()
 
 

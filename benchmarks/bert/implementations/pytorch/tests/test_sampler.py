@@ -323,6 +323,9 @@ def _gloo_worker(rank, port, root, out):
         for loader in (plain, local, gathered):
             loader.close()
     torch.save(res, f"{out}/rank{rank}.pt")
+    # Both ranks done before either tears gloo down: a rank destroying its group while
+    # the other still works aborted once ("terminate called without an active exception").
+    dist.barrier()
     dist.destroy_process_group()
 
 
