@@ -106,7 +106,7 @@ def build(case: Case, mcfg: ModelConfig, device: torch.device, batches: list[dic
     # fp32 Precision (no-op autocast, disabled scaler): run_case wraps the step in bf16 itself.
     pcfg = PrecisionConfig(dtype="fp32")
     prec = build_precision(pcfg, device.type)
-    clip = grad_sync.build(GradSyncConfig(), None, model.parameters(), 1.0).after_sync  # global norm 1.0
+    clip = grad_sync.build(GradSyncConfig(), None, model.parameters(), 1.0)  # global norm 1.0
     parts = Parts(model, train_model, opt, build_scheduler(opt, ocfg), build_scaler(pcfg, prec, device.type), prec,
                   clip, feed(), [], 0, device,
                   case.batch, 1, 1)

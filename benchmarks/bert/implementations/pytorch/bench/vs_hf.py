@@ -93,7 +93,7 @@ class Ours:
         prec = build_precision(pcfg, "cpu")
         self.parts = Parts(self.model, self.model, opt, build_scheduler(opt, ocfg),
                            build_scaler(pcfg, prec, "cpu"), prec,
-                           grad_sync.build(GradSyncConfig(), None, self.model.parameters(), CLIP).after_sync,
+                           grad_sync.build(GradSyncConfig(), None, self.model.parameters(), CLIP),
                            self._feed(),
                            [], 0, torch.device("cpu"), setup.batch, 1, 1)
 

@@ -66,13 +66,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from . import resume
 from .config import GradSyncConfig
 
 EPS = 1e-6  # the same guard torch.nn.utils.clip_grad_norm_ adds to the norm
@@ -207,13 +207,11 @@ class PowerSGD:
 
     def state_dict(self) -> dict[str, Any]:
         st = self.state
-        name, keys, pos, has_gauss, gauss = st.rng.get_state()
         return {"iter": st.iter,
                 "error": {str(k): v for k, v in st.error_dict.items()},
                 "p": {str(k): v for k, v in st.p_memory_dict.items()},
                 "q": {str(k): v for k, v in st.q_memory_dict.items()},
-                "rng": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                        "has_gauss": int(has_gauss), "gauss": float(gauss)}}
+                "rng": resume.numpy_rng_to_dict(st.rng.get_state())}
 
     def load_state_dict(self, sd: dict[str, Any], device: torch.device) -> None:
         st = self.state
@@ -221,8 +219,7 @@ class PowerSGD:
         for key, target in (("error", st.error_dict), ("p", st.p_memory_dict), ("q", st.q_memory_dict)):
             target.clear()
             target.update({int(k): v.to(device) for k, v in sd[key].items()})
-        r = sd["rng"]
-        st.rng.set_state((r["name"], r["keys"].numpy().astype(np.uint32), r["pos"], r["has_gauss"], r["gauss"]))
+        st.rng.set_state(resume.numpy_rng_from_dict(sd["rng"]))
 
 
 def make_comm(cfg: GradSyncConfig, group: dist.ProcessGroup | None = None) -> Comm:

@@ -124,11 +124,19 @@ def mark_finished(directory: Path, status: str, step: int) -> None:
 # ---------------------------------------------------------------- RNG
 
 
+def numpy_rng_to_dict(state: tuple) -> dict[str, Any]:
+    """A numpy RandomState state as tensors and numbers (what weights_only loading accepts)."""
+    name, keys, pos, has_gauss, gauss = state
+    return {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+            "has_gauss": int(has_gauss), "gauss": float(gauss)}
+
+
+def numpy_rng_from_dict(d: dict[str, Any]) -> tuple:
+    return d["name"], d["keys"].numpy().astype(np.uint32), d["pos"], d["has_gauss"], d["gauss"]
+
+
 def _rng_state(device: torch.device) -> dict[str, Any]:
-    name, keys, pos, has_gauss, gauss = np.random.get_state()
-    state = {"python": random.getstate(),
-             "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                       "has_gauss": int(has_gauss), "gauss": float(gauss)},
+    state = {"python": random.getstate(), "numpy": numpy_rng_to_dict(np.random.get_state()),
              "torch": torch.get_rng_state()}
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
@@ -137,8 +145,7 @@ def _rng_state(device: torch.device) -> dict[str, Any]:
 
 def _set_rng_state(state: dict[str, Any], device: torch.device) -> None:
     random.setstate(state["python"])
-    n = state["numpy"]
-    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    np.random.set_state(numpy_rng_from_dict(state["numpy"]))
     torch.set_rng_state(state["torch"])
     if device.type == "cuda":
         torch.cuda.set_rng_state(state["cuda"], device)

@@ -62,7 +62,7 @@ class Parts:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler  # fp16 loss scaling; disabled (no-op calls) otherwise
     precision: Precision
-    after_sync: Callable[[], object]  # after the last backward: global clip (closed) or nothing
+    grad_sync: grad_sync.GradSync  # after_sync(): global clip (closed) or nothing; its bucket layout
     batches: Iterator[dict]
     eval_batches: list[dict]  # collated once at init: the eval set never changes
     eval_samples: int  # across all ranks
@@ -70,7 +70,6 @@ class Parts:
     global_batch: int
     eval_interval: int
     max_samples: int
-    grad_sync: grad_sync.GradSync | None = None  # what bert.grad_sync chose (its bucket layout)
 
 
 def _to(batch: dict, device: torch.device) -> dict:
@@ -117,7 +116,7 @@ def train_step(p: Parts, accum: int) -> tuple[torch.Tensor, torch.Tensor | int]:
             p.scaler.scale(loss).backward()
         total += loss.detach()
     p.scaler.unscale_(p.optimizer)  # fp16: true gradients from here on (no-op otherwise)
-    p.after_sync()  # closed division: global-norm clip after the allreduce; else nothing
+    p.grad_sync.after_sync()  # closed division: global-norm clip after the allreduce; else nothing
     skipped = p.precision.step(p.scaler, p.optimizer)
     # The schedule advances on a skipped step too: the samples were consumed (no sync).
     p.scheduler.step()
@@ -207,10 +206,10 @@ def build(cfg: Config, denv: distributed.DistEnv, device: torch.device) -> tuple
     eval_batches = sampler.eval_batches(eval_set, cfg.eval.batch_size, cfg.model.unpad, cfg.model.pack,
                                         d.max_seq_length)
     ws = denv.world_size
-    parts = Parts(model, train_model, optimizer, scheduler, scaler, precision, sync.after_sync, iter(batches),
+    parts = Parts(model, train_model, optimizer, scheduler, scaler, precision, sync, iter(batches),
                   eval_batches,
                   eval_set.total_samples, device,
-                  global_batch_size(cfg, ws), eval_interval_samples(cfg, ws), max_samples(cfg, ws), sync)
+                  global_batch_size(cfg, ws), eval_interval_samples(cfg, ws), max_samples(cfg, ws))
     return parts, impl
 
 
@@ -314,7 +313,7 @@ def _run(cfg: Config, denv: distributed.DistEnv, device: torch.device, log: MLPe
     status, state = train(parts, cfg, log, say, state, ckpt)
     total_nonfinite = int(state.nonfinite[0])  # host sync, once
     log.event("nonfinite_loss_steps", total_nonfinite)  # not an MLPerf key; skipped/NaN steps
-    clip = parts.grad_sync.clip if parts.grad_sync is not None else None
+    clip = parts.grad_sync.clip
     if clip is not None:  # the layout DDP settled on (after its rebuild) and the thresholds
         log.event("grad_sync_bucket_thresholds", clip.thresholds, bucket_numels=clip.layout)
     if status == "preempted":

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -36,6 +37,22 @@ def run_checker(log: Path, ruleset: str = "5.0.0") -> tuple[bool, str]:
                         "--ruleset", ruleset, str(log)], capture_output=True, text=True, cwd=log.parent)
     out = r.stdout + r.stderr
     return r.returncode == 0 and "SUCCESS" in out, out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def end_process_group() -> None:
+    """End a spawned test worker's gloo group. Both ranks are done before either tears it
+    down: a rank destroying its group while the other still worked aborted once
+    ("terminate called without an active exception")."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def run_and_time_signalled(env: dict[str, str], at_step: int = 5, sig: int = signal.SIGUSR1) -> tuple[int, str]:

@@ -2,7 +2,6 @@
 on the same global batch (the mean of the two halves' losses, which is what DDP averages)."""
 
 import os
-import socket
 
 import torch
 import torch.distributed as dist
@@ -10,6 +9,7 @@ import torch.multiprocessing as mp
 
 from bert.config import ModelConfig
 from bert.model import BertForPreTraining, pretraining_loss
+from conftest import end_process_group, free_port
 
 CFG = ModelConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
                   max_position_embeddings=32, hidden_dropout=0.0, attention_dropout=0.0, unpad=False)
@@ -42,21 +42,12 @@ def _worker(rank, port, out):
     loss_of(ddp, *half).backward()
     if rank == 0:
         torch.save({n: p.grad.clone() for n, p in model.named_parameters()}, out)
-    # Both ranks done before either tears gloo down: a rank destroying its group while
-    # the other still works aborted once ("terminate called without an active exception").
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    end_process_group()
 
 
 def test_two_rank_gradients_equal_single_process(tmp_path):
     out = str(tmp_path / "grads.pt")
-    mp.spawn(_worker, args=(_free_port(), out), nprocs=2, join=True)
+    mp.spawn(_worker, args=(free_port(), out), nprocs=2, join=True)
     ddp_grads = torch.load(out, weights_only=True)
 
     torch.manual_seed(0)

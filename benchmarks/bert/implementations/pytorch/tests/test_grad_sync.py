@@ -8,9 +8,9 @@ rank's local gradients, with plain DDP, and with torch's clip_grad_norm_.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
-import socket
 import time
 
 import pytest
@@ -23,6 +23,7 @@ from bert import grad_sync, train
 from bert.config import ConfigError, GradSyncConfig, ModelConfig, PrecisionConfig, build_config
 from bert.precision import build_precision, build_scaler
 from bert.model import BertForPreTraining, pretraining_loss
+from conftest import end_process_group, free_port
 
 CFG = ModelConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
                   max_position_embeddings=32, hidden_dropout=0.0, attention_dropout=0.0, unpad=False)
@@ -98,13 +99,15 @@ def _loop_run(rank, gcfg, max_grad_norm, accum):
         sync.after_sync()
         seen.update(grads(model))
 
+    observed = dataclasses.replace(sync, after_sync=after_sync)
+
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _s: 1.0)
     mine = part(global_batch(0), rank, 2)
     batches = iter([part(mine, i, accum) for i in range(accum)])
     pcfg = PrecisionConfig(dtype="fp32")
     prec = build_precision(pcfg, "cpu")
-    p = train.Parts(model, ddp, opt, sched, build_scaler(pcfg, prec, "cpu"), prec, after_sync, batches, [], 0,
+    p = train.Parts(model, ddp, opt, sched, build_scaler(pcfg, prec, "cpu"), prec, observed, batches, [], 0,
                     torch.device("cpu"), 8, 8, 8)
     train.train_step(p, accum)
     return seen
@@ -212,22 +215,13 @@ def _worker(rank, port, out_dir):
     for name, run in scenarios.items():
         res[name] = run()
     torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
-    # Both ranks done before either tears gloo down: a rank destroying its group while
-    # the other still works aborted once ("terminate called without an active exception").
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    end_process_group()
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("grad_sync")
-    ctx = mp.spawn(_worker, args=(_free_port(), str(out)), nprocs=2, join=False)
+    ctx = mp.spawn(_worker, args=(free_port(), str(out)), nprocs=2, join=False)
     deadline = time.monotonic() + 300  # a hang fails this module instead of blocking the suite
     while not ctx.join(timeout=5):
         if time.monotonic() > deadline:

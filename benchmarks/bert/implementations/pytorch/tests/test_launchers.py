@@ -10,22 +10,15 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import PKG, VENV_BIN, mllog_events, run_and_time_signalled, run_checker
+from conftest import PKG, VENV_BIN, free_port, mllog_events, run_and_time_signalled, run_checker
 
 SLURM_BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run_env(trained, demo_data, logdir: Path, **extra: str) -> dict[str, str]:
@@ -64,8 +57,8 @@ class SlurmCluster:
         self.conf.write_text(f"""\
 ClusterName=bertci
 SlurmctldHost=localhost
-SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
+SlurmctldPort={free_port()}
+SlurmdPort={free_port()}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge

@@ -215,6 +215,18 @@ def test_state_dict_round_trip(name):
 # ---------------------------------------------------------------- Adam(W)
 
 
+def step_beside_torch_adamw(ours, opt, ref, cfg, steps=5):
+    """``steps`` updates of ``opt`` on ``ours`` and of torch's plain per-tensor AdamW on
+    ``ref`` (same groups, same gradients)."""
+    ref_opt = torch.optim.AdamW(param_groups(ref, cfg.weight_decay), lr=cfg.lr,
+                                betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, foreach=False)
+    for k in range(steps):
+        set_grads(ours, k)
+        set_grads(ref, k)
+        opt.step()
+        ref_opt.step()
+
+
 @pytest.mark.parametrize("name", ["adamw", "adam"])
 def test_adamw_matches_torch_plain_adamw(name):
     cfg = OptimConfig(name=name, lr=3e-3, beta1=0.8, beta2=0.817, eps=1e-9,
@@ -222,13 +234,7 @@ def test_adamw_matches_torch_plain_adamw(name):
     ours, ref = make_model(), make_model()
     opt, impl = build_optimizer(ours, cfg, "cpu")
     assert impl == f"{name}:torch-fused"
-    ref_opt = torch.optim.AdamW(param_groups(ref, cfg.weight_decay), lr=cfg.lr,
-                                betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, foreach=False)
-    for k in range(5):
-        set_grads(ours, k)
-        set_grads(ref, k)
-        opt.step()
-        ref_opt.step()
+    step_beside_torch_adamw(ours, opt, ref, cfg)
     assert_params_close(params_of(ours), params_of(ref))
     # Decoupled decay reached the decayed weights and not the LayerNorm/bias ones.
     wds = {id(p): g["weight_decay"] for g in opt.param_groups for p in g["params"]}
@@ -393,13 +399,7 @@ def test_adamw_implementations_agree_on_cpu(impl, expect):
     ours, ref = make_model(), make_model()
     opt, name = build_optimizer(ours, cfg, "cpu")
     assert name == expect and opt.defaults[expect.rsplit("-", 1)[1]] is True
-    ref_opt = torch.optim.AdamW(param_groups(ref, cfg.weight_decay), lr=cfg.lr,
-                                betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, foreach=False)
-    for k in range(5):
-        set_grads(ours, k)
-        set_grads(ref, k)
-        opt.step()
-        ref_opt.step()
+    step_beside_torch_adamw(ours, opt, ref, cfg)
     assert_params_close(params_of(ours), params_of(ref), tol=1e-6)
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import PKG, mllog_events
+from conftest import PKG, free_port, mllog_events
 
 WORLD = 2
 STEPS = 24  # global batch 16; the 4 x 40-sample shards give each rank 80 per epoch: 5 steps each
@@ -38,17 +37,11 @@ def tiny_data(tmp_path_factory) -> Path:
     return root
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(data: Path, out: Path, *extra: str, world: int = WORLD) -> list[subprocess.Popen]:
     """``world`` ranks of ``python -m bert.train``, each its own process (rank r's output in
     out/rank<r>.out), rendezvous through the env as torchrun would set it."""
     out.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = free_port()
     args = [*TINY, f"data.train_dir={data / 'train'}", f"data.eval_dir={data / 'eval'}", f"log.output_dir={out}",
             f"run.save_checkpoint={out / 'final.pt'}", *extra]
     procs = []

@@ -20,6 +20,7 @@ from bert.attention import build_attention, varlen_via_padded
 from bert.config import ModelConfig, SamplerConfig, build_config
 from bert.data import Sample, Shard, collate, read_shard, write_shard
 from bert.model import BertForPreTraining
+from conftest import end_process_group, free_port
 
 PKG = Path(__file__).resolve().parent.parent
 S, P = 32, 5
@@ -323,19 +324,14 @@ def _gloo_worker(rank, port, root, out):
         for loader in (plain, local, gathered):
             loader.close()
     torch.save(res, f"{out}/rank{rank}.pt")
-    # Both ranks done before either tears gloo down: a rank destroying its group while
-    # the other still works aborted once ("terminate called without an active exception").
-    dist.barrier()
-    dist.destroy_process_group()
+    end_process_group()
 
 
 def test_two_gloo_ranks_presort_only_reorders(strata_dir, tmp_path):
     import torch.multiprocessing as mp
 
-    from test_ddp import _free_port
-
     root, lengths = strata_dir
-    mp.spawn(_gloo_worker, args=(_free_port(), str(root), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_gloo_worker, args=(free_port(), str(root), str(tmp_path)), nprocs=2, join=True)
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
     for key in r0:
         a, b = r0[key], r1[key]
