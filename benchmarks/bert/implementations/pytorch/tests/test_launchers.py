@@ -86,11 +86,13 @@ PartitionName=ci Nodes=localhost Default=YES MaxTime=INFINITE State=UP
         subprocess.run(["slurmd", "-N", "localhost", "-f", str(self.conf)], check=True, env=self.env, timeout=30)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            out = subprocess.run(["sinfo", "-h", "-o", "%t"], env=self.env, capture_output=True, text=True).stdout
-            if out.strip() == "idle":
+            if self.node_state() == "idle":
                 return
             time.sleep(1)
         raise RuntimeError(f"the SLURM node never became idle:\n{self.logs()}")
+
+    def node_state(self) -> str:
+        return subprocess.run(["sinfo", "-h", "-o", "%t"], env=self.env, capture_output=True, text=True).stdout.strip()
 
     def logs(self) -> str:
         return "\n".join(f"== {p.name}\n{p.read_text()[-2000:]}" for p in sorted(self.root.glob("*.log")))
@@ -123,7 +125,9 @@ PartitionName=ci Nodes=localhost Default=YES MaxTime=INFINITE State=UP
             out = subprocess.run(["scontrol", "show", "job", job_id], env=self.env, capture_output=True,
                                  text=True).stdout
             fields = dict(m.groups() for m in re.finditer(r"(\w+)=(\S*)", out))
-            if fields.get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", None):
+            # Requeue passes through REQUEUED (and COMPLETING) on its way back to PENDING.
+            if fields.get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED",
+                                              "REQUEUE_FED", None):
                 return fields
             if time.monotonic() > deadline:
                 subprocess.run(["scancel", job_id], env=self.env)
@@ -208,9 +212,12 @@ def test_slurm_usr1_checkpoints_requeues_and_resumes(slurm_cluster, trained, dem
         time.sleep(0.3)
     subprocess.run(["scancel", "--batch", "--signal=USR1", job_id], env=slurm_cluster.env, check=True, timeout=30)
     # SLURM holds a requeued job back for about two minutes (its BeginTime); as the
-    # administrator, start it now instead.
+    # administrator, start it now instead, but only once the node is idle: slurmd refuses
+    # to launch a job whose previous instance it is still cleaning up ("Job credential
+    # revoked"), which fails the job.
     deadline = time.monotonic() + 120
-    while _job_field(slurm_cluster, job_id, "Restarts") != "1":
+    while (_job_field(slurm_cluster, job_id, "Restarts") != "1"
+           or _job_field(slurm_cluster, job_id, "JobState") != "PENDING" or slurm_cluster.node_state() != "idle"):
         assert time.monotonic() < deadline, out_file.read_text()[-3000:] + slurm_cluster.logs()
         time.sleep(0.5)
     subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=slurm_cluster.env, timeout=30)
