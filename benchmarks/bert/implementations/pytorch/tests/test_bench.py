@@ -102,3 +102,15 @@ def test_grad_sync_bench_smoke_prints_the_interface_keys():
                 "bucketwise_powersgd", "compute_only"):
         assert report[key] > 0, key
     assert "hidden_fraction" in report and report["link_gbps"] == 10 and report["n_buckets"] > 1
+    # The step split at its last gradient: a tail per variant, and never longer than the step.
+    assert "hidden_fraction_step" in report
+    for key, steps in report["samples"].items():
+        tails = report["tail_samples"][key]
+        assert len(tails) == len(steps) == 1 and 0 < tails[0] < steps[0], key
+
+
+def test_grad_sync_bench_refuses_a_variant_set_without_the_compared_five():
+    pkg = Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, "bench/grad_sync.py", "--tiny", "--variants", "no_clip,bucketwise"],
+                       cwd=pkg, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--variants" in r.stderr
