@@ -212,14 +212,17 @@ def test_slurm_usr1_checkpoints_requeues_and_resumes(slurm_cluster, trained, dem
         time.sleep(0.3)
     subprocess.run(["scancel", "--batch", "--signal=USR1", job_id], env=slurm_cluster.env, check=True, timeout=30)
     # SLURM holds a requeued job back for about two minutes (its BeginTime); as the
-    # administrator, start it now instead, but only once the node is idle: slurmd refuses
-    # to launch a job whose previous instance it is still cleaning up ("Job credential
-    # revoked"), which fails the job.
+    # administrator, start it now instead, once the node is idle and 2 s later: slurmd marks
+    # the old instance's credential revoked at a time in whole seconds and refuses every
+    # credential of the job created in that second or before (cred->ctime <= revoked), so a
+    # start within the requeue's second fails the job ("Job credential revoked"; seen in CI
+    # with a start 0.8 s after the requeue).
     deadline = time.monotonic() + 120
     while (_job_field(slurm_cluster, job_id, "Restarts") != "1"
            or _job_field(slurm_cluster, job_id, "JobState") != "PENDING" or slurm_cluster.node_state() != "idle"):
         assert time.monotonic() < deadline, out_file.read_text()[-3000:] + slurm_cluster.logs()
         time.sleep(0.5)
+    time.sleep(2)
     subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=slurm_cluster.env, timeout=30)
     job = slurm_cluster.wait_job(job_id, timeout_s=300)
     output = out_file.read_text()
