@@ -31,7 +31,7 @@ communication, as a profiler's timeline shows it.
 
 hidden_fraction is the share of what (ii) exposes that (iii) moves behind backward. The
 tails hold little compute: their medians repeat within a few hundredths of a second from
-run to run, while whole steps spread by up to a second here, which swamps the difference
+run to run, while whole steps spread by a second or more here, which swamps the difference
 at fast links. hidden_fraction_step also charges the cost of
 overlapping itself: on this machine the "network" is the same two CPU cores, so gloo's
 loopback traffic, DDP's bucket copies and the bucket clip slow backward down (to_last_grad

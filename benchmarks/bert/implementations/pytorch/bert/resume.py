@@ -194,12 +194,10 @@ def restore(path: Path, parts: Any, state: Any, rank: int, world_size: int) -> N
         setattr(state, k, v.to(old.device) if torch.is_tensor(old) else type(old)(v))
     mine = _load(path / f"rank_{rank}.pt")
     parts.batches.load_state_dict(mine["batches"])
-    sync = getattr(parts, "grad_sync", None)
-    if sync is not None:
-        try:  # PowerSGD's residuals and factors; nothing for the other modes
-            sync.load_state_dict(mine.get("grad_sync", {}), parts.device)
-        except ValueError as e:
-            raise CheckpointError(f"{path / f'rank_{rank}.pt'}: {e}") from None
+    try:  # PowerSGD's residuals and factors; nothing for the other modes
+        parts.grad_sync.load_state_dict(mine.get("grad_sync", {}), parts.device)
+    except ValueError as e:
+        raise CheckpointError(f"{path / f'rank_{rank}.pt'}: {e}") from None
     _set_rng_state(mine["rng"], parts.device)
 
 
@@ -261,9 +259,8 @@ class Checkpointer:
         name = f"step_{state.step:09d}"
         tmp = self.dir / f".{name}.tmp"
         tmp.mkdir(parents=True, exist_ok=True)  # every rank: the directory is on a shared filesystem
-        sync = getattr(parts, "grad_sync", None)
         _save_atomic({"rng": _rng_state(self.device), "batches": parts.batches.state_dict(),
-                      "grad_sync": sync.state_dict() if sync is not None else {}},
+                      "grad_sync": parts.grad_sync.state_dict()},
                      tmp / f"rank_{self.rank}.pt")
         if self.rank == 0:
             scaler = getattr(parts, "scaler", None)

@@ -105,6 +105,18 @@ class TrainedRun:
     returncode: int
 
 
+def demo_run_env(trained: TrainedRun, demo_data, logdir: Path, **extra: str) -> dict[str, str]:
+    """config_CPU_1x2.sh's variables for run_and_time.sh / run.sub, from the trained demo
+    model: the first eval (64 samples) reaches the target; a short eval set keeps it quick."""
+    env = dict(os.environ, **demo_data.env)
+    env.update(PATH=f"{VENV_BIN}:{os.environ['PATH']}", DATADIR=str(demo_data.train), EVALDIR=str(demo_data.eval),
+               LOGDIR=str(logdir), INIT_CHECKPOINT=str(trained.checkpoint), LR="1e-4",
+               EVAL_ITER_SAMPLES="64", MAX_SAMPLES_TERMINATION="640",
+               EXTRA_PARAMS=demo_data.env["EXTRA_PARAMS"] + " data.eval_samples=500")
+    env.update(extra)
+    return env
+
+
 @pytest.fixture(scope="session")
 def trained(demo_data, tmp_path_factory) -> TrainedRun:
     """config_CPU_1x2.sh through run_and_time.sh (torchrun, 2 gloo ranks) to the target."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from bench import common, flops, gpu_bert_large, vs_hf
 from bert.config import ModelConfig
 from bert.model import BertForPreTraining
+from conftest import PKG
 
 TINY = ModelConfig(vocab_size=200, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
                    max_position_embeddings=64, hidden_dropout=0.0, attention_dropout=0.0,
@@ -93,9 +93,8 @@ def test_gpu_script_refuses_without_a_gpu_unless_smoke():
 def test_grad_sync_bench_smoke_prints_the_interface_keys():
     """bench/grad_sync.py end to end (2 gloo ranks, tiny model, simulated link): every variant
     timed and the issue's interface keys present; no speed asserted."""
-    pkg = Path(__file__).resolve().parent.parent
     r = subprocess.run([sys.executable, "bench/grad_sync.py", "--tiny", "--reps", "1", "--json", "--link-gbps", "10",
-                        "--bucket-cap-mb", "0.1"], cwd=pkg, capture_output=True, text=True, timeout=300)
+                        "--bucket-cap-mb", "0.1"], cwd=PKG, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads(r.stdout.strip().splitlines()[-1])
     for key in ("no_clip", "clip_then_allreduce", "bucketwise", "clip_after_allreduce", "bucketwise_bf16",
@@ -110,7 +109,6 @@ def test_grad_sync_bench_smoke_prints_the_interface_keys():
 
 
 def test_grad_sync_bench_refuses_a_variant_set_without_the_compared_five():
-    pkg = Path(__file__).resolve().parent.parent
     r = subprocess.run([sys.executable, "bench/grad_sync.py", "--tiny", "--variants", "no_clip,bucketwise"],
-                       cwd=pkg, capture_output=True, text=True, timeout=120)
+                       cwd=PKG, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--variants" in r.stderr

@@ -1,7 +1,6 @@
 """2 gloo ranks: the gradients DDP leaves after its allreduce equal one process's gradients
 on the same global batch (the mean of the two halves' losses, which is what DDP averages)."""
 
-import os
 
 import torch
 import torch.distributed as dist

@@ -16,21 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PKG, VENV_BIN, free_port, mllog_events, run_and_time_signalled, run_checker
+from conftest import PKG, demo_run_env, free_port, mllog_events, run_and_time_signalled, run_checker
 
 SLURM_BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol")
-
-
-def _run_env(trained, demo_data, logdir: Path, **extra: str) -> dict[str, str]:
-    """config_CPU_1x2.sh's variables, from the trained demo model: the first eval (64
-    samples) reaches the target; a short eval set keeps it quick."""
-    env = dict(os.environ, **demo_data.env)
-    env.update(PATH=f"{VENV_BIN}:{os.environ['PATH']}", DATADIR=str(demo_data.train), EVALDIR=str(demo_data.eval),
-               LOGDIR=str(logdir), INIT_CHECKPOINT=str(trained.checkpoint), LR="1e-4",
-               EVAL_ITER_SAMPLES="64", MAX_SAMPLES_TERMINATION="640",
-               EXTRA_PARAMS=demo_data.env["EXTRA_PARAMS"] + " data.eval_samples=500")
-    env.update(extra)
-    return env
 
 
 class SlurmCluster:
@@ -160,7 +148,7 @@ def slurm_cluster(tmp_path_factory):
 def test_slurm_sbatch_run_sub_two_experiments_pass_checker(slurm_cluster, trained, demo_data, tmp_path):
     assert trained.returncode == 0, trained.stdout[-3000:]
     logdir = tmp_path / "logs"
-    env = _run_env(trained, demo_data, logdir, NEXP="2", SEED="100", DATESTAMP="ci",
+    env = demo_run_env(trained, demo_data, logdir, NEXP="2", SEED="100", DATESTAMP="ci",
                    SLURM_CONF=slurm_cluster.env["SLURM_CONF"])
     out_file = tmp_path / "job.out"
     sub = subprocess.run(["sbatch", "--parsable", "-N", env["DGXNNODES"], "-t", "10", "-o", str(out_file), "run.sub"],
@@ -196,7 +184,7 @@ def test_slurm_usr1_checkpoints_requeues_and_resumes(slurm_cluster, trained, dem
     assert trained.returncode == 0, trained.stdout[-3000:]
     logdir = tmp_path / "logs"
     # 50 steps of 64 samples before the first (target-reaching) eval; progress and polls every 5.
-    env = _run_env(trained, demo_data, logdir, NEXP="2", SEED="7", DATESTAMP="rq", EVAL_ITER_SAMPLES="3200", MAX_SAMPLES_TERMINATION="6400",
+    env = demo_run_env(trained, demo_data, logdir, NEXP="2", SEED="7", DATESTAMP="rq", EVAL_ITER_SAMPLES="3200", MAX_SAMPLES_TERMINATION="6400",
                    SLURM_CONF=slurm_cluster.env["SLURM_CONF"])
     env["EXTRA_PARAMS"] += " log.progress_interval_steps=5 ckpt.poll_steps=5"
     out_file = tmp_path / "job.out"
@@ -248,7 +236,7 @@ def test_run_and_time_torchrun_forwards_usr1_to_workers_then_resumes(trained, de
     """SIGUSR1 to run_and_time.sh (torchrun) reaches the two workers, not torchrun (which would
     die of it and take them along): they checkpoint and stop; the same command then resumes."""
     assert trained.returncode == 0, trained.stdout[-3000:]
-    env = _run_env(trained, demo_data, tmp_path, SEED="3", EVAL_ITER_SAMPLES="3200", MAX_SAMPLES_TERMINATION="6400",
+    env = demo_run_env(trained, demo_data, tmp_path, SEED="3", EVAL_ITER_SAMPLES="3200", MAX_SAMPLES_TERMINATION="6400",
                    CKPT_DIR=str(tmp_path / "ckpt"))
     env["EXTRA_PARAMS"] += " log.progress_interval_steps=5 ckpt.poll_steps=5"
     rc, first = run_and_time_signalled(env)
@@ -272,7 +260,7 @@ def test_mpirun_two_ranks_through_mpi4py(trained, demo_data, tmp_path):
         pytest.skip("Open MPI not installed; .ci/run installs openmpi-bin")
     pytest.importorskip("mpi4py", reason="the mpi extra (mpi4py) is not installed")
     assert trained.returncode == 0, trained.stdout[-3000:]
-    env = _run_env(trained, demo_data, tmp_path, LAUNCHER="task", SEED="5",
+    env = demo_run_env(trained, demo_data, tmp_path, LAUNCHER="task", SEED="5",
                    OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     env.pop("MASTER_ADDR", None)
     env.pop("MASTER_PORT", None)

@@ -4,7 +4,6 @@ AdamW, parameter groups, and the warmup + polynomial-decay schedule (hand-comput
 
 from __future__ import annotations
 
-import copy
 import io
 
 import pytest

@@ -4,7 +4,6 @@ MLCommons checker; both divisions; the sample limit aborts; a dry run trains not
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 
@@ -14,7 +13,7 @@ import torch
 from bert import train
 from bert.config import build_config
 from bert.model import BertForPreTraining
-from conftest import PKG, VENV_BIN, mllog_events, run_and_time_signalled, run_checker
+from conftest import PKG, demo_run_env, mllog_events, run_and_time_signalled, run_checker
 
 
 def _small_overrides(demo_data, out, *extra):
@@ -71,13 +70,11 @@ def test_open_division_bucket_clip_and_powersgd_on_two_ranks_survive_a_resume(tr
     checkpoint (with each rank's PowerSGD state), stop; the rerun resumes and reaches the
     target. The log names both settings and records the bucket layout DDP settled on."""
     assert trained.returncode == 0, trained.stdout[-3000:]
-    env = dict(os.environ, **demo_data.env)
-    env.update(PATH=f"{VENV_BIN}:{os.environ['PATH']}", DATADIR=str(demo_data.train), EVALDIR=str(demo_data.eval),
-               LOGDIR=str(tmp_path), INIT_CHECKPOINT=str(trained.checkpoint), SEED="11", DIVISION="open",
-               OPTIMIZER="adam", LR="1e-4", EVAL_ITER_SAMPLES="1280", MAX_SAMPLES_TERMINATION="2560",
-               EXTRA_PARAMS=demo_data.env["EXTRA_PARAMS"] + " data.eval_samples=500 optim.max_grad_norm=0 "
-               "grad_sync.bucket_clip_norm=1.0 grad_sync.bucket_cap_mb=0.5 grad_sync.compression=powersgd "
-               "grad_sync.powersgd_start_step=2 precision.dtype=fp32 log.progress_interval_steps=5 ckpt.poll_steps=5")
+    env = demo_run_env(trained, demo_data, tmp_path, SEED="11", DIVISION="open", OPTIMIZER="adam",
+                       EVAL_ITER_SAMPLES="1280", MAX_SAMPLES_TERMINATION="2560")
+    env["EXTRA_PARAMS"] += (" optim.max_grad_norm=0 grad_sync.bucket_clip_norm=1.0 grad_sync.bucket_cap_mb=0.5"
+                            " grad_sync.compression=powersgd grad_sync.powersgd_start_step=2 precision.dtype=fp32"
+                            " log.progress_interval_steps=5 ckpt.poll_steps=5")
     rc, first = run_and_time_signalled(env)
     assert rc != 0 and "stopped by signal 10 after step 10" in first, first[-3000:]
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*")) == ["step_000000010"]
