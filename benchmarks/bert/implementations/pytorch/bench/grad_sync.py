@@ -68,7 +68,7 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bert import grad_sync  # noqa: E402
+from bert import distributed, grad_sync  # noqa: E402
 from bert.config import GradSyncConfig, ModelConfig  # noqa: E402
 from bert.model import BertForPreTraining, pretraining_loss  # noqa: E402
 
@@ -221,10 +221,9 @@ def worker(rank, port, args, out_path):
                 result["n_buckets"] = n_buckets
     if rank == 0:
         Path(out_path).write_text(json.dumps(result))
-    # Both ranks done before either tears gloo down: a rank destroying its group while
-    # the other still works aborted once ("terminate called without an active exception").
-    dist.barrier()
+    dist.barrier()  # neither rank tears its sockets down while the other still works
     dist.destroy_process_group()
+    distributed.exit_process(0)  # not a return: see exit_process (a torch 2.13 gloo race at exit)
 
 
 def main() -> None:

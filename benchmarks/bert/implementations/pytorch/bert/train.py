@@ -353,4 +353,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    distributed.exit_process(main())  # not sys.exit: see exit_process (a torch 2.13 gloo race)

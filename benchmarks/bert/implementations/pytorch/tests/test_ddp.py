@@ -8,7 +8,7 @@ import torch.multiprocessing as mp
 
 from bert.config import ModelConfig
 from bert.model import BertForPreTraining, pretraining_loss
-from conftest import end_process_group, free_port
+from conftest import end_worker, free_port
 
 CFG = ModelConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
                   max_position_embeddings=32, hidden_dropout=0.0, attention_dropout=0.0, unpad=False)
@@ -41,7 +41,7 @@ def _worker(rank, port, out):
     loss_of(ddp, *half).backward()
     if rank == 0:
         torch.save({n: p.grad.clone() for n, p in model.named_parameters()}, out)
-    end_process_group()
+    end_worker()
 
 
 def test_two_rank_gradients_equal_single_process(tmp_path):

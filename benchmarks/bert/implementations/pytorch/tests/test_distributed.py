@@ -1,7 +1,11 @@
+import subprocess
+import sys
+
 import pytest
 
 from bert.config import DistConfig
 from bert.distributed import detect, first_host
+from conftest import PKG
 
 
 @pytest.mark.parametrize("nodelist, host", [
@@ -39,3 +43,10 @@ def test_detect_rejects_nonsense():
         detect(DistConfig(), {"RANK": "x", "WORLD_SIZE": "2"})
     with pytest.raises(ValueError, match="outside"):
         detect(DistConfig(), {"SLURM_PROCID": "4", "SLURM_NTASKS": "2"})
+
+
+def test_exit_process_flushes_and_keeps_the_status():
+    # Block-buffered stdout (a pipe) would lose the text if exit_process skipped the flush.
+    code = "import sys; from bert import distributed; print('done', end=''); sys.stderr.write('err'); distributed.exit_process(3)"
+    r = subprocess.run([sys.executable, "-c", code], cwd=PKG, capture_output=True, text=True, timeout=120)
+    assert (r.returncode, r.stdout, r.stderr) == (3, "done", "err")

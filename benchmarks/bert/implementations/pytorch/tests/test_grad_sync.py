@@ -23,7 +23,7 @@ from bert import grad_sync, train
 from bert.config import ConfigError, GradSyncConfig, ModelConfig, PrecisionConfig, build_config
 from bert.precision import build_precision, build_scaler
 from bert.model import BertForPreTraining, pretraining_loss
-from conftest import end_process_group, free_port
+from conftest import end_worker, free_port
 
 CFG = ModelConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
                   max_position_embeddings=32, hidden_dropout=0.0, attention_dropout=0.0, unpad=False)
@@ -215,7 +215,7 @@ def _worker(rank, port, out_dir):
     for name, run in scenarios.items():
         res[name] = run()
     torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
-    end_process_group()
+    end_worker()
 
 
 @pytest.fixture(scope="module")

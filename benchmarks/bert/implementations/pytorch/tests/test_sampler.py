@@ -20,7 +20,7 @@ from bert.attention import build_attention, varlen_via_padded
 from bert.config import ModelConfig, SamplerConfig, build_config
 from bert.data import Sample, Shard, collate, read_shard, write_shard
 from bert.model import BertForPreTraining
-from conftest import end_process_group, free_port
+from conftest import end_worker, free_port
 
 PKG = Path(__file__).resolve().parent.parent
 S, P = 32, 5
@@ -324,7 +324,7 @@ def _gloo_worker(rank, port, root, out):
         for loader in (plain, local, gathered):
             loader.close()
     torch.save(res, f"{out}/rank{rank}.pt")
-    end_process_group()
+    end_worker()
 
 
 def test_two_gloo_ranks_presort_only_reorders(strata_dir, tmp_path):
