@@ -183,9 +183,11 @@ class DistConfig:
     # fails with an error naming it, instead of hanging the job. Must stay under the 2
     # minutes we promise; raise it only if one rank legitimately works alone longer.
     timeout_s: float = 90.0
-    # Rendezvous timeout: how long rank 0 waits for every rank to join at start (slow
-    # container starts on big jobs); separate so the collective timeout can stay short.
-    startup_timeout_s: float = 900.0
+    # Rendezvous timeout: how long rank 0 waits for every rank to join at start, and a rank
+    # for rank 0's store; separate so the collective timeout can stay short. Under 2 minutes,
+    # so a rank that never joins (or cannot reach MASTER_ADDR) ends the job within our
+    # promise; raise it where containers start slowly on big jobs (enroot image imports).
+    startup_timeout_s: float = 100.0
 
 
 @dataclass

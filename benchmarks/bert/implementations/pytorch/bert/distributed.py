@@ -6,9 +6,16 @@ Launchers describe the job in different variables; all reach the same ``DistEnv`
 - other MPIs (MPICH, Intel MPI): PMI_RANK, PMI_SIZE (local rank from MPI_LOCALRANKID)
 - SLURM srun: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID; the master is the first host
   of SLURM_JOB_NODELIST (SLURM_STEP_NODELIST when set)
-An explicit MASTER_ADDR/MASTER_PORT always wins, so a batch script can pin them.
-Under mpirun nothing names the master: ``job_env`` asks MPI (mpi4py) for rank 0's host and
-a free port there, so `mpirun -np N` works across nodes like srun and torchrun do.
+An explicit MASTER_ADDR/MASTER_PORT always wins, so a batch script can pin them (run.sub
+sets the first node's NodeAddr: SLURM's own view of how to reach it).
+Under mpirun nothing names the master: ``job_env`` asks MPI (mpi4py) for rank 0's address
+and a free port there, so `mpirun -np N` works across nodes like srun and torchrun do.
+
+Which interface gloo (and NCCL's bootstrap) use: left alone, each rank advertises whatever
+its hostname resolves to, which is loopback on many machines (Debian maps the hostname to
+127.0.1.1), and other nodes cannot connect to it. Unless GLOO_SOCKET_IFNAME /
+NCCL_SOCKET_IFNAME are set (they always win), each rank uses the interface that routes to
+the rendezvous address, and says so.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import datetime
 import os
 import re
 import socket
+import struct
 import sys
 from dataclasses import dataclass
 from typing import Mapping, NoReturn
@@ -133,9 +141,79 @@ def job_env(cfg: DistConfig, env: Mapping[str, str] | None = None) -> DistEnv:
         raise RuntimeError(f"MPI says rank {comm.Get_rank()} of {comm.Get_size()}, "
                            f"the environment rank {denv.rank} of {denv.world_size}")
     port = _int(env, "MASTER_PORT")
-    mine = (socket.gethostname(), port if port is not None else _free_port()) if denv.rank == 0 else None
+    mine = (advertised_host(), port if port is not None else _free_port()) if denv.rank == 0 else None
     addr, port = comm.bcast(mine, root=0)
     return dataclasses.replace(denv, master_addr=addr, master_port=port, launcher=f"{denv.launcher}+mpi4py")
+
+
+SOCKET_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+_SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's (primary) IPv4 address
+
+
+class ConnectError(RuntimeError):
+    """The ranks could not form the process group; the message says what each side tried."""
+
+
+def interface_addresses() -> dict[str, str]:
+    """Each interface's IPv4 address (interfaces without one are left out), in index order."""
+    import fcntl  # Linux/Unix only; imported here so that importing this module stays portable
+
+    out = {}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                raw = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue
+            out[name] = socket.inet_ntoa(raw[20:24])
+    return out
+
+
+def route_to(host: str) -> tuple[str | None, str]:
+    """(interface, local address) this machine uses to reach ``host``: connecting a UDP socket
+    sends nothing, it only asks the kernel for the route and its source address. The
+    interface is None where no interface holds that address as its primary one."""
+    ip = socket.gethostbyname(host)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((ip, 9))
+        src = s.getsockname()[0]
+    return next((name for name, addr in interface_addresses().items() if addr == src), None), src
+
+
+def advertised_host() -> str:
+    """How other nodes should reach this one, for an mpirun rendezvous: the hostname, unless it
+    resolves to loopback (Debian: 127.0.1.1) while the machine has another address; then the
+    first non-loopback interface's address."""
+    name = socket.gethostname()
+    try:
+        if not socket.gethostbyname(name).startswith("127."):
+            return name
+    except OSError:
+        pass
+    other = [a for a in interface_addresses().values() if not a.startswith("127.")]
+    return other[0] if other else name
+
+
+def socket_interfaces(master_addr: str, env: Mapping[str, str] | None = None) -> tuple[dict[str, str], str]:
+    """The interface gloo and NCCL's bootstrap should use: the user's GLOO_SOCKET_IFNAME /
+    NCCL_SOCKET_IFNAME, else the one that routes to the rendezvous address. Returns the
+    variables to set (those the user did not) and a line saying what was chosen and why."""
+    env = os.environ if env is None else env
+    user = {var: env[var] for var in SOCKET_IFNAME_VARS if env.get(var)}
+    said = [f"{var}={val} (set by the user)" for var, val in user.items()]
+    if len(user) == len(SOCKET_IFNAME_VARS):
+        return {}, ", ".join(said)
+    try:
+        name, src = route_to(master_addr)
+    except OSError as e:
+        raise ConnectError(f"cannot find a route to the rendezvous address {master_addr} ({e}): set MASTER_ADDR "
+                           f"to an address of the first node that every node reaches") from None
+    if name is None:
+        return {}, ", ".join(said + [f"the route to {master_addr} leaves from {src}, which is no interface's "
+                                     f"primary address: interfaces left to the backends' defaults"])
+    chosen = {var: name for var in SOCKET_IFNAME_VARS if var not in user}
+    said.append(f"{'/'.join(chosen)}={name} ({src}: the route to {master_addr})")
+    return chosen, ", ".join(said)
 
 
 def device_for(requested: str, local_rank: int) -> torch.device:
@@ -152,17 +230,52 @@ def init_process_group(denv: DistEnv, cfg: DistConfig, device: torch.device) -> 
     if denv.world_size == 1:
         return
     backend = cfg.backend if cfg.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
+    chosen, how = socket_interfaces(denv.master_addr)
+    os.environ.update(chosen)  # read by gloo and NCCL when the group is made
+    where = f"rank {denv.rank} of {denv.world_size} on {socket.gethostname()}"
+    if denv.local_rank == 0:  # one line per node
+        print(f"bert: {where}: rendezvous {denv.master_addr}:{denv.master_port}; {how}", file=sys.stderr, flush=True)
     # Our own store, so the rendezvous may wait cfg.startup_timeout_s for late ranks while
     # every collective fails after cfg.timeout_s (one timeout would have to be both).
-    store = dist.TCPStore(denv.master_addr, denv.master_port, denv.world_size, is_master=denv.rank == 0,
-                          timeout=datetime.timedelta(seconds=cfg.startup_timeout_s))
-    dist.init_process_group(
-        backend=backend,
-        store=store,
-        rank=denv.rank,
-        world_size=denv.world_size,
-        timeout=datetime.timedelta(seconds=cfg.timeout_s),
-    )
+    try:
+        store = dist.TCPStore(denv.master_addr, denv.master_port, denv.world_size, is_master=denv.rank == 0,
+                              timeout=datetime.timedelta(seconds=cfg.startup_timeout_s))
+    except Exception as e:  # torch raises DistNetworkError, DistStoreError or RuntimeError here
+        waited = ("not every rank joined it" if denv.rank == 0 else "could not connect to it")
+        raise ConnectError(
+            f"{where}: rendezvous {denv.master_addr}:{denv.master_port}: {waited} within "
+            f"dist.startup_timeout_s={cfg.startup_timeout_s:g} s ({how}; {str(e).splitlines()[0] if str(e) else e!r}). "
+            f"A rank that died at start, or a MASTER_ADDR some node cannot reach: set MASTER_ADDR "
+            f"(run.sub: the first node's NodeAddr)") from e
+    # Every rank's choice, so that a failed connect below can say what each side tried.
+    store.set(f"bert/socket/{denv.rank}", f"{socket.gethostname()}: {how}")
+    try:
+        dist.init_process_group(
+            backend=backend,
+            store=store,
+            rank=denv.rank,
+            world_size=denv.world_size,
+            timeout=datetime.timedelta(seconds=cfg.timeout_s),
+        )
+    except Exception as e:
+        raise ConnectError(_connect_failure(store, denv, backend, where, e)) from e
+
+
+def _connect_failure(store: dist.Store, denv: DistEnv, backend: str, where: str, err: Exception) -> str:
+    """The ranks met at the rendezvous but the backend could not connect them: say what each
+    rank advertised (a few, from the store; 127.x is loopback, unreachable from other nodes)."""
+    store.set_timeout(datetime.timedelta(seconds=5))
+    sides = []
+    for r in range(min(denv.world_size, 8)):
+        try:
+            sides.append(f"rank {r}: {store.get(f'bert/socket/{r}').decode()}")
+        except Exception:  # rank 0, which holds the store, may be gone already
+            sides.append(f"rank {r}: ?")
+    var = "NCCL_SOCKET_IFNAME" if backend == "nccl" else "GLOO_SOCKET_IFNAME"
+    first = str(err).splitlines()[0] if str(err) else repr(err)
+    return (f"{where}: the {backend} process group could not connect its ranks ({first}). "
+            f"Interfaces: {'; '.join(sides)}{'; ...' if denv.world_size > 8 else ''}. "
+            f"Set {var} to the interface through which the nodes reach each other")
 
 
 def shutdown() -> None:

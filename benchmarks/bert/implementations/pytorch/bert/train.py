@@ -253,6 +253,10 @@ def run(cfg: Config, dry_run: bool = False) -> int:
     except BAD_INPUT as e:
         print(f"error: rank {denv.rank}: {e}", file=sys.stderr)
         return 2
+    except distributed.ConnectError as e:  # names the addresses and interfaces; not a peer's death
+        comm_failed = True
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_COMM_FAILURE
     except Exception as e:
         if denv.world_size == 1 or not distributed.is_comm_failure(e):
             raise

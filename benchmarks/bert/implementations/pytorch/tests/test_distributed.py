@@ -50,3 +50,18 @@ def test_exit_process_flushes_and_keeps_the_status():
     code = "import sys; from bert import distributed; print('done', end=''); sys.stderr.write('err'); distributed.exit_process(3)"
     r = subprocess.run([sys.executable, "-c", code], cwd=PKG, capture_output=True, text=True, timeout=120)
     assert (r.returncode, r.stdout, r.stderr) == (3, "done", "err")
+
+
+def test_socket_interfaces_route_to_the_rendezvous_unless_the_user_set_them():
+    from bert.distributed import SOCKET_IFNAME_VARS, interface_addresses, route_to, socket_interfaces
+
+    assert interface_addresses().get("lo") == "127.0.0.1"
+    assert route_to("127.0.0.1") == ("lo", "127.0.0.1")
+    chosen, how = socket_interfaces("127.0.0.1", {})
+    assert chosen == dict.fromkeys(SOCKET_IFNAME_VARS, "lo")
+    assert "GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME=lo (127.0.0.1: the route to 127.0.0.1)" in how
+    # The user's choice always wins; only the variable left unset is chosen.
+    chosen, how = socket_interfaces("127.0.0.1", {"GLOO_SOCKET_IFNAME": "eth7"})
+    assert chosen == {"NCCL_SOCKET_IFNAME": "lo"} and "GLOO_SOCKET_IFNAME=eth7 (set by the user)" in how
+    chosen, how = socket_interfaces("127.0.0.1", {"GLOO_SOCKET_IFNAME": "a", "NCCL_SOCKET_IFNAME": "b"})
+    assert chosen == {} and how == "GLOO_SOCKET_IFNAME=a (set by the user), NCCL_SOCKET_IFNAME=b (set by the user)"
