@@ -304,6 +304,11 @@ def exit_process(status: int) -> NoReturn:
     closed in ``bert.train.run``)."""
     sys.stdout.flush()
     sys.stderr.flush()
+    # mpi4py finalizes MPI at exit, which os._exit skips; mpirun counts a rank that exits
+    # without MPI_Finalize as failed and the whole job with it.
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
     os._exit(status)
 
 
