@@ -301,11 +301,11 @@ def exit_process(status: int) -> NoReturn:
     ``~ThreadLocalState`` -> ``gil_scoped_acquire`` -> ``PyThread_exit_thread``).
     ``os._exit`` after flushing skips finalization, so those threads have nothing to race.
     Cost: atexit handlers do not run; callers close their files first (the MLPerf log is
-    closed in ``bert.train.run``)."""
+    closed in ``bert.train.run``), and MPI is finalized here."""
     sys.stdout.flush()
     sys.stderr.flush()
-    # mpi4py finalizes MPI at exit, which os._exit skips; mpirun counts a rank that exits
-    # without MPI_Finalize as failed and the whole job with it.
+    # mpi4py finalizes MPI during interpreter teardown, which os._exit skips; mpirun counts a
+    # rank that exits without MPI_Finalize as failed, and the whole job with it.
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
         mpi.Finalize()
