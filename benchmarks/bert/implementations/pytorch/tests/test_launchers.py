@@ -9,141 +9,12 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
-from conftest import PKG, demo_run_env, free_port, mllog_events, run_and_time_signalled, run_checker
-
-SLURM_BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol")
-
-
-class SlurmCluster:
-    """munged + slurmctld + slurmd for one node, 'localhost', with this machine's CPUs."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        self.pidfiles = {name: root / f"{name}.pid" for name in ("munged", "slurmctld", "slurmd")}
-        self.conf = root / "slurm.conf"
-        self.env = dict(os.environ, SLURM_CONF=str(self.conf))
-
-    def start(self) -> None:
-        r = self.root
-        (r / "state").mkdir()
-        (r / "spool").mkdir()
-        key = r / "munge.key"
-        key.write_bytes(os.urandom(1024))
-        key.chmod(0o600)
-        sock = r / "munge.socket"
-        subprocess.run(["munged", "--force", f"--key-file={key}", f"--socket={sock}", f"--seed-file={r / 'seed'}",
-                        f"--pid-file={self.pidfiles['munged']}", f"--log-file={r / 'munged.log'}"],
-                       check=True, timeout=30)
-        cpus = os.cpu_count() or 1
-        self.conf.write_text(f"""\
-ClusterName=bertci
-SlurmctldHost=localhost
-SlurmctldPort={free_port()}
-SlurmdPort={free_port()}
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-AuthInfo=socket={sock}
-CredType=cred/munge
-StateSaveLocation={r / 'state'}
-SlurmdSpoolDir={r / 'spool'}
-SlurmctldPidFile={self.pidfiles['slurmctld']}
-SlurmdPidFile={self.pidfiles['slurmd']}
-SlurmctldLogFile={r / 'slurmctld.log'}
-SlurmdLogFile={r / 'slurmd.log'}
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-MpiDefault=none
-ReturnToService=2
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-SchedulerType=sched/builtin
-NodeName=localhost CPUs={cpus} RealMemory=1000 State=UNKNOWN
-PartitionName=ci Nodes=localhost Default=YES MaxTime=INFINITE State=UP
-""")
-        subprocess.run(["slurmctld", "-i", "-f", str(self.conf)], check=True, env=self.env, timeout=30)
-        subprocess.run(["slurmd", "-N", "localhost", "-f", str(self.conf)], check=True, env=self.env, timeout=30)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.node_state() == "idle":
-                return
-            time.sleep(1)
-        raise RuntimeError(f"the SLURM node never became idle:\n{self.logs()}")
-
-    def node_state(self) -> str:
-        return subprocess.run(["sinfo", "-h", "-o", "%t"], env=self.env, capture_output=True, text=True).stdout.strip()
-
-    def logs(self) -> str:
-        return "\n".join(f"== {p.name}\n{p.read_text()[-2000:]}" for p in sorted(self.root.glob("*.log")))
-
-    def stop(self) -> None:
-        """SIGTERM each daemon this cluster started, by its PID file; wait for it to go."""
-        for name in ("slurmd", "slurmctld", "munged"):
-            pidfile = self.pidfiles[name]
-            if not pidfile.exists():
-                continue
-            pid = int(pidfile.read_text().split()[0])
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                continue
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline:
-                try:
-                    os.kill(pid, 0)
-                except ProcessLookupError:
-                    break
-                time.sleep(0.2)
-            else:
-                os.kill(pid, signal.SIGKILL)
-
-    def wait_job(self, job_id: str, timeout_s: float) -> dict[str, str]:
-        """Poll `scontrol show job` until the job leaves PENDING/RUNNING; cancel it on timeout."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            out = subprocess.run(["scontrol", "show", "job", job_id], env=self.env, capture_output=True,
-                                 text=True).stdout
-            fields = dict(m.groups() for m in re.finditer(r"(\w+)=(\S*)", out))
-            # Requeue passes through REQUEUED (and COMPLETING) on its way back to PENDING.
-            if fields.get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED",
-                                              "REQUEUE_FED", None):
-                return fields
-            if time.monotonic() > deadline:
-                subprocess.run(["scancel", job_id], env=self.env)
-                pytest.fail(f"job {job_id} still {fields.get('JobState')} after {timeout_s} s "
-                            f"(reason {fields.get('Reason')})\n{self.logs()}")
-            time.sleep(1)
-
-
-def _job_field(cluster: SlurmCluster, job_id: str, name: str) -> str | None:
-    out = subprocess.run(["scontrol", "show", "job", job_id], env=cluster.env, capture_output=True, text=True).stdout
-    m = re.search(rf"\b{name}=(\S*)", out)
-    return m.group(1) if m else None
-
-
-@pytest.fixture(scope="module")
-def slurm_cluster(tmp_path_factory):
-    missing = [b for b in SLURM_BINARIES if shutil.which(b) is None]
-    if missing:
-        pytest.skip(f"SLURM/munge not installed ({', '.join(missing)}); .ci/run installs slurm-wlm and munge")
-    if os.geteuid() != 0:
-        pytest.skip("a private SLURM cluster needs root (slurmd launches the job's tasks)")
-    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.stop()
-
+from conftest import PKG, demo_run_env, job_field, mllog_events, run_and_time_signalled, run_checker
 
 def test_slurm_sbatch_run_sub_two_experiments_pass_checker(slurm_cluster, trained, demo_data, tmp_path):
     assert trained.returncode == 0, trained.stdout[-3000:]
@@ -206,8 +77,8 @@ def test_slurm_usr1_checkpoints_requeues_and_resumes(slurm_cluster, trained, dem
     # start within the requeue's second fails the job ("Job credential revoked"; seen in CI
     # with a start 0.8 s after the requeue).
     deadline = time.monotonic() + 120
-    while (_job_field(slurm_cluster, job_id, "Restarts") != "1"
-           or _job_field(slurm_cluster, job_id, "JobState") != "PENDING" or slurm_cluster.node_state() != "idle"):
+    while (job_field(slurm_cluster, job_id, "Restarts") != "1"
+           or job_field(slurm_cluster, job_id, "JobState") != "PENDING" or slurm_cluster.node_state() != "idle"):
         assert time.monotonic() < deadline, out_file.read_text()[-3000:] + slurm_cluster.logs()
         time.sleep(0.5)
     time.sleep(2)
