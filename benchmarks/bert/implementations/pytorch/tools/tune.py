@@ -315,16 +315,21 @@ def run_once(env: dict[str, str], logdir: Path, seed: int, launcher: str, report
         # Same process group as the worker: a SLURM kill of the job reaches the run too.
         proc = subprocess.Popen(launch_command(launcher, env), cwd=PKG, env=env, stdout=out, stderr=subprocess.STDOUT)
         follower, evals, why = LogFollower(log), 0, ""
-        while proc.poll() is None:
-            time.sleep(POLL_S)
-            heartbeat.touch()
+
+        def read_log() -> None:
+            nonlocal evals, why
             for e in follower.new_events():
                 if e["key"] == "eval_accuracy" and not why:
                     evals += 1
                     # An eval that reached the target ends the run by itself: never prune it.
                     reached = e["value"] >= _config(log)["eval"]["target_accuracy"]
-                    if report(evals, e["value"]) and not reached:
+                    if report(evals, e["value"]) and not reached and proc.poll() is None:
                         why = "pruned"
+
+        while proc.poll() is None:
+            time.sleep(POLL_S)
+            heartbeat.touch()
+            read_log()
             if not why and stop.signum:
                 why = "stopped"
                 on_stop()
@@ -333,14 +338,15 @@ def run_once(env: dict[str, str], logdir: Path, seed: int, launcher: str, report
                 proc.send_signal(signal.SIGTERM)
                 proc.signalled = True
         wall = time.monotonic() - start
+    read_log()  # the evaluations logged between the last poll and the exit
     shutil.rmtree(ckpt, ignore_errors=True)  # train-state checkpoints: a trial is never resumed
     events = mlperf_log.read_events(log) if log.exists() else []
     stops = mlperf_log.run_stops(events)
     resolved = _config(log).get("resolved", {})
     cap = int(resolved.get("max_samples", 0)) + int(resolved.get("global_batch_size", 0))
     evals_max = math.ceil(resolved.get("max_samples", 0) / max(1, resolved.get("eval_interval_samples", 1)))
-    if why:
-        status = why
+    if why == "stopped" or (why == "pruned" and not (stops and stops[-1][0] == "success")):
+        status = why  # (a pruned run that reached the target before it stopped counts as a success)
     elif stops and stops[-1][0] in ("success", "aborted"):
         status = stops[-1][0]
     else:
@@ -595,7 +601,7 @@ def plot(study, space: Space, out: Path) -> list[Path]:
         if getattr(dist, "log", False):
             ax.set_xscale("log")
         ax.set_xlabel(name)
-        ax.set_ylabel("samples to target")
+        ax.set_ylabel("objective: samples to target")
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"study {space.study}")
