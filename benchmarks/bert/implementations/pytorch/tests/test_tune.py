@@ -203,12 +203,13 @@ def test_study_on_slurm_prunes_tiny_rate_and_picks_a_setting_that_reaches_target
 def test_requeued_worker_trial_is_retried_once_and_counted_once(slurm_cluster, trained, demo_data, tmp_path):
     """`scontrol requeue` of an array task while its trial trains (what preemption or a node
     failure does): the trial ends FAIL, its setting runs again exactly once (here in the
-    requeued task), and the study counts each setting once."""
+    requeued task), and the study counts each setting once. Two seeds per setting: a
+    trial's value is the mean of its runs' samples to target."""
     assert trained.returncode == 0, trained.stdout[-3000:]
     # 50 steps before the first evaluation: time to requeue mid-run. Progress every 5 steps.
     fixed = dict(FIXED, EVAL_ITER_SAMPLES=3200, MAX_SAMPLES_TERMINATION=3200)
     fixed["log.progress_interval_steps"] = 5
-    space_file = write_space(tmp_path / "space.yaml", study="requeue", trials=2, fixed=fixed,
+    space_file = write_space(tmp_path / "space.yaml", study="requeue", trials=2, repeats=2, seed=11, fixed=fixed,
                              enqueue=[{"LR": 5e-3, "OPT_LAMB_BETA_1": 0.9}, {"LR": 4e-3, "OPT_LAMB_BETA_1": 0.85}])
     workdir = tmp_path / "tune"
     env = demo_run_env(trained, demo_data, tmp_path / "unused", SPACE=str(space_file), TUNE_WORKDIR=str(workdir),
@@ -218,8 +219,8 @@ def test_requeued_worker_trial_is_retried_once_and_counted_once(slurm_cluster, t
     deadline = time.monotonic() + 240
     while True:
         m = re.search(r"tune: trial (\d+): .* -> (\S+)", task0.read_text() if task0.exists() else "")
-        if m and re.search(r"step +5 \|", (Path(m.group(2)) / "seed_1.out").read_text()
-                           if (Path(m.group(2)) / "seed_1.out").exists() else ""):
+        first_run = Path(m.group(2)) / "seed_11.out" if m else tmp_path / "none"
+        if first_run.exists() and re.search(r"step +5 \|", first_run.read_text()):
             break
         assert time.monotonic() < deadline, outputs(tmp_path)
         time.sleep(0.3)
@@ -248,8 +249,11 @@ def test_requeued_worker_trial_is_retried_once_and_counted_once(slurm_cluster, t
         [(t.number, t.state, t.params) for t in trials]
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     assert len({tuple(sorted(t.params.items())) for t in complete}) == 2  # each setting counted once
-    assert all(tune.succeeded(t) for t in complete)
+    for t in complete:
+        runs = t.user_attrs["runs"]
+        assert tune.succeeded(t) and [r["seed"] for r in runs] == [11, 12], runs
+        assert t.value == sum(r["samples"] for r in runs) / 2
     # The killed run did not count: its log never says success.
     stops = mlperf_log.run_stops(mlperf_log.read_events(tune.trial_dir(workdir, tune.load_space(space_file), killed)
-                                                        / "seed_1.log"))
+                                                        / "seed_11.log"))
     assert ("success" not in [s for s, _ in stops]), stops
