@@ -279,7 +279,9 @@ class RunResult:
 
 
 class Stop:
-    """SIGTERM/SIGUSR1 to the worker: remembered, acted on at the next poll."""
+    """SIGTERM/SIGUSR1 to the worker: remembered, acted on at the next poll. (The trainer's
+    bert.resume.StopFlag does the same; not imported here, as it would load torch into every
+    worker for one integer.)"""
 
     def __init__(self) -> None:
         self.signum = 0
