@@ -72,6 +72,7 @@ import subprocess
 import sys
 import time
 import warnings
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -174,11 +175,13 @@ def open_storage(url: str):
     return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(url))
 
 
-def _sampler(spec: dict[str, Any]):
+def _sampler(spec: dict[str, Any], salt: int = 0):
     import optuna
 
     spec = dict(spec)
     name = spec.pop("name", "tpe")
+    if spec.get("seed") is not None:
+        spec["seed"] = (spec["seed"] + salt) % 2**32
     if name == "tpe":
         return optuna.samplers.TPESampler(**spec)
     if name == "random":
@@ -490,6 +493,9 @@ def worker(args: argparse.Namespace) -> int:
     workdir = args.workdir.resolve()
     study = open_study(space, args.storage or default_storage(space, workdir))
     worker_id = args.worker_id or f"{socket.gethostname()}:{os.getpid()}"
+    # The same seed in every worker would make each suggest the same values: salt it with the
+    # worker id and the study's size (a requeued worker does not repeat its draws either).
+    study.sampler = _sampler(space.sampler, zlib.crc32(worker_id.encode()) + len(study.get_trials(deepcopy=False)))
     stop = Stop()
     stop.install()
     reap(study, space, workdir, worker_id)
@@ -540,12 +546,12 @@ def table(study, space: Space) -> list[dict[str, Any]]:
             outcome = f"pruned at eval {t.last_step}"
         rows.append({"trial": t.number, "outcome": outcome, **{p: t.params.get(p, "") for p in space.params},
                      "samples_to_target": round(t.value) if succeeded(t) else "",
-                     "objective": "" if t.value is None else round(t.value),
+                     "objective": round(t.value) if t.state.name == "COMPLETE" else "",
                      "per_seed": " ".join(f"{r['seed']}:{r['samples'] if r['status'] == 'success' else r['status']}"
                                           for r in runs),
                      "wall_s": round(sum(r["wall_s"] for r in runs), 1) if runs else "",
                      "retry_of": t.system_attrs.get("failed_trial", ""),
-                     "note": t.user_attrs.get("failed_because", "")})
+                     "note": t.user_attrs.get("failed_because", "") if t.state.name == "FAIL" else ""})
     return rows
 
 
