@@ -590,18 +590,20 @@ def plot(study, space: Space, out: Path) -> list[Path]:
     from optuna.distributions import CategoricalDistribution
 
     trials = [t for t in study.get_trials(deepcopy=False) if t.state.name in ("COMPLETE", "PRUNED")]
-    values = [t.value for t in trials if t.value is not None]
+    values = [t.value for t in trials if t.state.name == "COMPLETE"]  # a pruned trial's value is an error rate
     top = max(values) * 1.05 if values else 1.0
     names = list(space.params)
     fig, axes = plt.subplots(1, len(names), figsize=(4.5 * len(names), 3.8), squeeze=False)
     for ax, name in zip(axes[0], names):
         dist = space.params[name]
         groups = {"reached the target": ([], [], "o", "tab:blue"), "failed (penalty)": ([], [], "v", "tab:red"),
-                  "pruned": ([], [], "x", "tab:gray")}
+                  "pruned (no value; drawn on top)": ([], [], "x", "tab:gray")}
         for t in trials:
-            key = "pruned" if t.state.name == "PRUNED" else "reached the target" if succeeded(t) else "failed (penalty)"
+            pruned = t.state.name == "PRUNED"
+            key = "pruned (no value; drawn on top)" if pruned else "reached the target" if succeeded(t) \
+                else "failed (penalty)"
             groups[key][0].append(t.params[name])
-            groups[key][1].append(top if key == "pruned" else t.value)
+            groups[key][1].append(top if pruned else t.value)
         for label, (xs, ys, marker, color) in groups.items():
             if xs:
                 ax.scatter([str(x) for x in xs] if isinstance(dist, CategoricalDistribution) else xs, ys,
