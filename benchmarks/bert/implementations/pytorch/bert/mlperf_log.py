@@ -8,6 +8,7 @@ mlperf_logging drops the event silently, so every value passes through ``_plain`
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from pathlib import Path
@@ -166,3 +167,32 @@ def hyperparameters(cfg, world_size: int, global_batch: int, optimizer_impl: str
         **sync,
         **(precision or {}),
     }
+
+
+# -- reading a log back (tools/package.py, tools/tune.py) --------------------------------
+
+def parse_line(line: str) -> dict[str, Any] | None:
+    """The event of one log line (``:::MLLOG {json}``), or None for any other line. A line
+    still being written (no closing brace yet) is None too: a reader that follows a growing
+    log keeps it and tries again."""
+    if ":::MLLOG" not in line:
+        return None
+    payload = line.split(":::MLLOG", 1)[1].strip()
+    if not payload.endswith("}"):
+        return None
+    return json.loads(payload)
+
+
+def read_events(log: str | Path) -> list[dict[str, Any]]:
+    """Every event of a log file, in order."""
+    return [e for e in map(parse_line, Path(log).read_text().splitlines()) if e is not None]
+
+
+def eval_curve(events: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    """(training samples, eval accuracy) of each evaluation."""
+    return [(e["metadata"]["epoch_num"], e["value"]) for e in events if e["key"] == C.EVAL_ACCURACY]
+
+
+def run_stops(events: list[dict[str, Any]]) -> list[tuple[str, int]]:
+    """(status, samples) of each run_stop: one per part of the run (a resumed run has two)."""
+    return [(e["metadata"]["status"], e["metadata"]["samples_count"]) for e in events if e["key"] == C.RUN_STOP]

@@ -130,3 +130,21 @@ def trained(demo_data, tmp_path_factory) -> TrainedRun:
                EXTRA_PARAMS=demo_data.env["EXTRA_PARAMS"] + " data.eval_samples=1000")
     r = subprocess.run(["./run_and_time.sh"], cwd=PKG, env=env, capture_output=True, text=True, timeout=900)
     return TrainedRun(out / "model.pt", out / "result_0.txt", r.stdout + r.stderr, r.returncode)
+
+
+# -- a one-node SLURM cluster (tests/test_launchers.py, tests/test_tune.py) --------------------
+
+@pytest.fixture(scope="module")
+def slurm_cluster(tmp_path_factory):
+    """A private one-node cluster per test module (free ports, its own temp dir)."""
+    from slurm_cluster import SlurmCluster, slurm_unavailable
+
+    why = slurm_unavailable()
+    if why:
+        pytest.skip(why)
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()

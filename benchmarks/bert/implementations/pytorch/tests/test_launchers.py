@@ -11,26 +11,10 @@ import re
 import shutil
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
 from conftest import PKG, demo_run_env, mllog_events, run_and_time_signalled, run_checker
-from slurm_cluster import SlurmCluster, slurm_unavailable
-
-
-@pytest.fixture(scope="module")
-def slurm_cluster(tmp_path_factory):
-    why = slurm_unavailable()
-    if why:
-        pytest.skip(why)
-    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.stop()
-
 
 def test_slurm_sbatch_run_sub_two_experiments_pass_checker(slurm_cluster, trained, demo_data, tmp_path):
     assert trained.returncode == 0, trained.stdout[-3000:]

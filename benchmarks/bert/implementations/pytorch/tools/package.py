@@ -29,6 +29,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from bert import mlperf_log
+
 PKG = Path(__file__).resolve().parent.parent
 ROOT = PKG.parents[3]
 # What never goes into the implementation folder of a package.
@@ -43,12 +45,6 @@ class Verdict:
     detail: str
 
 
-def events(log: Path) -> list[dict]:
-    return [json.loads(line.split(":::MLLOG", 1)[1]) for line in log.read_text().splitlines() if ":::MLLOG" in line]
-
-
-def eval_curve(log: Path) -> list[tuple[int, float]]:
-    return [(e["metadata"]["epoch_num"], e["value"]) for e in events(log) if e["key"] == "eval_accuracy"]
 
 
 def is_benchmark_model(log: Path) -> bool:
@@ -148,7 +144,7 @@ def plot(logs: list[Path], path: Path, target: float) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, log in enumerate(logs):
-        curve = eval_curve(log)
+        curve = mlperf_log.eval_curve(mlperf_log.read_events(log))
         if curve:
             xs, ys = zip(*curve)
             ax.plot(xs, ys, marker="o", markersize=3, linewidth=1, label=f"result_{i}")
