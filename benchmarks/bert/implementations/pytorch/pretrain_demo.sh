@@ -41,9 +41,11 @@ for phase in "1 128 20" "2 512 80"; do
   prep create --input "${out}/text/train" --vocab "${out}/vocab.txt" --output "${out}/p${p}_train" \
     --max-seq-length "${seq}" --max-predictions-per-seq "${pred}" --dupe-factor "${PD_DUPE}" --layout variable
   prep create --input "${out}/text/eval" --vocab "${out}/vocab.txt" --output "${out}/p${p}_evalraw" \
-    --max-seq-length "${seq}" --max-predictions-per-seq "${pred}" --dupe-factor 1 --layout variable
+    --max-seq-length "${seq}" --max-predictions-per-seq "${pred}" --dupe-factor "${PD_DUPE}" --layout variable
+  n=$(python -c "import sys; from bert.data import list_shards, shard_size
+print(min(int(sys.argv[2]), sum(shard_size(p) for p in list_shards(sys.argv[1]))))" "${out}/p${p}_evalraw" "${PD_EVAL_SAMPLES}")
   python -m input_preprocessing eval --input "${out}/p${p}_evalraw" --output "${out}/p${p}_eval" \
-    --num-samples "${PD_EVAL_SAMPLES}" > /dev/null
+    --num-samples "${n}" > /dev/null
   python -m input_preprocessing check --input "${out}/p${p}_train" --vocab "${out}/vocab.txt" \
     --max-seq-length "${seq}" > "${out}/p${p}_check.json"
 done
