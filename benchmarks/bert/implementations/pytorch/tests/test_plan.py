@@ -76,3 +76,19 @@ def test_cli_from_the_shipped_pretraining_configs():
     assert [p["phase"] for p in out["phases"]] == ["phase1", "phase2"]
     assert out["phases"][0]["global_batch"] == 65536 and out["phases"][1]["global_batch"] == 32768
     assert out["total_days"] > 0 and out["best_knob"] in out["knobs_days"]
+
+
+def test_throughput_from_a_bench_json(tmp_path):
+    """bench/gpu_bert_large.py's best useful FLOP/s, divided by bench/flops.py's count of one
+    training sample of each phase."""
+    from bench import flops
+
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps({"cases": [{"status": "ok", "useful_tflops_per_s": 100.0},
+                                          {"status": "ok", "useful_tflops_per_s": 150.0}, {"status": "oom"}]}))
+    shape, phases = plan.RECIPES["nvidia-large"]
+    thr = plan.throughputs_from_bench(str(path), shape, phases)
+    s = flops.Shape(1024, 24, 4096, 30522)
+    assert thr[0] == pytest.approx(150e12 / (3 * flops.useful_forward_flops(s, [128], 20)))
+    assert thr[1] == pytest.approx(150e12 / (3 * flops.useful_forward_flops(s, [512], 80)))
+    assert thr[0] > 4 * thr[1]  # a 128-token sample is over 4x cheaper than a 512 one (attention)
