@@ -6,7 +6,8 @@ carry its signature. Defects (a sample may have several):
 
 empty_sample        no real tokens (fixed: an all-zero ``input_mask``; variable: an empty row)
 too_long            more real tokens than ``--max-seq-length``
-pad_inside          a padding id (0) among a sample's real tokens
+pad_inside          a padding id (0) among a sample's real tokens (masked positions aside: the
+                    reference's random replacement may put any id there)
 mask_not_prefix     fixed layout: ``input_mask`` is not a prefix of ones
 mask_outside        a masked position outside the sample's real tokens
 mask_on_special     a masked position on [CLS] or [SEP] (its label is one of them)
@@ -143,17 +144,21 @@ def scan(r: Ragged, vocab: Vocabulary, max_seq_length: int) -> dict[str, int]:
         return out
 
     t, s = r.tokens, r.segments
+    outside = (r.positions < 0) | (r.positions >= lengths[prow])
+    # A masked position's input may be any id, [PAD]/[CLS]/[SEP] included: the reference
+    # replaces 10% of them by a uniformly random vocabulary id. Structure checks skip them.
+    masked = np.zeros(len(t), bool)
+    masked[start[prow[~outside]] + r.positions[~outside]] = True
     out = {
         "empty_sample": lengths == 0,
         "too_long": lengths > max_seq_length,
-        "pad_inside": per_sample(t == PAD_ID, row),
+        "pad_inside": per_sample((t == PAD_ID) & ~masked, row),
         "mask_not_prefix": r.mask_not_prefix,
         "no_predictions": np.diff(r.poffsets) == 0,
         "bad_nsp_label": (r.nsp != 0) & (r.nsp != 1),
     }
     bad_id = per_sample((t < 0) | (t >= vocab.size), row) | per_sample((r.labels < 0) | (r.labels >= vocab.size), prow)
     out["id_out_of_vocab"] = bad_id
-    outside = (r.positions < 0) | (r.positions >= lengths[prow])
     out["mask_outside"] = per_sample(outside, prow)
     # on [CLS]/[SEP]: the label says what the position held before masking
     out["mask_on_special"] = per_sample((r.labels == vocab.cls) | (r.labels == vocab.sep), prow)
@@ -174,7 +179,7 @@ def scan(r: Ragged, vocab: Vocabulary, max_seq_length: int) -> dict[str, int]:
     last = np.where(nonempty, r.offsets[1:] - 1, 0)
     if len(t):
         bad |= nonempty & ((t[first] != vocab.cls) | (t[last] != vocab.sep))
-    is_sep = t == vocab.sep
+    is_sep = (t == vocab.sep) & ~masked
     bad |= nonempty & (np.bincount(row[is_sep], minlength=n) != 2)
     seg_a_len = np.bincount(row[s == 0], minlength=n)  # [CLS] A [SEP] are segment 0
     first_sep = np.full(n, -1)

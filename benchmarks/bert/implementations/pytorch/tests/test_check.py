@@ -35,7 +35,14 @@ def _clean(seed: int, n: int = 64) -> Shard:
     # every length band the int8 wrap treats differently: <128, 128-255, 256-383, 384-511, 512
     lengths = [5, 60, 127, 128, 200, 255, 256, 300, 383, 384, 450, 511, 512]
     lengths += list(rng.integers(5, S + 1, size=n - len(lengths)))
-    return Shard.from_samples([_sample(rng, int(x)) for x in lengths])
+    samples = [_sample(rng, int(x)) for x in lengths]
+    # the reference's 10% random replacement can put [PAD], [CLS] or [SEP] at a masked
+    # position (create found it in real text): that sample is clean
+    s = samples[20]
+    tok = np.array(s.input_ids)
+    tok[s.masked_positions[:3]] = [0, VOCAB.cls, VOCAB.sep][:len(s.masked_positions[:3])]
+    samples[20] = s._replace(input_ids=tok)
+    return Shard.from_samples(samples)
 
 
 def _replace(shard: Shard, i: int, **changes) -> Shard:
