@@ -21,9 +21,9 @@ cd "${here}"
 out="${PD_OUT:-${root}/build/pretrain_demo}"
 : "${PD_MAX_DOCS:=100000}" "${PD_VOCAB:=4000}" "${PD_DUPE:=4}" "${PD_EVAL_SAMPLES:=500}"
 : "${PD_HIDDEN:=192}" "${PD_LAYERS:=3}" "${PD_HEADS:=4}"
-: "${PD_STEPS1:=300}" "${PD_BATCH1:=32}" "${PD_ACCUM1:=1}" "${PD_LR1:=2e-3}" "${PD_EVAL1:=3200}"
-: "${PD_STEPS2:=120}" "${PD_BATCH2:=8}" "${PD_ACCUM2:=2}" "${PD_LR2:=1e-3}" "${PD_EVAL2:=640}"
-: "${PD_SENTENCES:=400}" "${PD_RANKS:=2}"
+: "${PD_STEPS1:=300}" "${PD_BATCH1:=32}" "${PD_ACCUM1:=1}" "${PD_LR1:=1e-2}" "${PD_EVAL1:=3200}"
+: "${PD_STEPS2:=120}" "${PD_BATCH2:=8}" "${PD_ACCUM2:=2}" "${PD_LR2:=5e-3}" "${PD_EVAL2:=640}"
+: "${PD_SENTENCES:=400}" "${PD_RANKS:=2}" "${PD_DROPOUT:=0}"
 rm -rf "${out}"
 mkdir -p "${out}"
 prep() { python -m input_preprocessing "$@" --workers 2 > /dev/null; }
@@ -52,7 +52,8 @@ done
 
 # The model: small BERT, the vocab just trained; 512 positions in both phases.
 model="model.vocab_size=${vocab_size} model.hidden_size=${PD_HIDDEN} model.num_layers=${PD_LAYERS} \
-model.num_heads=${PD_HEADS} model.intermediate_size=$((4 * PD_HIDDEN)) model.max_position_embeddings=512"
+model.num_heads=${PD_HEADS} model.intermediate_size=$((4 * PD_HIDDEN)) model.max_position_embeddings=512 \
+model.hidden_dropout=${PD_DROPOUT} model.attention_dropout=${PD_DROPOUT}"
 run_phase() { # run_phase P SEQ PRED STEPS BATCH ACCUM LR EVAL_SAMPLES [INIT]
   local p=$1
   env DGXNGPU="${PD_RANKS}" CPU_THREADS_PER_RANK=1 DIVISION=open OPTIMIZER=lamb SEED=$((41 + p)) \
