@@ -62,9 +62,9 @@ def test_pretrain_demo_small_both_phases_and_transformers(tmp_path):
     """pretrain_demo.sh at test size: real text (stdlib docstrings), both phases, HF export."""
     env = dict(os.environ, PATH=f"{VENV_BIN}:{os.environ['PATH']}", PD_OUT=str(tmp_path / "pd"),
                PD_MAX_DOCS="1500", PD_VOCAB="1000", PD_DUPE="2", PD_EVAL_SAMPLES="200", PD_HIDDEN="64",
-               PD_LAYERS="2", PD_HEADS="2", PD_STEPS1="150", PD_BATCH1="32", PD_ACCUM1="1", PD_LR1="5e-3",
-               PD_EVAL1="1600", PD_STEPS2="20", PD_BATCH2="8", PD_ACCUM2="2", PD_LR2="2e-3", PD_EVAL2="160",
-               PD_SENTENCES="200")
+               PD_LAYERS="2", PD_HEADS="2", PD_STEPS1="300", PD_BATCH1="32", PD_ACCUM1="1", PD_LR1="2e-2",
+               PD_EVAL1="3200", PD_STEPS2="20", PD_BATCH2="8", PD_ACCUM2="2", PD_LR2="5e-3", PD_EVAL2="160",
+               PD_SENTENCES="200", PD_DROPOUT="0")
     r = subprocess.run(["./pretrain_demo.sh"], cwd=PKG, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     out = tmp_path / "pd"
