@@ -92,9 +92,12 @@ def fill_mask(model_dir: str, vocab: str, text: str, train_text: str, sentences:
     import random
 
     import torch
-    from transformers import BertForMaskedLM, BertTokenizerFast
+    from transformers import AutoTokenizer, BertForMaskedLM
 
-    tok = BertTokenizerFast(vocab_file=vocab, do_lower_case=True)
+    # the exported directory holds vocab.txt: the tokenizer loads from it like the model
+    tok = AutoTokenizer.from_pretrained(model_dir, do_lower_case=True)
+    if len(tok) != sum(1 for _ in open(vocab, encoding="utf-8")):
+        raise SystemExit(f"{model_dir}: its tokenizer has {len(tok)} pieces, {vocab} has another count")
     model = BertForMaskedLM.from_pretrained(model_dir).eval()
     counts: Counter = Counter()
     for part in sorted(Path(train_text).glob("*.txt")):
