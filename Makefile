@@ -1,5 +1,5 @@
 # make demo : tiny BERT, 2 CPU ranks, to 0.720 masked-LM accuracy; checks the MLPerf log
-# make pretrain-demo : a small BERT pretrained from scratch, both phases, on Python's docstrings (~15 min)
+# make pretrain-demo : a small BERT pretrained from scratch, both phases, on Python's docstrings (~3 min)
 # make test : the whole CPU test suite
 # make lint : shellcheck / hadolint where installed
 SHELL := /bin/bash

@@ -11,7 +11,7 @@
 #      and not collapse at the hand-over;
 #   5. export to HF format, load with BertForMaskedLM, top-1 fill-mask on held-out sentences
 #      against the unigram guess.
-# Sizes come from PD_* variables (defaults: about 15 minutes on 2 CPU cores); the test suite
+# Sizes come from PD_* variables (defaults: 150 s measured on 2 shared CPU cores); the test suite
 # runs a smaller version. Outputs in PD_OUT (default <repo>/build/pretrain_demo).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
