@@ -1,4 +1,5 @@
 # make demo : tiny BERT, 2 CPU ranks, to 0.720 masked-LM accuracy; checks the MLPerf log
+# make pretrain-demo : a small BERT pretrained from scratch, both phases, on Python's docstrings (~3 min)
 # make test : the whole CPU test suite
 # make lint : shellcheck / hadolint where installed
 SHELL := /bin/bash
@@ -7,7 +8,7 @@ VENV  := .venv
 PY    := $(CURDIR)/$(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint venv clean
+.PHONY: demo pretrain-demo test lint venv clean
 
 venv: $(STAMP)
 
@@ -20,6 +21,9 @@ $(STAMP): $(PKG)/constraints.txt $(PKG)/pyproject.toml
 
 demo: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PKG)/demo.sh
+
+pretrain-demo: $(STAMP)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PKG)/pretrain_demo.sh
 
 test: $(STAMP)
 	cd $(PKG) && PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q

@@ -231,6 +231,10 @@ class LogConfig:
 @dataclass
 class RunConfig:
     division: Literal["closed", "open"] = "closed"
+    # mlperf: the benchmark (ends at eval.target_accuracy or the sample limit). pretrain: a
+    # from-scratch phase (bert/pretrain.py): no target; MLM and NSP accuracy and loss on the
+    # held-out set every eval.interval_samples; ends at its step count; plots the curves.
+    mode: Literal["mlperf", "pretrain"] = "mlperf"
     local_batch_size: int = 56  # samples per rank per micro-step
     grad_accum_steps: int = 1
     # Abort (run_stop "aborted") once this many samples were trained without reaching the

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import distributed, grad_sync, resume, sampler
+from . import distributed, grad_sync, pretrain, resume, sampler
 from .config import Config, ConfigError, build_config, dump, eval_interval_samples, global_batch_size, max_samples, parse_overrides
 from .checkpoint import load_weights, tf_tensor_names
 from .data import DataError, EvalSet
@@ -314,7 +314,9 @@ def _run(cfg: Config, denv: distributed.DistEnv, device: torch.device, log: MLPe
     log.init_stop()
     log.run_start()
     ckpt = resume.Checkpointer(cfg.ckpt, ckpt_dir, denv.rank, denv.world_size, device, stop)
-    status, state = train(parts, cfg, log, say, state, ckpt)
+    # Chosen once: the benchmark loop, or a from-scratch phase's (bert/pretrain.py).
+    loop = pretrain.loop(train_step, log_path, denv.is_main) if cfg.run.mode == "pretrain" else train
+    status, state = loop(parts, cfg, log, say, state, ckpt)
     total_nonfinite = int(state.nonfinite[0])  # host sync, once
     log.event("nonfinite_loss_steps", total_nonfinite)  # not an MLPerf key; skipped/NaN steps
     clip = parts.grad_sync.clip

@@ -39,7 +39,7 @@ def _run_create(a: argparse.Namespace) -> object:
     from .create import CreateOptions, create
 
     opts = CreateOptions(a.max_seq_length, a.max_predictions_per_seq, a.masked_lm_prob, a.short_seq_prob,
-                         a.dupe_factor, a.seed, not a.cased, a.layout, a.allow_empty_documents)
+                         a.dupe_factor, a.seed, not a.cased, a.layout, a.strict_documents)
     return create(a.input, a.vocab, a.output, opts, a.workers, a.pattern)
 
 
@@ -60,8 +60,9 @@ def _create_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=d.seed, help="random seed of every part (as the reference runs it)")
     p.add_argument("--cased", action="store_true", help="keep case and accents (for a cased vocab)")
     p.add_argument("--layout", choices=("fixed", "variable"), default=d.layout)
-    p.add_argument("--allow-empty-documents", action="store_true",
-                   help="drop empty documents as the reference does, instead of stopping with an error")
+    p.add_argument("--strict-documents", action="store_true",
+                   help="stop at the first empty document (two blank lines in a row, or lines without "
+                        "tokens) instead of dropping and counting it as the reference does")
     _workers(p)
 
 
@@ -187,12 +188,36 @@ def _run_ckpt(a: argparse.Namespace) -> object:
             "output": a.output}
 
 
+def _check_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--input", required=True, help="directory of shards, fixed or variable layout (searched recursively)")
+    p.add_argument("--vocab", default="", help="vocab.txt the shards were made with (default: the MLPerf uncased "
+                   "vocab's facts, or the three options below)")
+    p.add_argument("--vocab-size", type=int, default=30522)
+    p.add_argument("--cls-id", type=int, default=101)
+    p.add_argument("--sep-id", type=int, default=102)
+    p.add_argument("--max-seq-length", type=int, default=512)
+
+
+def _run_check(a: argparse.Namespace) -> object:
+    from .check import Vocabulary, check
+
+    vocab = Vocabulary.from_file(a.vocab) if a.vocab else Vocabulary(a.vocab_size, a.cls_id, a.sep_id)
+    out = check(a.input, vocab, a.max_seq_length)
+    for line in out["diagnosis"]:
+        print(f"diagnosis: {line}", file=sys.stderr)
+    if out["defects"]:
+        print(f"error: defects in {a.input}: {out['defects']} (per shard: see 'per_shard')", file=sys.stderr)
+    return out
+
+
 STEPS["shard"] = ("re-chop hdf5 parts into N shards, fixed or variable layout", _shard_args, _run_shard)
 STEPS["eval"] = ("pick the evenly spaced eval set (10,000 samples) from the eval examples", _eval_args, _run_eval)
 STEPS["checksum"] = ("write an md5 manifest of every shard", _sum_args, _run_checksum)
 STEPS["verify"] = ("check shards against their md5 manifest (exit 2 on any difference)", _sum_args, _run_verify)
 STEPS["checkpoint"] = ("convert model weights: TF phase-1 checkpoint / HF / ours -> ours (.pt) or HF",
                        _ckpt_args, _run_ckpt)
+STEPS["check"] = ("scan every sample of every shard for defects; per-shard counts, exit 1 on any",
+                  _check_args, _run_check)
 STEPS["stats"] = ("length histogram, tokens, padding fraction: stats.json + length_histogram.png",
                   _stats_args, _run_stats)
 
@@ -209,8 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     except PrepError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    rc = summary.pop("exit_status", 0) if isinstance(summary, dict) else 0
     print(json.dumps(summary, indent=1))
-    return 0
+    return rc
 
 
 if __name__ == "__main__":

@@ -48,9 +48,10 @@ class CreateOptions:
     seed: int = 12345
     lowercase: bool = True  # the benchmark's vocab is uncased
     layout: str = "fixed"  # what create_pretraining_data writes; `shard` converts to variable
-    # The reference silently drops empty documents; by default they are an error here
-    # (a sign of a malformed part), this keeps the reference behaviour.
-    allow_empty_documents: bool = False
+    # The reference drops empty documents (two blank lines in a row, or a document whose
+    # lines hold no tokens) without a word; we drop them too, and count them in the summary.
+    # strict: stop at the first one instead (a sign of a malformed part).
+    strict_documents: bool = False
 
     def check(self) -> None:
         if not 8 <= self.max_seq_length <= 4096:
@@ -112,8 +113,12 @@ def _tokenizer(vocab: Vocab, lowercase: bool):
 # ---------------------------------------------------------------- reading a part
 
 
-def read_documents(path: Path, tokenizer, allow_empty: bool) -> list[list[list[int]]]:
-    """Documents of a part as lists of sentences of token ids (before shuffling)."""
+STRICT_HINT = "drop and count them as the reference does: rerun without --strict-documents"
+
+
+def read_documents(path: Path, tokenizer, strict: bool) -> tuple[list[list[list[int]]], int]:
+    """Documents of a part as lists of sentences of token ids (before shuffling), and how
+    many empty documents were dropped (``strict``: a ``PrepError`` at the first instead)."""
     try:
         raw = path.read_bytes()
     except OSError as e:
@@ -132,14 +137,16 @@ def read_documents(path: Path, tokenizer, allow_empty: bool) -> list[list[list[i
 
     docs: list[list[list[int]]] = []
     current: list[list[int]] = []
-    start, blank_run = 0, 0
+    start, blank_run, dropped = 0, 0, 0
 
     def close(line_no: int) -> None:
-        nonlocal current
-        if not current and not allow_empty:
-            raise PrepError(f"{path}: line {line_no}: empty document (a document needs at least one sentence "
-                            "with tokens; blank lines separate documents, one at a time)")
-        if current:
+        nonlocal current, dropped
+        if not current:
+            if strict:
+                raise PrepError(f"{path}: line {line_no}: empty document (no sentence with tokens; "
+                                f"{STRICT_HINT})")
+            dropped += 1
+        else:
             docs.append(current)
         current = []
 
@@ -153,13 +160,15 @@ def read_documents(path: Path, tokenizer, allow_empty: bool) -> list[list[list[i
             blank_run += 1
             if blank_run == 1 and i > 0:
                 close(start + 1)
-            elif not allow_empty:  # a second blank line: an empty document between them
-                raise PrepError(f"{path}: line {i + 1}: empty document (two blank lines in a row)")
+            elif strict:  # a second blank line: an empty document between them
+                raise PrepError(f"{path}: line {i + 1}: empty document (two blank lines in a row; {STRICT_HINT})")
+            elif i > 0:
+                dropped += 1
     if lines[-1]:
         close(start + 1)
     if not docs:
         raise PrepError(f"{path}: no document with tokens")
-    return docs
+    return docs, dropped
 
 
 # ---------------------------------------------------------------- the reference algorithm
@@ -234,10 +243,11 @@ def _instances(docs: list[list[list[int]]], d: int, o: CreateOptions, v: Vocab, 
         i += 1
 
 
-def examples_of_part(path: Path, vocab: Vocab, o: CreateOptions, tokenizer=None) -> Shard:
-    """All examples of one text part, shuffled, as a Shard (the unit of parallel work)."""
+def examples_of_part(path: Path, vocab: Vocab, o: CreateOptions, tokenizer=None) -> tuple[Shard, int]:
+    """All examples of one text part, shuffled, as a Shard (the unit of parallel work), and
+    the number of empty documents dropped from it."""
     tokenizer = tokenizer or _tokenizer(vocab, o.lowercase)
-    docs = read_documents(path, tokenizer, o.allow_empty_documents)
+    docs, dropped = read_documents(path, tokenizer, o.strict_documents)
     rng = random.Random(o.seed)
     rng.shuffle(docs)
     inst: list = []
@@ -253,7 +263,8 @@ def examples_of_part(path: Path, vocab: Vocab, o: CreateOptions, tokenizer=None)
     np.cumsum(lens, out=offs[1:])
     np.cumsum(plens, out=poffs[1:])
     flat = lambda k: np.concatenate([x[k] for x in inst])  # noqa: E731
-    return Shard(str(path), flat(0), flat(1), offs, flat(2), flat(3), poffs, np.array([x[4] for x in inst], dtype=np.int8))
+    shard = Shard(str(path), flat(0), flat(1), offs, flat(2), flat(3), poffs, np.array([x[4] for x in inst], dtype=np.int8))
+    return shard, dropped
 
 
 # ---------------------------------------------------------------- the step
@@ -271,16 +282,17 @@ def output_name(part: Path) -> str:
     return part.name[:-len(part.suffix)] + ".hdf5" if part.suffix == ".txt" else part.name + ".hdf5"
 
 
-def _create_one(job: _Job) -> tuple[int, int, float]:
-    """(samples, tokens, seconds) of one part; (-1, 0, 0) when an earlier run wrote it."""
+def _create_one(job: _Job) -> tuple[int, int, float, int]:
+    """(samples, tokens, seconds, empty documents dropped) of one part; (-1, 0, 0, 0) when
+    an earlier run wrote it."""
     target = job.out / output_name(job.path)
     if target.is_file():
-        return -1, 0, 0.0
+        return -1, 0, 0.0, 0
     t0 = time.perf_counter()
-    shard = examples_of_part(job.path, job.vocab, job.opts)
+    shard, dropped = examples_of_part(job.path, job.vocab, job.opts)
     o = job.opts
     write_shard_atomic(target, shard, o.layout, o.max_seq_length, o.max_predictions_per_seq)
-    return len(shard), int(len(shard.tokens)), time.perf_counter() - t0
+    return len(shard), int(len(shard.tokens)), time.perf_counter() - t0, dropped
 
 
 def list_parts(input_dir: str | Path, pattern: str = "*") -> list[Path]:
@@ -306,7 +318,10 @@ def create(input_dir: str | Path, vocab_path: str | Path, output_dir: str | Path
     wall = time.perf_counter() - t0
     done = [r for r in results if r[0] >= 0]
     samples, busy = sum(r[0] for r in done), sum(r[2] for r in done)
+    dropped = {job_part.name: r[3] for job_part, r in zip(parts, results) if r[3]}
     return {"parts": len(parts), "parts_written_now": len(done), "samples_written_now": samples,
+            # what the reference drops silently; a part written by an earlier run is not recounted
+            "empty_documents_dropped_now": sum(dropped.values()), "empty_documents_by_part": dropped,
             "tokens_written_now": sum(r[1] for r in done), "wall_s": round(wall, 3),
             # per core: samples over the summed per-part compute time of all workers
             "samples_per_s_per_core": round(samples / busy, 1) if busy else None,

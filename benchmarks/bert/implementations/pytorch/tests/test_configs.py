@@ -20,7 +20,9 @@ LAUNCH_VARS = {"DGXSYSTEM", "DGXNNODES", "DGXNGPU", "WALLTIME", "DGXSOCKETCORES"
                "DEMO_VOCAB", "DEMO_SEQ_LEN", "DEMO_MAX_PRED", "DEMO_TRAIN_SAMPLES", "DEMO_EVAL_SAMPLES"}
 # The global batch each config's header states.
 GLOBAL_BATCH = {"config_CPU_1x2.sh": 64, "config_DGXA100_1x8x56x1.sh": 448, "config_DGXA100_8x8x48x1.sh": 3072,
-                "config_DGXA100_128x8.sh": 16384, "config_A100PCIE_8x4x24x4.sh": 3072}
+                "config_DGXA100_128x8.sh": 16384, "config_A100PCIE_8x4x24x4.sh": 3072,
+                "config_A100PCIE_8x4_pretrain_large_phase1.sh": 65536, "config_A100PCIE_8x4_pretrain_large_phase2.sh": 32768,
+                "config_A100PCIE_8x4_pretrain_base_phase1.sh": 65536, "config_A100PCIE_8x4_pretrain_base_phase2.sh": 32768}
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +54,8 @@ def test_config_resolves_to_valid_training_config(name, demo_data, large_geometr
     env = dict(os.environ, **cfg_env)
     env.update(PATH=f"{VENV_BIN}:{os.environ['PATH']}", LAUNCHER="task", DATADIR=str(data / "train"),
                EVALDIR=str(data / "eval"), LOGDIR=str(tmp_path),
-               EXTRA_PARAMS=cfg_env.get("EXTRA_PARAMS", "") + " --dry-run data.eval_samples=8 eval.batch_size=8")
+               EXTRA_PARAMS=cfg_env.get("EXTRA_PARAMS", "") + " --dry-run data.eval_samples=8 eval.batch_size=8"
+               + (" data.max_seq_length=512" if "_phase1" in name else ""))  # phase 1 is seq 128; this data 512
     for var in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "MASTER_ADDR"):
         env.pop(var, None)
     r = subprocess.run(["./run_and_time.sh"], cwd=PKG, env=env, capture_output=True, text=True, timeout=300)
@@ -69,7 +72,7 @@ def test_config_resolves_to_valid_training_config(name, demo_data, large_geometr
     assert optim["start_warmup_step"] == int(cfg_env["START_WARMUP_STEP"])
     assert (optim["beta1"], optim["beta2"]) == (float(cfg_env["OPT_LAMB_BETA_1"]), float(cfg_env["OPT_LAMB_BETA_2"]))
     assert dumped["log"]["system"] == cfg_env["DGXSYSTEM"]
-    if name != "config_CPU_1x2.sh":  # the benchmark's model
+    if name != "config_CPU_1x2.sh" and "_base_" not in name:  # the benchmark's model
         assert dumped["model"]["hidden_size"] == 1024 and dumped["model"]["num_layers"] == 24
     if name == "config_DGXA100_128x8.sh":  # the paper's load balance: 4 strata of 128, snake deal per node
         assert dumped["sampler"]["mode"] == "stratified" and dumped["sampler"]["deal"] == "snake"

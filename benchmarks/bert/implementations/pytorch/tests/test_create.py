@@ -182,15 +182,41 @@ def test_bad_input_is_named(corpus, tmp_path):
         "double_blank.txt": (b"One two.\nThree.\n\n\nFour five.\n", r"double_blank.txt: line 4: empty document"),
         "no_tokens.txt": ("Ok then.\n\n\u200b\x00\n\nMore.\n".encode(), r"no_tokens.txt: line 3: empty document"),
     }
+    strict = CreateOptions(**{**OPTS.__dict__, "strict_documents": True})
     for name, (data, msg) in cases.items():
         d = tmp_path / name.replace(".txt", "")
         d.mkdir()
         (d / name).write_bytes(data)
-        with pytest.raises(PrepError, match=msg):
-            create(d, vocab, tmp_path / ("out_" + name), OPTS, workers=1)
+        with pytest.raises(PrepError, match=msg + (r".*without --strict-documents" if "document" in msg else "")):
+            create(d, vocab, tmp_path / ("out_" + name), strict, workers=1)
         assert not list((tmp_path / ("out_" + name)).glob("*.hdf5"))  # nothing half-written
     with pytest.raises(PrepError, match="no such input directory"):
         create(tmp_path / "missing", vocab, tmp_path / "o3", OPTS)
+
+
+def test_empty_documents_dropped_and_counted_as_the_reference_does(corpus, tmp_path):
+    """Empty documents (a run of blank lines, or lines without tokens) are dropped by default:
+    the shards are byte-identical to those of the same text without them, and the summary
+    counts them per part; --strict-documents keeps the error, which names the option."""
+    from input_preprocessing.__main__ import main
+
+    _, parts, vocab = corpus
+    docs = parts[0].read_text().strip().split("\n\n")
+    clean, dirty = tmp_path / "clean", tmp_path / "dirty"
+    clean.mkdir(), dirty.mkdir()
+    (clean / "p.txt").write_text("\n\n".join(docs) + "\n")
+    # two extra blank lines after doc 0, a tokenless document after doc 1: three dropped
+    noisy = [docs[0] + "\n\n", docs[1], "\u200b\x00", *docs[2:]]
+    (dirty / "p.txt").write_text("\n\n".join(noisy) + "\n")
+    a = create(clean, vocab, tmp_path / "a", OPTS, workers=1)
+    b = create(dirty, vocab, tmp_path / "b", OPTS, workers=1)
+    assert a["empty_documents_dropped_now"] == 0
+    assert b["empty_documents_dropped_now"] == 3 and b["empty_documents_by_part"] == {"p.txt": 3}
+    assert _digests(tmp_path / "a") == _digests(tmp_path / "b")
+    args = ["create", "--input", str(dirty), "--vocab", str(vocab), "--max-seq-length", "128",
+            "--max-predictions-per-seq", "20", "--dupe-factor", "1", "--workers", "1"]
+    assert main([*args, "--output", str(tmp_path / "c"), "--strict-documents"]) == 2
+    assert main([*args, "--output", str(tmp_path / "d")]) == 0
 
 
 def test_cli_create(corpus, tmp_path, capsys):
