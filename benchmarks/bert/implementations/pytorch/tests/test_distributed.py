@@ -39,3 +39,11 @@ def test_detect_rejects_nonsense():
         detect(DistConfig(), {"RANK": "x", "WORLD_SIZE": "2"})
     with pytest.raises(ValueError, match="outside"):
         detect(DistConfig(), {"SLURM_PROCID": "4", "SLURM_NTASKS": "2"})
+
+
+def test_detect_torchrun_agent_store():
+    """torchrun's agent serves the store itself: rank 0 must not try to serve it too (that
+    logs a bind error at every start)."""
+    env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"}
+    assert not detect(DistConfig(), env).agent_store
+    assert detect(DistConfig(), dict(env, TORCHELASTIC_USE_AGENT_STORE="True")).agent_store

@@ -240,12 +240,63 @@ def test_run_and_time_torchrun_forwards_usr1_to_workers_then_resumes(trained, de
                    CKPT_DIR=str(tmp_path / "ckpt"))
     env["EXTRA_PARAMS"] += " log.progress_interval_steps=5 ckpt.poll_steps=5"
     rc, first = run_and_time_signalled(env)
-    assert rc != 0 and "stopped by signal 10 after step" in first, first[-3000:]
+    # exit 3 (checkpointed: run again), not torchrun's 1 and ChildFailedError; nothing to count
+    assert rc == 3 and "stopped by signal 10 after step" in first, first[-3000:]
+    assert "Traceback" not in first and "RESULT," not in first, first[-3000:]
     assert sorted(p.name for p in (tmp_path / "ckpt").glob("step_*")), first[-3000:]
     r = subprocess.run(["./run_and_time.sh"], cwd=PKG, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "resumed from" in r.stdout, (r.stdout + r.stderr)[-3000:]
     stops = [e["metadata"]["status"] for e in mllog_events(tmp_path / "result_0.txt") if e["key"] == "run_stop"]
     assert stops == ["aborted", "success"]
+
+
+def _run_and_time(env: dict[str, str], cwd=PKG) -> subprocess.CompletedProcess:
+    return subprocess.run([str(PKG / "run_and_time.sh")], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_run_and_time_status_is_the_trainers_under_torchrun(trained, demo_data, tmp_path):
+    """torchrun reports any non-zero worker exit as 1 with a ChildFailedError traceback;
+    run_and_time.sh returns the trainer's own status and prints RESULT only for a run that
+    trained (target: 0, the `trained` fixture; preemption: 3, the USR1 test above)."""
+    assert trained.returncode == 0, trained.stdout[-3000:]
+    # No config sourced: say what to do, not "DGXNGPU must be set".
+    r = _run_and_time({"PATH": os.environ["PATH"]})
+    assert r.returncode == 2 and "source a config_*.sh" in r.stderr and "RESULT" not in r.stdout, r.stderr
+    # A config typo: 2, said once (not once per rank), no traceback, no RESULT.
+    env = demo_run_env(trained, demo_data, tmp_path / "typo")
+    env["EXTRA_PARAMS"] += " optim.lrr=1"
+    r = _run_and_time(env)
+    out = r.stdout + r.stderr
+    assert r.returncode == 2 and out.count("unknown config key 'optim.lrr'") == 1, out[-3000:]
+    assert "Traceback" not in out and "RESULT," not in out, out[-3000:]
+    # The sample limit: 1 and one RESULT line, no traceback. A relative LOGDIR is the
+    # caller's; log.echo_mllog=true prints each MLLOG line once beside the log file's.
+    env = demo_run_env(trained, demo_data, "rel/logs", TARGET_MLM_ACCURACY="0.999", MAX_SAMPLES_TERMINATION="128")
+    env["EXTRA_PARAMS"] += " log.echo_mllog=true"
+    r = _run_and_time(env, cwd=tmp_path)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1 and len(re.findall(r"^RESULT,bert,", r.stdout, re.M)) == 1, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    log = tmp_path / "rel" / "logs" / "result_0.txt"
+    events = mllog_events(log)
+    assert [e["metadata"]["status"] for e in events if e["key"] == "run_stop"] == ["aborted"]
+    assert r.stdout.count(":::MLLOG") == len(events)
+
+
+def test_run_sub_checks_paths_before_the_first_run(tmp_path):
+    env = {"PATH": os.environ["PATH"], "DGXSYSTEM": "X", "DGXNNODES": "1", "DGXNGPU": "2", "SLURM_JOB_ID": "1",
+           "SLURM_JOB_NUM_NODES": "1", "DATADIR": str(tmp_path / "nope"), "EVALDIR": str(tmp_path),
+           "INIT_CHECKPOINT": str(tmp_path / "model.ckpt-28252"), "LOGDIR": str(tmp_path / "logs")}
+    r = subprocess.run(["bash", "run.sub"], cwd=PKG, env=env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"DATADIR={tmp_path / 'nope'} (no such directory)" in r.stderr
+    assert "INIT_CHECKPOINT=" in r.stderr and "EVALDIR=" not in r.stderr
+    assert not (tmp_path / "logs").exists()  # nothing was run, no log begun
+    (tmp_path / "model.ckpt-28252.index").write_bytes(b"")  # a TF checkpoint prefix is a path too
+    env["DATADIR"] = str(tmp_path)
+    r = subprocess.run(["bash", "run.sub"], cwd=PKG, env=env, capture_output=True, text=True, timeout=30)
+    assert "no such" not in r.stderr, r.stderr
 
 
 def test_run_sub_names_missing_variables(tmp_path):
