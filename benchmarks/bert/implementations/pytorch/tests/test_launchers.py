@@ -340,6 +340,37 @@ def test_run_and_time_status_is_the_trainers_under_torchrun(trained, demo_data, 
     assert r.stdout.count(":::MLLOG") == len(events)
 
 
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def test_run_and_time_exits_4_when_a_rank_dies_under_torchrun(trained, demo_data, tmp_path):
+    """SIGKILL to rank 1 mid-run: rank 0's next collective fails, it says so and its status
+    (4) is the script's, not torchrun's 1; nothing trained to the end, so no RESULT line."""
+    assert trained.returncode == 0, trained.stdout[-3000:]
+    env = demo_run_env(trained, demo_data, tmp_path, EVAL_ITER_SAMPLES="64000", MAX_SAMPLES_TERMINATION="128000")
+    env["EXTRA_PARAMS"] += " log.progress_interval_steps=5"
+    proc = subprocess.Popen(["./run_and_time.sh"], cwd=PKG, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if re.match(r"step +5 \|", line):
+                workers = [w for torchrun in _children(proc.pid) for w in _children(torchrun)]
+                for worker in workers:
+                    if b"RANK=1" in Path(f"/proc/{worker}/environ").read_bytes().split(b"\0"):
+                        os.kill(worker, signal.SIGKILL)
+        rc = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = "".join(lines)
+    assert rc == 4 and "error: rank 0 of 2: a collective failed" in out, out[-3000:]
+    assert "RESULT," not in out
+
+
 def test_run_sub_checks_paths_before_the_first_run(tmp_path):
     env = {"PATH": os.environ["PATH"], "DGXSYSTEM": "X", "DGXNNODES": "1", "DGXNGPU": "2", "SLURM_JOB_ID": "1",
            "SLURM_JOB_NUM_NODES": "1", "DATADIR": str(tmp_path / "nope"), "EVALDIR": str(tmp_path),
