@@ -2,8 +2,9 @@
 # System: one CPU machine, 2 ranks (gloo), no GPU. The embedded default and `make demo`.
 # Model: tiny BERT (hidden 128, 2 layers) on the synthetic demo data (bert/demo_data.py),
 # closed division, LAMB. Expected: masked-LM accuracy >= 0.720 within ~2 minutes.
-# Launch: source config_CPU_1x2.sh && DATADIR=... EVALDIR=... LOGDIR=... ./run_and_time.sh
-#     or: source config_CPU_1x2.sh && sbatch -N "$DGXNNODES" -t "$WALLTIME" run.sub
+# Launch: source config_CPU_1x2.sh && DATADIR=... EVALDIR=... ./run_and_time.sh
+#     or: source config_CPU_1x2.sh && DATADIR=... EVALDIR=... sbatch -N "$DGXNNODES" -t "$WALLTIME" run.sub
+#   (DATADIR/EVALDIR: the demo data, `python -m bert.demo_data` as demo.sh runs it; `make demo` does it all)
 export DGXSYSTEM=CPU_1x2
 export DGXNNODES=1
 export DGXNGPU=2            # ranks per node: here CPU processes

@@ -1,9 +1,17 @@
 #!/usr/bin/env bash
 # Per-run launcher: turns the config_*.sh variables that are set into training overrides
 # (it holds no defaults of its own: unset variables leave bert/config.py's defaults), runs
-# training, and prints the start/end and a RESULT line.
+# training, and prints the start/end and, for a run that trained, one RESULT line (rank 0's).
 #
-#   source config_CPU_1x2.sh && DATADIR=... EVALDIR=... LOGDIR=... ./run_and_time.sh
+#   source config_CPU_1x2.sh && DATADIR=... EVALDIR=... [LOGDIR=...] ./run_and_time.sh
+#
+# Relative paths (DATADIR, EVALDIR, LOGDIR, INIT_CHECKPOINT, SAVE_CHECKPOINT, CKPT_DIR) are
+# relative to the directory it is called from. LOGDIR defaults to results/<DGXSYSTEM>/bert
+# four levels up (the repository root here, the organisation's folder in a submission).
+#
+# Exit status: the trainer's own (python -m bert.train: 0 target, 1 sample limit, 2 bad
+# input, 3 checkpointed on a signal, 4 a peer rank failed; the worst rank's), under torchrun
+# too; 2 when no config was sourced.
 #
 # LAUNCHER=torchrun (default) starts DGXNGPU local ranks itself; LAUNCHER=task means this
 # script already is one rank (started by srun or mpirun), so it runs one process.
@@ -12,7 +20,15 @@
 # next poll and exit 3, bert/resume.py): bash would otherwise die of SIGUSR1 and leave them
 # orphaned, and torchrun would die of it too, so under torchrun the signal goes to its workers.
 set -euo pipefail
+if [[ -z "${DGXSYSTEM:-}" || ( -z "${DGXNGPU:-}" && "${LAUNCHER:-torchrun}" == torchrun ) ]]; then
+  echo "run_and_time.sh: no config: source a config_*.sh first (e.g. source config_CPU_1x2.sh)" >&2
+  exit 2
+fi
+for var in DATADIR EVALDIR LOGDIR INIT_CHECKPOINT SAVE_CHECKPOINT CKPT_DIR; do
+  if [[ -n "${!var:-}" && "${!var}" != /* ]]; then printf -v "${var}" '%s/%s' "${PWD}" "${!var}"; fi
+done
 cd "$(dirname "${BASH_SOURCE[0]}")"
+: "${LOGDIR:=$(cd ../../../.. && pwd)/results/${DGXSYSTEM}/bert}"
 
 args=()
 add() { # add KEY VAR: pass ${VAR} as KEY=value when VAR is set and non-empty
@@ -51,14 +67,19 @@ add eval.target_accuracy TARGET_MLM_ACCURACY
 read -r -a extra <<< "${EXTRA_PARAMS:-}"
 args+=("${extra[@]}")
 
+# Each rank writes its exit status here and exits 0 (bert/train.py --exit-status-dir).
+status_dir=$(mktemp -d)
+trap 'rm -rf "${status_dir}"' EXIT
 start=$(date +%s)
 echo "STARTING TIMING RUN AT $(date '+%Y-%m-%d %r')"
 if [[ "${LAUNCHER:-torchrun}" == torchrun ]]; then
+  # torchrun's own choice for several local ranks, made here so it prints no warning box about it.
+  if [[ -z "${OMP_NUM_THREADS:-}" ]] && (( DGXNGPU > 1 )); then export OMP_NUM_THREADS=1; fi
   # --standalone: a private rendezvous on this node; one process per GPU (CPU rank).
-  torchrun --standalone --nnodes=1 --nproc_per_node="${DGXNGPU:?DGXNGPU must be set}" \
-    -m bert.train "${args[@]}" &
+  torchrun --standalone --nnodes=1 --nproc_per_node="${DGXNGPU}" \
+    -m bert.train --exit-status-dir "${status_dir}" "${args[@]}" &
 else
-  python -m bert.train "${args[@]}" &
+  python -m bert.train --exit-status-dir "${status_dir}" "${args[@]}" &
 fi
 child=$!
 signalled=0
@@ -83,5 +104,15 @@ done
 trap - USR1 TERM
 end=$(date +%s)
 echo "ENDING TIMING RUN AT $(date '+%Y-%m-%d %r')"
-echo "RESULT,bert,${SEED:-default},$((end - start)),${USER:-$(id -un)},$(date -d "@${start}" '+%Y-%m-%d %r')"
+# The worst status any rank wrote; a rank that crashed wrote none, and the launcher says so.
+trained=none
+for f in "${status_dir}"/rank_*; do
+  [[ -f "${f}" ]] || continue
+  read -r status what < "${f}"
+  if (( status > rc )); then rc=${status}; fi
+  if [[ "${f}" == */rank_0 ]]; then trained=${what}; fi
+done
+if [[ "${trained}" == trained ]]; then
+  echo "RESULT,bert,${SEED:-default},$((end - start)),${USER:-$(id -un)},$(date -d "@${start}" '+%Y-%m-%d %r')"
+fi
 exit "${rc}"

@@ -217,6 +217,9 @@ class LogConfig:
     output_dir: str = "results"
     log_file: str = "result_0.txt"  # MLPerf log file name inside output_dir
     progress_interval_steps: int = 10  # human progress line (one host sync) every N steps
+    # Also print the MLPerf log's :::MLLOG lines on stdout (they always go to the log file);
+    # off, a person sees the progress and eval lines and the verdicts.
+    echo_mllog: bool = False
     submitter: str = "reference"
     platform: str = ""  # submission_platform; empty = the system name
     system: str = "CPU_1x2"

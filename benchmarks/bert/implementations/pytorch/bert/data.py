@@ -274,7 +274,10 @@ def _check_values(shard: Shard, max_seq_length: int | None) -> None:
         raise DataError(f"{path}: sample {int(np.argmin(lengths))} has no tokens")
     if max_seq_length is not None and len(lengths) and lengths.max() > max_seq_length:
         i = int(np.argmax(lengths))
-        raise DataError(f"{path}: sample {i} has {int(lengths[i])} tokens > max_seq_length {max_seq_length}")
+        raise DataError(f"{path}: sample {i} has {int(lengths[i])} tokens > max_seq_length {max_seq_length}: "
+                        f"data made for longer sequences; set data.max_seq_length and "
+                        f"model.max_position_embeddings to at least {int(lengths.max())} "
+                        f"(EXTRA_PARAMS), or point DATADIR/EVALDIR at data of this length")
     if len(shard.tokens) and shard.tokens.min() < 0:
         raise DataError(f"{path}: negative token id {int(shard.tokens.min())} (int16 overflow?)")
     row_of = np.repeat(np.arange(len(shard)), np.diff(shard.mlm_offsets))

@@ -44,6 +44,8 @@ class DistEnv:
     master_addr: str
     master_port: int
     launcher: str  # torchrun | mpi | pmi | slurm | single (mpi+mpi4py: rendezvous from MPI)
+    # torchrun's agent already serves the store at MASTER_ADDR:MASTER_PORT: every rank is a client.
+    agent_store: bool = False
 
     @property
     def is_main(self) -> bool:
@@ -108,7 +110,17 @@ def detect(cfg: DistConfig, env: Mapping[str, str] | None = None) -> DistEnv:
         nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or ""
         addr = first_host(nodelist) if nodelist else "127.0.0.1"
     port = _int(env, "MASTER_PORT")
-    return DistEnv(rank, world, local, addr, port if port is not None else cfg.master_port, launcher)
+    return DistEnv(rank, world, local, addr, port if port is not None else cfg.master_port, launcher,
+                   agent_store=launcher == "torchrun" and env.get("TORCHELASTIC_USE_AGENT_STORE") == "True")
+
+
+def launch_rank() -> int:
+    """This process's rank as its launcher set it, before any config is read (0 when the
+    environment names none or is inconsistent: ``detect`` reports that later)."""
+    try:
+        return detect(DistConfig()).rank
+    except ValueError:
+        return 0
 
 
 def _free_port() -> int:
@@ -238,7 +250,9 @@ def init_process_group(denv: DistEnv, cfg: DistConfig, device: torch.device) -> 
     # Our own store, so the rendezvous may wait cfg.startup_timeout_s for late ranks while
     # every collective fails after cfg.timeout_s (one timeout would have to be both).
     try:
-        store = dist.TCPStore(denv.master_addr, denv.master_port, denv.world_size, is_master=denv.rank == 0,
+        # Under torchrun rank 0 serving it too would log a bind error ("failed to bind ... ignoring").
+        store = dist.TCPStore(denv.master_addr, denv.master_port, denv.world_size,
+                              is_master=denv.rank == 0 and not denv.agent_store,
                               timeout=datetime.timedelta(seconds=cfg.startup_timeout_s))
     except Exception as e:  # torch raises DistNetworkError, DistStoreError or RuntimeError here
         waited = ("not every rank joined it" if denv.rank == 0 else "could not connect to it")

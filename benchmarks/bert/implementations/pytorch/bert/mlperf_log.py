@@ -1,8 +1,8 @@
 """The one MLPerf logger: every event the 5.0.0 BERT rules ask for, written by rank 0 only.
 
-Lines go to the result file and to stdout, once each. The logger is an object built per
-run (mlperf_logging's shared module-level logger is not used), so tests can run several
-in one process. Values must be plain Python numbers: a torch.Tensor fails to encode and
+Lines go to the result file, and to stdout too when asked (``log.echo_mllog``), once each.
+The logger is an object built per run (mlperf_logging's shared module-level logger is not
+used), so tests can run several in one process. Values must be plain Python numbers: a torch.Tensor fails to encode and
 mlperf_logging drops the event silently, so every value passes through ``_plain``.
 """
 
@@ -30,7 +30,7 @@ def _plain(v: Any) -> Any:
 class MLPerfLogger:
     """``enabled`` is False on every rank but 0: the calls stay in the code, the lines don't."""
 
-    def __init__(self, path: str | Path | None, enabled: bool, echo: bool = True, append: bool = False):
+    def __init__(self, path: str | Path | None, enabled: bool, echo: bool, append: bool = False):
         self.enabled = enabled
         self._handlers: list[logging.Handler] = []
         if not enabled:

@@ -7,6 +7,11 @@ Exit status: 0 when the eval masked-LM accuracy reached the target (run_stop suc
 bad configuration, input file or checkpoint, 3 when SIGTERM/SIGUSR1 stopped the run after a
 checkpoint (rerun, or ``--resume``, to continue), 4 when a peer rank died or a collective
 timed out.
+
+``--exit-status-dir DIR`` (what run_and_time.sh passes): each rank writes that status, and
+whether it trained, to ``DIR/rank_<R>`` and exits 0 for these expected ends. torchrun turns
+any non-zero worker exit into 1 and a ChildFailedError traceback; this way the launcher
+script reads the true status and torchrun stays quiet. A crash still exits non-zero.
 """
 
 from __future__ import annotations
@@ -243,7 +248,8 @@ def run(cfg: Config, dry_run: bool = False) -> int:
         return 2
     # A resumed run appends to the log of the run it continues, so the log shows both parts
     # (and the compliance checker rejects it: a timed result must not be resumed).
-    log = MLPerfLogger(log_path if denv.is_main else None, enabled=denv.is_main, append=start_from is not None)
+    log = MLPerfLogger(log_path if denv.is_main else None, enabled=denv.is_main, echo=cfg.log.echo_mllog,
+                       append=start_from is not None)
     say = print if denv.is_main else (lambda _msg: None)
     stop = resume.StopFlag()
     comm_failed = False
@@ -346,16 +352,28 @@ def main(argv: list[str] | None = None) -> int:
                     help="continue from the newest checkpoint in ckpt.dir; fail if there is none "
                          "(same as ckpt.resume=require; the default, auto, resumes when one exists)")
     ap.add_argument("overrides", nargs="*", help="key.sub=value (applied after --config)")
+    ap.add_argument("--exit-status-dir", metavar="DIR",
+                    help="write '<exit status> trained|none' to DIR/rank_<R> and exit 0 for the expected ends "
+                         "(0-4 above; for launcher scripts: torchrun reports any non-zero exit as a failure)")
     args = ap.parse_intermixed_args(argv)
+    rank = distributed.launch_rank()
     try:
         overrides = parse_overrides(args.overrides)
         if args.resume:
             overrides["ckpt.resume"] = "require"
         cfg = build_config(overrides, args.config)
     except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
-    return run(cfg, dry_run=args.dry_run)
+        if rank == 0:  # every rank reads the same arguments: say it once
+            print(f"config error: {e}", file=sys.stderr)
+        code = 2
+    else:
+        code = run(cfg, dry_run=args.dry_run)
+    if args.exit_status_dir is None:
+        return code
+    # 0 and 1 end a run that trained (run_stop logged); a dry run or an error trained nothing.
+    trained = code in (0, 1) and not args.dry_run
+    Path(args.exit_status_dir, f"rank_{rank}").write_text(f"{code} {'trained' if trained else 'none'}\n")
+    return 0
 
 
 if __name__ == "__main__":

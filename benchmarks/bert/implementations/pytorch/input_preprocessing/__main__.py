@@ -210,8 +210,28 @@ def _run_check(a: argparse.Namespace) -> object:
     return out
 
 
+def _vocab_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--input", required=True, help="directory of text parts (the format create reads)")
+    p.add_argument("--pattern", default="*", help="glob of the parts inside --input (default: every non-hidden file)")
+    p.add_argument("--output", required=True, help="the vocab.txt to write, one token per line")
+    p.add_argument("--size", type=int, default=30522, help="tokens, special ones included (default: BERT's 30,522)")
+    p.add_argument("--cased", action="store_true", help="keep case and accents (then create with --cased too)")
+
+
+def _run_vocab(a: argparse.Namespace) -> object:
+    from .toy_corpus import train_vocab
+
+    files = sorted(f for f in Path(a.input).glob(a.pattern) if f.is_file() and not f.name.startswith("."))
+    if not files:
+        raise PrepError(f"{a.input}: no text parts match {a.pattern!r}")
+    path = train_vocab(files, a.output, a.size, lowercase=not a.cased)
+    return {"tokens": len(path.read_text(encoding="utf-8").splitlines()), "parts": len(files), "output": a.output}
+
+
 STEPS["shard"] = ("re-chop hdf5 parts into N shards, fixed or variable layout", _shard_args, _run_shard)
 STEPS["eval"] = ("pick the evenly spaced eval set (10,000 samples) from the eval examples", _eval_args, _run_eval)
+STEPS["vocab"] = ("train a WordPiece vocab.txt on your own corpus (BERT's special tokens first)",
+                  _vocab_args, _run_vocab)
 STEPS["checksum"] = ("write an md5 manifest of every shard", _sum_args, _run_checksum)
 STEPS["verify"] = ("check shards against their md5 manifest (exit 2 on any difference)", _sum_args, _run_verify)
 STEPS["checkpoint"] = ("convert model weights: TF phase-1 checkpoint / HF / ours -> ours (.pt) or HF",

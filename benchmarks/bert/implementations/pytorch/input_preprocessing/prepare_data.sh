@@ -17,7 +17,7 @@
 # already (DOWNLOAD/results4/).
 #
 # Outputs under OUT:
-#   hdf5/training/            500 fixed-length parts (create)
+#   hdf5/training/            one fixed-length hdf5 per text part (create; 500 for MLPerf's)
 #   hdf5/training_<N>/        N variable-length shards (shard)     -> DATADIR of the configs
 #   hdf5/training_<N>_strata/ the same by length stratum (stratify) -> the stratified sampler
 #   hdf5/eval_all/            all eval examples (create on eval.txt)
@@ -28,7 +28,13 @@
 #
 # Usage: input_preprocessing/prepare_data.sh DOWNLOAD OUT [NUM_SHARDS (2048)] [WORKERS (all cores)]
 # Run from benchmarks/bert/implementations/pytorch with the venv active (pip install .[prep]).
-# The checkpoint is read without TensorFlow (bert/tf_bundle.py); SKIP_CHECKPOINT=1 skips it.
+# The checkpoint is read without TensorFlow (bert/tf_bundle.py); SKIP_CHECKPOINT=1 skips it
+# (then bert_config.json and tf1_ckpt/ are not needed).
+# Your own corpus instead of MLPerf's: the same layout (results4/part-* and results4/eval.txt,
+# a vocab.txt, e.g. from `python -m input_preprocessing vocab`, and the md5 list, e.g.
+# `(cd results4 && md5sum *) > bert_reference_results_text_md5.txt`), with
+# EXPECT_VOCAB=<lines of your vocab.txt>, EVAL_SAMPLES=<eval set size, at most the eval
+# examples eval.txt yields> and SKIP_CHECKPOINT=1 (the phase-1 checkpoint fits MLPerf's vocab only).
 set -euo pipefail
 
 if [[ $# -lt 2 ]]; then
@@ -46,7 +52,9 @@ EVAL_SAMPLES=${EVAL_SAMPLES:-10000}
 prep() { "$PY" -m input_preprocessing "$@"; }
 say() { printf '\n== %s\n' "$*"; }
 
-for f in vocab.txt bert_config.json bert_reference_results_text_md5.txt; do
+needed=(vocab.txt bert_reference_results_text_md5.txt)
+[[ "${SKIP_CHECKPOINT:-0}" == 1 ]] || needed+=(bert_config.json)
+for f in "${needed[@]}"; do
     [[ -f "$DOWNLOAD/$f" ]] || { echo "error: $DOWNLOAD/$f is missing (see the header of $0)" >&2; exit 2; }
 done
 vocab_lines=$(wc -l < "$DOWNLOAD/vocab.txt")
@@ -59,7 +67,9 @@ if [[ ! -d "$DOWNLOAD/results4" ]]; then
 fi
 (cd "$DOWNLOAD/results4" && md5sum --quiet --check "$DOWNLOAD/bert_reference_results_text_md5.txt")
 
-say "training examples: 500 parts (seq 512, 76 predictions, dupe factor 10, seed 12345)"
+num_parts=$(find -H "$DOWNLOAD/results4" -maxdepth 1 -type f -name 'part-*' | wc -l)
+[[ "$num_parts" -gt 0 ]] || { echo "error: $DOWNLOAD/results4/ holds no part-* text files" >&2; exit 2; }
+say "training examples: $num_parts parts (seq 512, 76 predictions, dupe factor 10, seed 12345)"
 prep create --input "$DOWNLOAD/results4" --pattern 'part-*' --vocab "$DOWNLOAD/vocab.txt" \
     --output "$OUT/hdf5/training" --workers "$WORKERS"
 

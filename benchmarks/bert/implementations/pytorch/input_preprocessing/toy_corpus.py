@@ -1,6 +1,7 @@
 """A synthetic corpus in the MLPerf text format and a WordPiece vocab trained on it.
 
 For tests and the throughput benchmark, where the 20 GB Wikipedia text is not at hand.
+``train_vocab`` works on any corpus: it is also ``python -m input_preprocessing vocab``.
 Words are built from syllables and drawn from a Zipf law, so WordPiece learns real
 subword splits and sentence/document lengths vary as in prose; the text is deterministic
 in its seed.
@@ -45,11 +46,12 @@ def make_corpus(directory: str | Path, parts: int, docs_per_part: int, seed: int
     return out
 
 
-def train_vocab(files: list[Path], path: str | Path, size: int = 2000) -> Path:
-    """An uncased BERT WordPiece ``vocab.txt`` learned from ``files`` with ``tokenizers``."""
+def train_vocab(files: list[Path], path: str | Path, size: int = 2000, lowercase: bool = True) -> Path:
+    """A BERT WordPiece ``vocab.txt`` (uncased unless ``lowercase=False``) learned from
+    ``files`` with ``tokenizers``; the special tokens come first."""
     from tokenizers import BertWordPieceTokenizer
 
-    tok = BertWordPieceTokenizer(lowercase=True)
+    tok = BertWordPieceTokenizer(lowercase=lowercase, strip_accents=lowercase)  # as create tokenizes
     tok.train([str(f) for f in files], vocab_size=size, min_frequency=1, show_progress=False,
               special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
     p = Path(path)

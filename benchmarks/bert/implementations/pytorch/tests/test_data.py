@@ -161,8 +161,11 @@ def test_variable_validation_names_file(tmp_path):
         read_shard(garbage)
     good = tmp_path / "vlen_long.hdf5"
     write_nvidia_variable(good, make_samples(3, np.random.default_rng(4)))
-    with pytest.raises(DataError, match=r"vlen_long.hdf5: sample \d+ has \d+ tokens > max_seq_length 4"):
+    with pytest.raises(DataError, match=r"vlen_long.hdf5: sample \d+ has \d+ tokens > max_seq_length 4") as err:
         read_shard(good, max_seq_length=4)
+    # It names what to change, with the length the data needs.
+    longest = int(read_shard(good).lengths.max())
+    assert f"set data.max_seq_length and model.max_position_embeddings to at least {longest}" in str(err.value)
 
 
 def test_fixed_padding_slots_are_dropped(tmp_path):

@@ -65,3 +65,11 @@ def test_socket_interfaces_route_to_the_rendezvous_unless_the_user_set_them():
     assert chosen == {"NCCL_SOCKET_IFNAME": "lo"} and "GLOO_SOCKET_IFNAME=eth7 (set by the user)" in how
     chosen, how = socket_interfaces("127.0.0.1", {"GLOO_SOCKET_IFNAME": "a", "NCCL_SOCKET_IFNAME": "b"})
     assert chosen == {} and how == "GLOO_SOCKET_IFNAME=a (set by the user), NCCL_SOCKET_IFNAME=b (set by the user)"
+
+
+def test_detect_torchrun_agent_store():
+    """torchrun's agent serves the store itself: rank 0 must not try to serve it too (that
+    logs a bind error at every start)."""
+    env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"}
+    assert not detect(DistConfig(), env).agent_store
+    assert detect(DistConfig(), dict(env, TORCHELASTIC_USE_AGENT_STORE="True")).agent_store

@@ -8,43 +8,101 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
+import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
 from conftest import PKG, demo_run_env, mllog_events, run_and_time_signalled, run_checker
 
-def test_slurm_sbatch_run_sub_two_experiments_pass_checker(slurm_cluster, trained, demo_data, tmp_path):
+# The README's "Quick start on a cluster" runs here as written, except for these changes
+# (each README text must exist, so the two cannot drift apart unnoticed):
+QUICK_START_CHANGES = {
+    # a temporary directory instead of the user's scratch space
+    "export WORK=/scratch/$USER/bert": 'export WORK="$TEST_WORK/work"',
+    # the tiny corpus yields ~100 eval examples and a few hundred training ones
+    "EVAL_SAMPLES=10000": "EVAL_SAMPLES=50",
+    '"$WORK/prepared" 2048': '"$WORK/prepared" 4',
+    # start from the session's trained demo model, so the first evaluation reaches the target
+    "source config_CPU_1x2.sh\n": 'source config_CPU_1x2.sh && source "$TEST_WORK/fast.sh"\n',
+    # logs in the temporary directory, not the checkout's results/
+    'export LOGDIR="$(git rev-parse --show-toplevel)/results/$DGXSYSTEM/bert"': 'export LOGDIR="$WORK/results"',
+    # 2 runs, not 10 (so the package step reports that a score needs 10)
+    "NEXP=10 sbatch": "NEXP=2 sbatch",
+}
+
+
+def quick_start_script() -> str:
+    """The bash blocks of the README's "Quick start on a cluster", with QUICK_START_CHANGES."""
+    text = (PKG / "README.md").read_text()
+    section = text.split("\n## Quick start on a cluster\n", 1)[1].split("\n## ", 1)[0]
+    script = "\n".join(re.findall(r"^```bash\n(.*?)^```", section, re.M | re.S))
+    for readme, test in QUICK_START_CHANGES.items():
+        assert script.count(readme) == 1, f"the README's quick start no longer says {readme!r}"
+        script = script.replace(readme, test)
+    return script
+
+
+def test_readme_quick_start_on_a_cluster(slurm_cluster, trained, demo_data, tmp_path):
+    """Every command of the README's quick start, top to bottom, on a one-node SLURM cluster:
+    own corpus -> vocab -> prepare_data.sh; the CPU config's demo data; sbatch run.sub with
+    NEXP=2 (both runs pass the checker, distinct seeds, one RESULT line each); the verdict
+    lines; tools/package.py (the result_N.txt <- log mapping; a score needs 10 runs)."""
+    from input_preprocessing.toy_corpus import make_corpus
+
     assert trained.returncode == 0, trained.stdout[-3000:]
-    logdir = tmp_path / "logs"
-    env = demo_run_env(trained, demo_data, logdir, NEXP="2", SEED="100", DATESTAMP="ci",
-                   SLURM_CONF=slurm_cluster.env["SLURM_CONF"])
-    out_file = tmp_path / "job.out"
-    sub = subprocess.run(["sbatch", "--parsable", "-N", env["DGXNNODES"], "-t", "10", "-o", str(out_file), "run.sub"],
-                         cwd=PKG, env=env, capture_output=True, text=True, timeout=60)
-    assert sub.returncode == 0, sub.stderr
-    job = slurm_cluster.wait_job(sub.stdout.strip().split(";")[0], timeout_s=300)
-    output = out_file.read_text()
-    assert job["JobState"] == "COMPLETED" and job["ExitCode"] == "0:0", output[-4000:] + slurm_cluster.logs()
-    assert output.count("compliance checker (5.0.0): PASS") == 2, output[-4000:]
-    assert "run.sub: 2 run(s), 0 failed" in output
+    corpus = tmp_path / "corpus"
+    make_corpus(corpus, parts=3, docs_per_part=12, seed=2)
+    make_corpus(tmp_path / "held_out", parts=1, docs_per_part=12, seed=3)[0].rename(corpus / "eval.txt")
+    work = tmp_path / "work"
+    fast = demo_run_env(trained, demo_data, tmp_path)
+    (tmp_path / "fast.sh").write_text("".join(
+        f"export {k}={shlex.quote(fast[k])}\n" for k in ("INIT_CHECKPOINT", "LR", "EVAL_ITER_SAMPLES",
+                                                          "MAX_SAMPLES_TERMINATION", "EXTRA_PARAMS"))
+        + "export DEMO_TRAIN_SAMPLES=4000\n")
+    env = dict(os.environ, PATH=fast["PATH"], SLURM_CONF=slurm_cluster.env["SLURM_CONF"], CORPUS=str(corpus),
+               TEST_WORK=str(tmp_path))
+    for var in ("LOGDIR", "DATADIR", "EVALDIR", "INIT_CHECKPOINT", "SEED", "DATESTAMP", "NEXP", "CONT"):
+        env.pop(var, None)
+    try:
+        r = subprocess.run(["bash", "-euo", "pipefail", "-c", quick_start_script()], cwd=PKG.parents[3], env=env,
+                           capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        subprocess.run(["scancel", "--user", str(os.geteuid())], env=slurm_cluster.env)
+        raise
+    out = r.stdout + r.stderr
+    job_out = "".join(p.read_text() for p in sorted((work / "results").glob("slurm-*.out")))
+    # prepare_data.sh on the own corpus: its banner counts the parts; it names DATADIR and EVALDIR
+    assert "== training examples: 3 parts" in out and f"DATADIR={work}/prepared/hdf5/training_4" in out, out[-4000:]
+    # the job: both runs passed the checker; one RESULT line per run (rank 0's), not per task
+    assert out.count("compliance checker (5.0.0): PASS") == 2 and "run.sub: 2 run(s), 0 failed" in out, \
+        out[-3000:] + job_out[-3000:] + slurm_cluster.logs()
+    assert job_out.count("RESULT,bert,") == 2 and ":::MLLOG" not in job_out, job_out[-3000:]
+    assert "Traceback" not in job_out and "failed to bind" not in job_out, job_out[-3000:]
+    logs = sorted((work / "results").glob("*_[0-9].log"))
     seeds, cache = [], []
-    for i in (1, 2):
-        log = logdir / f"ci_{i}.log"
+    for log in logs:
         ok, checker = run_checker(log)
         assert ok, checker
         events = {e["key"]: e for e in mllog_events(log)}
         seeds.append(events["seed"]["value"])
         cache.append(events["cache_clear"]["value"])
         assert events["run_stop"]["metadata"]["status"] == "success"
-        resolved = json.loads((logdir / f"ci_{i}_config.json").read_text())["resolved"]
+        resolved = json.loads(log.with_name(log.stem + "_config.json").read_text())["resolved"]
         assert resolved["launcher"] == "slurm" and resolved["world_size"] == 2
-    assert seeds == [100, 101]  # distinct per run, as the closed division requires
+    assert len(logs) == 2 and seeds[1] == seeds[0] + 1  # distinct per run, as the closed division requires
     # cache_clear tells the truth: true only where run.sub said it dropped the cache.
-    could_not = "could not drop the page cache" in output
-    assert cache == [not could_not] * 2
+    assert cache == [not ("could not drop the page cache" in job_out)] * 2
+    # the package: which log became which result file; 2 runs pass, but a score needs 10
+    assert r.returncode == 1 and "package: FAILED" in out, out[-3000:]
+    for i, log in enumerate(logs):
+        assert f"result_{i}.txt <- {log}" in out, out[-3000:]
+    assert "compliance checker (5.0.0)  PASS     2/2 logs pass" in out, out[-3000:]
+    assert "no score: BERT's score is the mean of 10 runs without the fastest and slowest; got 2" in out, out[-3000:]
 
 
 def test_slurm_usr1_checkpoints_requeues_and_resumes(slurm_cluster, trained, demo_data, tmp_path):
@@ -100,12 +158,94 @@ def test_run_and_time_torchrun_forwards_usr1_to_workers_then_resumes(trained, de
                    CKPT_DIR=str(tmp_path / "ckpt"))
     env["EXTRA_PARAMS"] += " log.progress_interval_steps=5 ckpt.poll_steps=5"
     rc, first = run_and_time_signalled(env)
-    assert rc != 0 and "stopped by signal 10 after step" in first, first[-3000:]
+    # exit 3 (checkpointed: run again), not torchrun's 1 and ChildFailedError; nothing to count
+    assert rc == 3 and "stopped by signal 10 after step" in first, first[-3000:]
+    assert "Traceback" not in first and "RESULT," not in first, first[-3000:]
     assert sorted(p.name for p in (tmp_path / "ckpt").glob("step_*")), first[-3000:]
     r = subprocess.run(["./run_and_time.sh"], cwd=PKG, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "resumed from" in r.stdout, (r.stdout + r.stderr)[-3000:]
     stops = [e["metadata"]["status"] for e in mllog_events(tmp_path / "result_0.txt") if e["key"] == "run_stop"]
     assert stops == ["aborted", "success"]
+
+
+def _run_and_time(env: dict[str, str], cwd=PKG) -> subprocess.CompletedProcess:
+    return subprocess.run([str(PKG / "run_and_time.sh")], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_run_and_time_status_is_the_trainers_under_torchrun(trained, demo_data, tmp_path):
+    """torchrun reports any non-zero worker exit as 1 with a ChildFailedError traceback;
+    run_and_time.sh returns the trainer's own status and prints RESULT only for a run that
+    trained (target: 0, the `trained` fixture; preemption: 3, the USR1 test above)."""
+    assert trained.returncode == 0, trained.stdout[-3000:]
+    # No config sourced: say what to do, not "DGXNGPU must be set".
+    r = _run_and_time({"PATH": os.environ["PATH"]})
+    assert r.returncode == 2 and "source a config_*.sh" in r.stderr and "RESULT" not in r.stdout, r.stderr
+    # A config typo: 2, said once (not once per rank), no traceback, no RESULT.
+    env = demo_run_env(trained, demo_data, tmp_path / "typo")
+    env["EXTRA_PARAMS"] += " optim.lrr=1"
+    r = _run_and_time(env)
+    out = r.stdout + r.stderr
+    assert r.returncode == 2 and out.count("unknown config key 'optim.lrr'") == 1, out[-3000:]
+    assert "Traceback" not in out and "RESULT," not in out, out[-3000:]
+    # The sample limit: 1 and one RESULT line, no traceback. A relative LOGDIR is the
+    # caller's; log.echo_mllog=true prints each MLLOG line once beside the log file's.
+    env = demo_run_env(trained, demo_data, "rel/logs", TARGET_MLM_ACCURACY="0.999", MAX_SAMPLES_TERMINATION="128")
+    env["EXTRA_PARAMS"] += " log.echo_mllog=true"
+    r = _run_and_time(env, cwd=tmp_path)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1 and len(re.findall(r"^RESULT,bert,", r.stdout, re.M)) == 1, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    log = tmp_path / "rel" / "logs" / "result_0.txt"
+    events = mllog_events(log)
+    assert [e["metadata"]["status"] for e in events if e["key"] == "run_stop"] == ["aborted"]
+    assert r.stdout.count(":::MLLOG") == len(events)
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def test_run_and_time_exits_4_when_a_rank_dies_under_torchrun(trained, demo_data, tmp_path):
+    """SIGKILL to rank 1 mid-run: rank 0's next collective fails, it says so and its status
+    (4) is the script's, not torchrun's 1; nothing trained to the end, so no RESULT line."""
+    assert trained.returncode == 0, trained.stdout[-3000:]
+    env = demo_run_env(trained, demo_data, tmp_path, EVAL_ITER_SAMPLES="64000", MAX_SAMPLES_TERMINATION="128000")
+    env["EXTRA_PARAMS"] += " log.progress_interval_steps=5"
+    proc = subprocess.Popen(["./run_and_time.sh"], cwd=PKG, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if re.match(r"step +5 \|", line):
+                workers = [w for torchrun in _children(proc.pid) for w in _children(torchrun)]
+                for worker in workers:
+                    if b"RANK=1" in Path(f"/proc/{worker}/environ").read_bytes().split(b"\0"):
+                        os.kill(worker, signal.SIGKILL)
+        rc = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = "".join(lines)
+    assert rc == 4 and "error: rank 0 of 2: a collective failed" in out, out[-3000:]
+    assert "RESULT," not in out
+
+
+def test_run_sub_checks_paths_before_the_first_run(tmp_path):
+    env = {"PATH": os.environ["PATH"], "DGXSYSTEM": "X", "DGXNNODES": "1", "DGXNGPU": "2", "SLURM_JOB_ID": "1",
+           "SLURM_JOB_NUM_NODES": "1", "DATADIR": str(tmp_path / "nope"), "EVALDIR": str(tmp_path),
+           "INIT_CHECKPOINT": str(tmp_path / "model.ckpt-28252"), "LOGDIR": str(tmp_path / "logs")}
+    r = subprocess.run(["bash", "run.sub"], cwd=PKG, env=env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"DATADIR={tmp_path / 'nope'} (no such directory)" in r.stderr
+    assert "INIT_CHECKPOINT=" in r.stderr and "EVALDIR=" not in r.stderr
+    assert not (tmp_path / "logs").exists()  # nothing was run, no log begun
+    (tmp_path / "model.ckpt-28252.index").write_bytes(b"")  # a TF checkpoint prefix is a path too
+    env["DATADIR"] = str(tmp_path)
+    r = subprocess.run(["bash", "run.sub"], cwd=PKG, env=env, capture_output=True, text=True, timeout=30)
+    assert "no such" not in r.stderr, r.stderr
 
 
 def test_run_sub_names_missing_variables(tmp_path):

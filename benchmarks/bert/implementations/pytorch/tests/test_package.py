@@ -39,6 +39,8 @@ def test_package_ten_cpu_runs_succeeds(ten_runs, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     table = r.stdout
     assert "package: SUCCESS" in table
+    for i, log in enumerate(ten_runs):  # which input log each result file is
+        assert f"result_{i}.txt <- {log}\n" in table
     assert "compliance checker (5.0.0)  PASS     10/10 logs pass" in table
     assert "package checker (5.0.0)     PASS" in table
     assert "RCP checker (5.0.0)         n/a" in table

@@ -43,6 +43,7 @@ def test_prepare_data_chain(tmp_path):
     r = _run(dl, out)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert f"DATADIR={out}/hdf5/training_4" in r.stdout
+    assert "== training examples: 3 parts" in r.stdout  # counted, not MLPerf's 500
     h = out / "hdf5"
     assert len(list_shards(h / "training")) == 3 and len(list_shards(h / "training_4")) == 4
     total = sum(len(read_shard(p)) for p in list_shards(h / "training"))
