@@ -21,7 +21,7 @@ import torch.multiprocessing as mp
 from bert import train
 from bert.config import ModelConfig
 from bert.model import BertForPreTraining
-from conftest import end_process_group, free_port
+from conftest import end_worker, free_port
 
 # Dropout on: evaluate must switch it off (model.eval()) for the designed labels to hold.
 CFG = ModelConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
@@ -79,7 +79,7 @@ def _worker(rank, port, path, out_dir):
     m.train()
     acc = train.evaluate(m, saved["batches"][rank], torch.device("cpu"))
     torch.save({"accuracy": acc, "training": m.training}, f"{out_dir}/rank{rank}.pt")
-    end_process_group()
+    end_worker()
 
 
 def test_accuracy_is_sum_of_correct_over_sum_of_labelled_across_batches_and_ranks(tmp_path):
