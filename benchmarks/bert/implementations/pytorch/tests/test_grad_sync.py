@@ -243,6 +243,17 @@ def single_process_grads(seed, clip=0.0):
     return grads(model)
 
 
+def oracle_thresholds(members, rule, max_norm=CLIP, model=fresh_model):
+    """Each bucket's threshold from the buckets the test read from DDP's reducer (``members``,
+    in bucket-index order) and the parameter sizes, by the paper's two rules: C / sqrt(B)
+    for "count", C * sqrt(n_b / N) for "size". Not bucket_thresholds: this is its oracle."""
+    sizes = {n: p.numel() for n, p in model().named_parameters()}
+    numels = [sum(sizes[n] for n in names) for names in members]
+    if rule == "count":
+        return [max_norm / math.sqrt(len(numels))] * len(numels)
+    return [max_norm * math.sqrt(n / sum(numels)) for n in numels]
+
+
 def bucketwise_oracle(locals_, members, thresholds):
     """Clip each rank's bucket to its threshold by its local norm, then average the ranks."""
     out, clipped_norms = {}, []
@@ -271,12 +282,15 @@ def assert_grads_close(got, want, **tol):
 def test_bucketwise_clip_equals_the_math_on_local_gradients(ranks, rule):
     run = ranks[0][rule]
     assert len(run["members"]) > 3  # several buckets, or this tests nothing
-    want, norms = bucketwise_oracle([r["local"] for r in ranks], run["members"], run["thresholds"])
+    thresholds = oracle_thresholds(run["members"], rule)
+    want, norms = bucketwise_oracle([r["local"] for r in ranks], run["members"], thresholds)
     assert_grads_close(run["grads"], want, atol=1e-7, rtol=1e-5)
     assert_grads_close(ranks[1][rule]["grads"], want, atol=1e-7, rtol=1e-5)
     assert all(n <= t * (1 + 1e-6) for n, t in norms)
     assert sum(n < t * 0.999 for n, t in norms) < len(norms)  # some bucket really was clipped
-    assert math.isclose(sum(t * t for t in run["thresholds"]), CLIP ** 2, rel_tol=1e-9)
+    assert math.isclose(sum(t * t for t in thresholds), CLIP ** 2, rel_tol=1e-9)
+    if rule == "size":  # buckets of different sizes, so the two rules (and bucket orders) differ
+        assert len(set(thresholds)) > 1
     # the reduced gradient's global norm obeys the bound
     total = torch.linalg.vector_norm(torch.stack([g.norm() for g in run["grads"].values()]))
     assert total <= CLIP * (1 + 1e-5)
@@ -287,11 +301,11 @@ def test_thresholds_follow_the_buckets_ddp_built(ranks):
     sizes = {n: p.numel() for n, p in fresh_model().named_parameters()}
     for run in (small, big):
         assert run["layout"] == [sum(sizes[n] for n in names) for names in run["members"]]
-        assert run["thresholds"] == pytest.approx([CLIP / math.sqrt(len(run["members"]))] * len(run["members"]))
+        assert run["thresholds"] == pytest.approx(oracle_thresholds(run["members"], "count"))
     assert len(big["members"]) < len(small["members"])
     size = ranks[0]["size"]
-    total = sum(size["layout"])
-    assert size["thresholds"] == pytest.approx([CLIP * math.sqrt(n / total) for n in size["layout"]])
+    assert size["layout"] == [sum(sizes[n] for n in names) for names in size["members"]]
+    assert size["thresholds"] == pytest.approx(oracle_thresholds(size["members"], "size"))
 
 
 def test_threshold_above_every_norm_equals_plain_ddp(ranks):
@@ -326,7 +340,7 @@ def test_inf_in_a_bucket_reaches_the_scaler_and_is_not_clipped_away(ranks):
     for i, names in enumerate(run["members"]):
         if i == hit:
             # rank 0's bucket untouched (coefficient 1), rank 1's clipped as usual
-            t = run["thresholds"][i] * 1024.0
+            t = oracle_thresholds(run["members"], "count")[i] * 1024.0
             g1 = torch.cat([locals_[1][n].flatten() for n in names])
             c1 = min(1.0, t / (g1.norm().item() + grad_sync.EPS))
             for n in names:
@@ -425,7 +439,8 @@ def test_powersgd_reduces_exactly_before_its_start_step(ranks):
 
 def test_powersgd_after_bucketwise_clip_equals_the_clip_math(ranks):
     run = ranks[0]["psgd_clip"]
-    want, norms = bucketwise_oracle([r["psgd_clip"]["local"] for r in ranks], run["members"], run["thresholds"])
+    thresholds = oracle_thresholds(run["members"], "count", max_norm=0.5, model=mlp)
+    want, norms = bucketwise_oracle([r["psgd_clip"]["local"] for r in ranks], run["members"], thresholds)
     assert sum(n < t * 0.999 for n, t in norms) < len(norms)  # some bucket really was clipped
     assert_grads_close(run["grads"], want, atol=1e-6, rtol=1e-4)
 

@@ -81,11 +81,11 @@ def accuracies(log: Path) -> dict[int, list[float]]:
     return out
 
 
-def assert_same_weights(a: Path, b: Path) -> None:
+def assert_same_weights(a: Path, b: Path, context: str = "") -> None:
     wa, wb = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
-    assert wa.keys() == wb.keys()
+    assert wa.keys() == wb.keys(), context
     differ = [k for k in wa if not torch.equal(wa[k], wb[k])]
-    assert not differ, f"weights differ from the uninterrupted run: {differ[:5]}"
+    assert not differ, f"weights differ from the uninterrupted run: {differ[:5]} {context}"
 
 
 def checkpoints(out: Path) -> list[Path]:
@@ -107,29 +107,33 @@ def baseline(tiny_data, tmp_path_factory) -> Path:
 
 
 def test_kill9_then_resume_matches_uninterrupted_run(tiny_data, baseline, tmp_path):
-    k = 2 * random.Random().randint(1, STEPS // 2 - 4)  # a random checkpointed step, early enough
+    # A random checkpointed step, early enough; the seed is in every failure message, and
+    # KILL_SEED=<seed> in the environment replays that kill point.
+    seed = int(os.environ.get("KILL_SEED", random.SystemRandom().randrange(2**32)))
+    k = 2 * random.Random(seed).randint(1, STEPS // 2 - 4)
+    at = f"killed after checkpoint {k} (KILL_SEED={seed} replays it)"
     procs = launch(tiny_data, tmp_path, "ckpt.interval_steps=2", "ckpt.keep=3")
-    wait_for(lambda: (tmp_path / "checkpoints" / f"step_{k:09d}").is_dir(), procs, f"checkpoint {k}")
+    wait_for(lambda: (tmp_path / "checkpoints" / f"step_{k:09d}").is_dir(), procs, f"checkpoint {k} ({at})")
     for p in procs:
         p.send_signal(signal.SIGKILL)
-    assert [p.wait() for p in procs] == [-signal.SIGKILL] * WORLD
-    assert not (tmp_path / "final.pt").exists()
-    assert 1 <= len(checkpoints(tmp_path)) <= 4  # the last K kept (K+1 if killed before pruning)
+    assert [p.wait() for p in procs] == [-signal.SIGKILL] * WORLD, at
+    assert not (tmp_path / "final.pt").exists(), at
+    assert 1 <= len(checkpoints(tmp_path)) <= 4, at  # the last K kept (K+1 if killed before pruning)
 
     rcs = wait_all(launch(tiny_data, tmp_path, "ckpt.interval_steps=2", "ckpt.keep=3"), tmp_path)
     said = (tmp_path / "rank0.out").read_text()
-    assert rcs == [1, 1], said[-3000:]
-    assert "resumed from" in said
-    assert_same_weights(tmp_path / "final.pt", baseline / "final.pt")
+    assert rcs == [1, 1], f"{at}\n{said[-3000:]}"
+    assert "resumed from" in said, at
+    assert_same_weights(tmp_path / "final.pt", baseline / "final.pt", at)
     want, got = accuracies(baseline / "result_0.txt"), accuracies(tmp_path / "result_0.txt")
-    assert got.keys() == want.keys()
+    assert got.keys() == want.keys(), at
     # evals between the checkpoint and the kill ran twice; every run of them agrees
-    assert all(set(got[s]) == set(want[s]) for s in want), (got, want)
+    assert all(set(got[s]) == set(want[s]) for s in want), (at, got, want)
     events = mllog_events(tmp_path / "result_0.txt")
     # the log keeps both parts and says so: two run_start, one resumed_from_checkpoint
-    assert sum(e["key"] == "run_start" for e in events) == 2
-    assert [e["key"] for e in events].count("resumed_from_checkpoint") == 1
-    assert not no_partial_files(tmp_path)
+    assert sum(e["key"] == "run_start" for e in events) == 2, at
+    assert [e["key"] for e in events].count("resumed_from_checkpoint") == 1, at
+    assert not no_partial_files(tmp_path), at
 
 
 def test_sigterm_to_one_rank_checkpoints_all_and_resume_matches(tiny_data, baseline, tmp_path):

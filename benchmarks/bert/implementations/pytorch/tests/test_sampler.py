@@ -17,7 +17,7 @@ import torch
 
 from bert import sampler as smp
 from bert.attention import build_attention, varlen_via_padded
-from bert.config import ModelConfig, SamplerConfig, build_config
+from bert.config import ConfigError, ModelConfig, SamplerConfig, build_config
 from bert.data import Sample, Shard, collate, read_shard, write_shard
 from bert.model import BertForPreTraining
 from conftest import end_worker, free_port
@@ -299,7 +299,7 @@ def test_train_batches_picks_the_closed_loader(demo_data):
     cfg = build_config({"data.train_dir": str(demo_data.train), "data.max_seq_length": 128,
                         "model.max_position_embeddings": 128, "data.max_predictions_per_seq": 20})
     assert isinstance(smp.train_batches(cfg, 0, 2), TrainLoader)
-    with pytest.raises(Exception, match="closed division"):
+    with pytest.raises(ConfigError, match="closed division"):
         build_config({"sampler.mode": "stratified"})
 
 
@@ -379,7 +379,7 @@ def test_packed_model_dispatch_and_config():
     batch = smp.collate_packed([make_sample(i, 10, rng) for i in range(3)], S)
     mlm, nsp = model(**{k: v for k, v in batch.items() if k not in ("mlm_labels", "nsp_labels")})
     assert nsp.shape == (3, 2) and mlm.shape[0] == len(batch["mlm_labels"])
-    with pytest.raises(Exception, match="model.pack"):
+    with pytest.raises(ConfigError, match="model.pack"):
         build_config({"model.pack": "true"})  # unpad is on by default
 
 
