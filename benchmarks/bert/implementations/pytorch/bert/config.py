@@ -484,6 +484,8 @@ def validate(cfg: Config) -> None:
     need(o.schedule != "published" or lr_decay_end(o) > o.warmup_steps, "optim.schedule",
          "the published schedule decays over (lr_max_steps or total_steps) - warmup_steps steps: "
          "needs more steps than optim.warmup_steps")
+    need(o.schedule == "mlcommons" or cfg.run.division == "open", "optim.schedule",
+         "the closed division follows the reference schedule (mlcommons)")
     pr = cfg.precision
     need(pr.loss_scale_init > 0, "precision.loss_scale_init", "must be positive")
     need(pr.loss_scale_growth > 1, "precision.loss_scale_growth", "must be > 1")

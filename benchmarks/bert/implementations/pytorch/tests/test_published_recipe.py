@@ -110,6 +110,36 @@ def test_mlcommons_schedule_stays_the_default_and_honours_lr_max_steps():
         build_config({"optim.schedule": "published", "optim.warmup_steps": "100", "optim.total_steps": "100"})
 
 
+def test_config_refuses_the_recipe_keys_where_they_do_not_apply():
+    from bert.config import ConfigError
+
+    open_ = {"run.division": "open"}
+    for bad, key in [({"optim.schedule": "published"}, "optim.schedule"),  # closed division
+                     ({"grad_sync.reduce_scale": "0.001"}, "grad_sync.reduce_scale"),
+                     ({**open_, "grad_sync.reduce_scale": "0.001", "grad_sync.compression": "powersgd"},
+                      "grad_sync.reduce_scale"),
+                     ({**open_, "optim.max_grad_norm": "0", "grad_sync.bucket_clip_norm": "1",
+                       "grad_sync.bucket_clip_rule": "size", "grad_sync.bucket_clip_count": "22"},
+                      "grad_sync.bucket_clip_count"),
+                     ({"grad_sync.first_bucket_mb": "30"}, "grad_sync.first_bucket_mb"),
+                     ({"run.max_steps": "-1"}, "run.max_steps")]:
+        with pytest.raises(ConfigError, match=key):
+            build_config(bad)
+
+
+def test_first_bucket_falls_back_with_a_note_on_a_torch_without_per_bucket_caps(monkeypatch):
+    class OldDDP:  # torch < 2.13's signature: no bucket_cap_mb_list
+        def __init__(self, module, device_ids=None, bucket_cap_mb=None):
+            pass
+
+    cfg = GradSyncConfig(bucket_cap_mb=50, first_bucket_mb=2)
+    assert grad_sync.ddp_bucket_args(cfg) == ({"bucket_cap_mb_list": [2, 50]}, "")
+    assert grad_sync.ddp_bucket_args(GradSyncConfig(bucket_cap_mb=50)) == ({"bucket_cap_mb": 50}, "")
+    monkeypatch.setattr(grad_sync, "DDP", OldDDP)
+    kwargs, note = grad_sync.ddp_bucket_args(cfg)
+    assert kwargs == {"bucket_cap_mb": 50} and "first_bucket_mb=2 ignored" in note
+
+
 def test_schedule_tool_prints_what_the_trainer_applies(tmp_path):
     r = subprocess.run([sys.executable, "tools/schedule.py", str(CONFIG), "--json"], cwd=PKG,
                        capture_output=True, text=True, timeout=120)
