@@ -156,7 +156,7 @@ class PrecisionConfig:
 class GradSyncConfig:
     bucket_cap_mb: float = 25.0  # DDP gradient bucket size
     # DDP's first bucket (the first gradients backward produces) when smaller than
-    # bucket_cap_mb; 0 = bucket_cap_mb (torch >= 2.4 with the cap given). The published
+    # bucket_cap_mb; 0 = bucket_cap_mb (what torch 2.13 does when the cap is given). The published
     # recipe's torch 1.10 always made it 1 MiB (its fp16 gradients: 2 MiB of our fp32 ones).
     # Needs DDP's bucket_cap_mb_list (torch 2.13 has it); older torch: ignored with a note.
     first_bucket_mb: float = 0.0

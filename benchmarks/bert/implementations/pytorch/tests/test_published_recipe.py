@@ -15,6 +15,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -98,7 +99,8 @@ def test_published_schedule_every_step_matches_the_published_stepping():
     assert got[100] == pytest.approx(3.2570e-4, rel=1e-4)
     assert got[177] > cfg.optim.end_lr == got[178] == got[299]
     mlc = dataclasses.replace(cfg.optim, schedule="mlcommons")
-    assert lr_at(66, mlc) == pytest.approx(2.6633e-4, rel=1e-4) and lr_at(100, mlc) == pytest.approx(2.0107e-4, rel=1e-4)
+    assert lr_at(66, mlc) == pytest.approx(2.6633e-4, rel=1e-4)
+    assert lr_at(100, mlc) == pytest.approx(2.0107e-4, rel=1e-4)
     assert sum(lr_at(k, mlc) for k in range(179)) / sum(got[:179]) == pytest.approx(0.7615, abs=1e-3)
 
 
@@ -302,7 +304,8 @@ def _accum_run(rank, gcfg, accum):
     pcfg = PrecisionConfig(dtype="fp32")
     prec = build_precision(pcfg, "cpu")
     p = train.Parts(model, ddp, opt, sched, build_scaler(pcfg, prec, "cpu"), prec,
-                    dataclasses.replace(sync, after_sync=after_sync), iter([part(mine, i, accum) for i in range(accum)]),
+                    dataclasses.replace(sync, after_sync=after_sync),
+                    iter([part(mine, i, accum) for i in range(accum)]),
                     [], 0, torch.device("cpu"), 8, 8, 8)
     train.train_step(p, accum)
     name_of = {q.data_ptr(): n for n, q in model.named_parameters()}
@@ -486,8 +489,6 @@ def test_scaled_down_open_recipe_reaches_the_target_and_passes_the_checker(train
     thresholds = keys["grad_sync_bucket_thresholds"]
     assert thresholds["value"] == pytest.approx([0.5] * len(thresholds["metadata"]["bucket_numels"]))
     # "step k | ... | lr R": the rate of the update after k updates, as the published stepping gives it.
-    import re
-
     shown = {int(k): float(v) for k, v in re.findall(r"^step +(\d+) \|.*\| lr ([\d.e+-]+) \|", r.stdout, re.M)}
     want = published_schedule(pub.lr, pub.end_lr, 8, -2, 18, 31)
     assert sorted(shown) == list(range(1, 31))
