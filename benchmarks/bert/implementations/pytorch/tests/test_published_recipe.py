@@ -31,7 +31,7 @@ from bert.config import GradSyncConfig, PrecisionConfig, build_config, eval_inte
 from bert.model import BertForPreTraining, pretraining_loss
 from bert.optim import lr_at
 from bert.precision import build_precision, build_scaler
-from conftest import PKG, demo_run_env, end_process_group, free_port, mllog_events, run_checker
+from conftest import PKG, demo_run_env, end_worker, free_port, mllog_events, run_checker
 from tools.schedule import resolve
 
 CONFIG = PKG / "config_DGXA100_128x8.sh"
@@ -325,7 +325,7 @@ def _worker(rank, port, out_dir):
            "scaled_sum_fp16": _hook_run(rank, GradSyncConfig(bucket_clip_norm=CLIP, reduce_scale=0.3,
                                                              compression="fp16"))}
     torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
-    end_process_group()
+    end_worker()
 
 
 @pytest.fixture(scope="module")
