@@ -115,8 +115,16 @@ class OptimConfig:
     # Schedule offset: a negative value starts partway through warmup (reference rule).
     start_warmup_step: int = 0
     total_steps: int = 7100  # opt_learning_rate_training_steps: end of the poly decay
-    end_lr: float = 0.0  # learning rate reached at total_steps
+    end_lr: float = 0.0  # learning rate reached at total_steps (or lr_max_steps)
     decay_power: float = 1.0  # polynomial decay degree (1 = linear)
+    # Where the decay reaches end_lr, when it is not total_steps (the published open recipe's
+    # --lr_max_steps: decay ends at 179, the run may go on to 299); 0 = total_steps.
+    lr_max_steps: int = 0
+    # Warmup + decay formula (bert.optim.lr_at): "mlcommons" = the reference rule, decay
+    # progress = step / end (closed division); "published" = the open recipe's published
+    # scheduler (Kim et al.): progress = (e - warmup) / (end - warmup), measured from the
+    # end of warmup, e its own step count (the rate jumps above lr when warmup ends).
+    schedule: Literal["mlcommons", "published"] = "mlcommons"
     # Implementation, resolved once (bert.optim.build_optimizer; the log's
     # opt_implementation says which ran): "auto" takes apex's fused kernels when importable
     # on GPU, else torch's (fused AdamW on GPU, foreach elsewhere) and our foreach LAMB;
@@ -147,6 +155,11 @@ class PrecisionConfig:
 @dataclass
 class GradSyncConfig:
     bucket_cap_mb: float = 25.0  # DDP gradient bucket size
+    # DDP's first bucket (the first gradients backward produces) when smaller than
+    # bucket_cap_mb; 0 = bucket_cap_mb (what torch 2.13 does when the cap is given). The published
+    # recipe's torch 1.10 always made it 1 MiB (its fp16 gradients: 2 MiB of our fp32 ones).
+    # Needs DDP's bucket_cap_mb_list (torch 2.13 has it); older torch: ignored with a note.
+    first_bucket_mb: float = 0.0
     # Bucket-wise clipping before the allreduce (open division, Kim et al. 2024): each rank
     # scales each DDP bucket to its threshold as soon as backward fills it, so its allreduce
     # overlaps the rest of backward. 0 = off. Excludes optim.max_grad_norm (never both).
@@ -154,10 +167,19 @@ class GradSyncConfig:
     # Bucket threshold: "count" = bucket_clip_norm / sqrt(number of DDP buckets) (the paper);
     # "size" = bucket_clip_norm * sqrt(bucket numel / total numel). Both bound the norm by it.
     bucket_clip_rule: Literal["count", "size"] = "count"
+    # Rule "count" with a fixed B: the threshold is bucket_clip_norm / sqrt(bucket_clip_count)
+    # whatever DDP's bucket count is (the published recipe hard-codes 22, the count of its
+    # fp16 buckets at 25 MB); 0 = B read from DDP. If DDP makes B' buckets, the norm bound
+    # becomes bucket_clip_norm * sqrt(B' / bucket_clip_count).
+    bucket_clip_count: int = 0
     # Bucket on the wire: "none" = as is; "fp16"/"bf16" = cast, allreduce, cast back (half
     # the bytes, that dtype's rounding); "powersgd" = rank-r factors of each gradient matrix
     # with error feedback (open division; slow networks; bert/grad_sync.py).
     compression: Literal["none", "fp16", "bf16", "powersgd"] = "none"
+    # Each rank's bucket is multiplied by this before the sum-allreduce; 0 = 1/world size (the
+    # mean). The published recipe scaled by a constant: sqrt(22)/4908.98 = 1/1046.6 per rank,
+    # 0.978 x the mean at 1,024 ranks (Adam sees it only through epsilon; README).
+    reduce_scale: float = 0.0
     # PowerSGD: factor rank r (bytes per n x m matrix: r(n+m) instead of nm) and the number of
     # optimizer steps reduced exactly (plain allreduce) before compressing starts.
     powersgd_rank: int = 4
@@ -243,6 +265,9 @@ class RunConfig:
     # Abort (run_stop "aborted") once this many samples were trained without reaching the
     # target; 0 = optim.total_steps * global batch.
     max_samples: int = 0
+    # Also stop after this many optimizer steps (the published recipe's MAX_STEPS, below its
+    # sample cap); 0 = no step limit beyond max_samples.
+    max_steps: int = 0
     seed: int = 12345
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # Model weights to start from (empty = random init): a TF checkpoint prefix
@@ -291,9 +316,16 @@ def eval_interval_samples(cfg: Config, world_size: int) -> int:
 
 
 def max_samples(cfg: Config, world_size: int) -> int:
-    if cfg.run.max_samples > 0:
-        return cfg.run.max_samples
-    return cfg.optim.total_steps * global_batch_size(cfg, world_size)
+    """The sample count that ends an unsuccessful run: run.max_samples (else total_steps
+    global batches), and no more than run.max_steps global batches when that is set."""
+    gbs = global_batch_size(cfg, world_size)
+    cap = cfg.run.max_samples if cfg.run.max_samples > 0 else cfg.optim.total_steps * gbs
+    return min(cap, cfg.run.max_steps * gbs) if cfg.run.max_steps > 0 else cap
+
+
+def lr_decay_end(o: OptimConfig) -> int:
+    """The step at which the learning-rate decay reaches ``end_lr``."""
+    return o.lr_max_steps if o.lr_max_steps > 0 else o.total_steps
 
 
 # ---------------------------------------------------------------- building and checking
@@ -457,6 +489,12 @@ def validate(cfg: Config) -> None:
     need(o.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
     need(o.total_steps > 0, "optim.total_steps", "must be positive")
     need(o.end_lr >= 0, "optim.end_lr", "must be >= 0")
+    need(o.lr_max_steps >= 0, "optim.lr_max_steps", "must be >= 0 (0 = optim.total_steps)")
+    need(o.schedule != "published" or lr_decay_end(o) > o.warmup_steps, "optim.schedule",
+         "the published schedule decays over (lr_max_steps or total_steps) - warmup_steps steps: "
+         "needs more steps than optim.warmup_steps")
+    need(o.schedule == "mlcommons" or cfg.run.division == "open", "optim.schedule",
+         "the closed division follows the reference schedule (mlcommons)")
     pr = cfg.precision
     need(pr.loss_scale_init > 0, "precision.loss_scale_init", "must be positive")
     need(pr.loss_scale_growth > 1, "precision.loss_scale_growth", "must be > 1")
@@ -466,11 +504,19 @@ def validate(cfg: Config) -> None:
          "'fused' is torch's fused AdamW; torch has no LAMB (use auto, apex or foreach)")
     g = cfg.grad_sync
     need(g.bucket_cap_mb > 0, "grad_sync.bucket_cap_mb", "must be positive")
+    need(0 <= g.first_bucket_mb <= g.bucket_cap_mb, "grad_sync.first_bucket_mb",
+         "must be in [0, grad_sync.bucket_cap_mb] (0 = bucket_cap_mb)")
     need(g.bucket_clip_norm >= 0, "grad_sync.bucket_clip_norm", "must be >= 0 (0 = off)")
     need(not (g.bucket_clip_norm > 0 and o.max_grad_norm > 0), "grad_sync.bucket_clip_norm",
          "bucket-wise clipping and optim.max_grad_norm (global clipping) exclude each other: set one to 0")
     need(not (g.bucket_clip_norm > 0 and cfg.run.division == "closed"), "grad_sync.bucket_clip_norm",
          "the closed division clips on the global norm after allreduce (optim.max_grad_norm)")
+    need(g.reduce_scale >= 0, "grad_sync.reduce_scale", "must be >= 0 (0 = the mean)")
+    need(g.reduce_scale == 0 or (cfg.run.division == "open" and g.compression != "powersgd"),
+         "grad_sync.reduce_scale", "a constant reduction scale is for the open division, without powersgd")
+    need(g.bucket_clip_count >= 0, "grad_sync.bucket_clip_count", "must be >= 0 (0 = DDP's bucket count)")
+    need(g.bucket_clip_count == 0 or g.bucket_clip_rule == "count", "grad_sync.bucket_clip_count",
+         "a fixed bucket count applies to bucket_clip_rule=count only")
     need(g.powersgd_rank > 0, "grad_sync.powersgd_rank", "must be positive")
     # torch's hook needs one exact step before error feedback and warm start begin.
     need(g.powersgd_start_step >= 2, "grad_sync.powersgd_start_step", "must be >= 2")
@@ -502,6 +548,7 @@ def validate(cfg: Config) -> None:
     need(r.local_batch_size > 0, "run.local_batch_size", "must be positive")
     need(r.grad_accum_steps > 0, "run.grad_accum_steps", "must be positive")
     need(r.max_samples >= 0, "run.max_samples", "must be >= 0")
+    need(r.max_steps >= 0, "run.max_steps", "must be >= 0 (0 = no step limit)")
     need(r.threads >= 0, "run.threads", "must be >= 0")
     need(r.max_nonfinite_steps > 0, "run.max_nonfinite_steps", "must be positive")
     k = cfg.ckpt

@@ -12,7 +12,8 @@ as soon as DDP has filled bucket b (numel n_b, flat local gradient g_b), scale i
 its threshold t_b and start its allreduce at once:
 
     g_b <- g_b * min(1, t_b / (||g_b|| + 1e-6))          (local norm, no communication)
-    rule "count": t_b = C / sqrt(B)                       (B = number of DDP buckets)
+    rule "count": t_b = C / sqrt(B)                       (B = number of DDP buckets, or
+                                                           grad_sync.bucket_clip_count)
     rule "size":  t_b = C * sqrt(n_b / N)                 (N = sum of n_b)
 
 Both rules satisfy sum_b t_b^2 = C^2, so every rank's clipped local gradient has norm at
@@ -30,6 +31,9 @@ Communication of a bucket (after the optional clip):
   size in fp32 (a sum of scaled fp16 gradients overflows where the mean does not), cast
   (allocates half the bucket), allreduce, copy back into the bucket. Error: that dtype's
   rounding of the mean, plus its rounding of the partial sums.
+- ``reduce_scale`` > 0 (with "none", "fp16" or "bf16"): multiply by that constant instead of
+  dividing by the world size, then sum: the published recipe's reduction (sqrt(22)/4908.98
+  per rank, an effective 1/1046.6 at 1,024 ranks where the mean is 1/1024).
 - "powersgd": torch's PowerSGD hook (Vogels et al. 2019; open division only, for slow
   networks): each gradient matrix M (n x m) of the bucket is sent as two rank-r factors,
   P = M Q (n x r, allreduced, orthogonalised) and Q = M^T P (m x r, allreduced): r(n+m)
@@ -61,6 +65,7 @@ division the caller unscales before ``after_sync`` clips (GradScaler.unscale_).
 
 
 import functools
+import inspect
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -81,10 +86,14 @@ Comm = Callable[[dist.GradBucket], torch.futures.Future]  # reduces one bucket t
 LossScale = Callable[[], "float | torch.Tensor"]
 
 
-def bucket_thresholds(max_norm: float, numels: list[int], rule: str) -> list[float]:
-    """Per-bucket thresholds t_b with sum_b t_b^2 = max_norm^2 (see the module docstring)."""
+def bucket_thresholds(max_norm: float, numels: list[int], rule: str, count: int = 0) -> list[float]:
+    """Per-bucket thresholds t_b with sum_b t_b^2 = max_norm^2 (see the module docstring).
+
+    ``count`` > 0 (rule "count" only) fixes the B of C/sqrt(B) instead of the number of
+    buckets, as the published recipe does (22); the sum is then max_norm^2 * len/count.
+    """
     if rule == "count":
-        return [max_norm / math.sqrt(len(numels))] * len(numels)
+        return [max_norm / math.sqrt(count or len(numels))] * len(numels)
     if rule == "size":
         total = sum(numels)
         return [max_norm * math.sqrt(n / total) for n in numels]
@@ -120,16 +129,17 @@ def _reducer_layout(ddp: DDP) -> list[int]:
 class BucketClip:
     """Bucket-wise clipping state: DDP's bucket layout and each bucket's threshold."""
 
-    def __init__(self, max_norm: float, rule: str, loss_scale: LossScale | None = None) -> None:
+    def __init__(self, max_norm: float, rule: str, loss_scale: LossScale | None = None, count: int = 0) -> None:
         self.max_norm = max_norm
         self.rule = rule
+        self.count = count  # fixed B of rule "count"; 0 = the layout's bucket count
         self.loss_scale: LossScale = loss_scale if loss_scale is not None else (lambda: 1.0)
         self.layout: list[int] = []  # numel per bucket index
         self.thresholds: list[float] = []  # unscaled t_b per bucket index
 
     def set_layout(self, numels: list[int]) -> None:
         self.layout = list(numels)
-        self.thresholds = bucket_thresholds(self.max_norm, self.layout, self.rule)
+        self.thresholds = bucket_thresholds(self.max_norm, self.layout, self.rule, self.count)
 
     def watch(self, ddp: DDP) -> None:
         """Read DDP's layout now and again right after its one-time bucket rebuild."""
@@ -152,14 +162,21 @@ class BucketClip:
         return clip_([buf], self.thresholds[i] * self.loss_scale())
 
 
-def _cast_allreduce(dtype: torch.dtype, group: dist.ProcessGroup | None, bucket: dist.GradBucket) -> torch.futures.Future:
+def _allreduce(dtype: torch.dtype | None, scale: float | None, group: dist.ProcessGroup | None,
+               bucket: dist.GradBucket) -> torch.futures.Future:
+    """Scale the bucket (``scale`` per rank, None = 1/world: the mean), cast it for the wire
+    (``dtype``; None = as is) and sum it over the ranks into the bucket."""
     buf = bucket.buffer()
-    world = dist.get_world_size(group)
-    wire = buf.div_(world).to(dtype)  # mean taken in the bucket's dtype, then cast: allocates
+    if scale is None:
+        buf.div_(dist.get_world_size(group))  # in the bucket's dtype, before any cast
+    else:
+        buf.mul_(scale)
+    wire = buf if dtype is None else buf.to(dtype)  # the cast allocates (half the bucket)
     fut = dist.all_reduce(wire, group=group, async_op=True).get_future()
 
     def back(f: torch.futures.Future) -> torch.Tensor:
-        buf.copy_(f.value()[0])
+        if wire is not buf:
+            buf.copy_(f.value()[0])
         return buf
 
     return fut.then(back)
@@ -224,10 +241,12 @@ class PowerSGD:
 
 def make_comm(cfg: GradSyncConfig, group: dist.ProcessGroup | None = None) -> Comm:
     """The bucket reduction chosen by ``cfg.compression`` (a function of the bucket)."""
-    if cfg.compression == "none":
+    scale = cfg.reduce_scale or None
+    if cfg.compression == "none" and scale is None:
         return functools.partial(default_hooks.allreduce_hook, group)
-    if cfg.compression in ("fp16", "bf16"):
-        return functools.partial(_cast_allreduce, getattr(torch, {"fp16": "float16", "bf16": "bfloat16"}[cfg.compression]), group)
+    if cfg.compression in ("none", "fp16", "bf16"):
+        dtype = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}[cfg.compression]
+        return functools.partial(_allreduce, dtype, scale, group)
     if cfg.compression == "powersgd":
         return PowerSGD(cfg, group)
     raise ValueError(f"unknown grad_sync.compression {cfg.compression!r}")
@@ -281,6 +300,22 @@ class GradSync:
             raise ValueError("the checkpoint holds PowerSGD state but grad_sync.compression is not powersgd")
 
 
+def ddp_bucket_args(cfg: GradSyncConfig) -> tuple[dict[str, Any], str]:
+    """DDP's bucket keyword arguments for ``cfg``, chosen once, and a note ("" if none).
+
+    A first bucket smaller than the cap (``first_bucket_mb``) needs DDP's
+    ``bucket_cap_mb_list`` (first limit, then the cap for every later bucket); a torch
+    without it gets the cap alone, and the note says so (the log's bucket layout shows it).
+    """
+    if cfg.first_bucket_mb <= 0 or cfg.first_bucket_mb == cfg.bucket_cap_mb:
+        return {"bucket_cap_mb": cfg.bucket_cap_mb}, ""
+    if "bucket_cap_mb_list" in inspect.signature(DDP.__init__).parameters:
+        return {"bucket_cap_mb_list": [cfg.first_bucket_mb, cfg.bucket_cap_mb]}, ""
+    return {"bucket_cap_mb": cfg.bucket_cap_mb}, (
+        f"grad_sync.first_bucket_mb={cfg.first_bucket_mb:g} ignored: torch {torch.__version__}'s DDP has no "
+        f"bucket_cap_mb_list; every bucket is capped at {cfg.bucket_cap_mb:g} MB")
+
+
 def _noop() -> None:
     return None
 
@@ -295,18 +330,19 @@ def build(cfg: GradSyncConfig, ddp: DDP | None, params: Iterable[torch.nn.Parame
     """
     params = [p for p in params if p.requires_grad]
     if cfg.bucket_clip_norm > 0:
-        clip = BucketClip(cfg.bucket_clip_norm, cfg.bucket_clip_rule, loss_scale)
+        clip = BucketClip(cfg.bucket_clip_norm, cfg.bucket_clip_rule, loss_scale, cfg.bucket_clip_count)
         mode = f"bucket clip ({cfg.bucket_clip_rule}) before allreduce"
         if ddp is None:
             # after_sync runs after scaler.unscale_ (bert.train.train_step): true gradients,
-            # so the threshold is not scaled here.
+            # so the threshold is not scaled here. One bucket: C, or C/sqrt(count) when fixed.
+            clip.set_layout([sum(p.numel() for p in params)])
             return GradSync(lambda: clip_([p.grad for p in params if p.grad is not None],
-                                          cfg.bucket_clip_norm), clip, mode + ", 1 process")
+                                          clip.thresholds[0]), clip, mode + ", 1 process")
         comm = make_comm(cfg)
         attach(ddp, comm, clip)
         return GradSync(_noop, clip, f"{mode} + {cfg.compression}", comm)
     comm = None
-    if ddp is not None and cfg.compression != "none":
+    if ddp is not None and (cfg.compression != "none" or cfg.reduce_scale > 0):
         comm = make_comm(cfg)
         attach(ddp, comm)
     if max_grad_norm > 0:  # closed-division semantics: global norm after the allreduce

@@ -17,6 +17,8 @@ from typing import Any
 from mlperf_logging.mllog import constants as C
 from mlperf_logging.mllog.mllog import MLLogger
 
+from .config import lr_decay_end
+
 _PKG_ROOT = str(Path(__file__).resolve().parent.parent)
 
 
@@ -140,8 +142,13 @@ def hyperparameters(cfg, world_size: int, global_batch: int, optimizer_impl: str
     # Not MLPerf keys (the checker ignores them): how gradients are bounded and sent.
     sync = {"grad_sync_bucket_cap_mb": g.bucket_cap_mb, "grad_sync_bucket_clip_norm": g.bucket_clip_norm,
             "grad_sync_compression": g.compression}
+    if g.reduce_scale > 0:
+        sync["grad_sync_reduce_scale"] = g.reduce_scale  # per rank before the sum (else the mean)
+    if g.first_bucket_mb > 0:
+        sync["grad_sync_first_bucket_mb"] = g.first_bucket_mb
     if g.bucket_clip_norm > 0:
         sync["grad_sync_bucket_clip_rule"] = g.bucket_clip_rule
+        sync["grad_sync_bucket_clip_count"] = g.bucket_clip_count  # 0 = DDP's bucket count
     if g.compression == "powersgd":
         sync.update(grad_sync_powersgd_rank=g.powersgd_rank, grad_sync_powersgd_start_step=g.powersgd_start_step)
     return {
@@ -161,6 +168,9 @@ def hyperparameters(cfg, world_size: int, global_batch: int, optimizer_impl: str
         "opt_name": o.name,
         "opt_implementation": optimizer_impl,
         "opt_learning_rate_end": o.end_lr,
+        # Not MLPerf keys: which warmup/decay formula ran (bert.optim.lr_at) and where it ends.
+        "lr_schedule": o.schedule,
+        "lr_decay_end_step": lr_decay_end(o),
         "opt_gradient_clip_norm": o.max_grad_norm,
         "max_sequence_length": cfg.data.max_seq_length,
         "world_size": world_size,

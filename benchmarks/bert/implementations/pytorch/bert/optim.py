@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from bert.config import ConfigError, OptimConfig
+from bert.config import ConfigError, OptimConfig, lr_decay_end
 
 # ---------------------------------------------------------------- parameter groups
 
@@ -302,24 +302,78 @@ def build_optimizer(
 
 
 def lr_at(step: int, cfg: OptimConfig) -> float:
-    """Learning rate for the update that follows ``step`` updates (0-based).
+    """Learning rate for the update that follows ``step`` updates (0-based), by
+    ``cfg.schedule``: ``mlcommons`` (below) or ``published`` (``published_lr_at``).
 
     The MLCommons TF reference: linear warmup from ``start_warmup_step`` over
     ``warmup_steps`` updates, otherwise polynomial decay of degree ``decay_power`` from
-    ``lr`` to ``end_lr`` at ``total_steps``, flat after. The decay is a function of
-    ``step`` itself, not of the offset: a negative ``start_warmup_step`` starts partway
-    through warmup (start -25, warmup 100: step 0 runs at lr * 0.25) and warmup ends at
-    step ``start_warmup_step + warmup_steps``.
+    ``lr`` to ``end_lr`` at the decay end (``lr_max_steps``, else ``total_steps``), flat
+    after. The decay is a function of ``step`` itself, not of the offset: a negative
+    ``start_warmup_step`` starts partway through warmup (start -25, warmup 100: step 0 runs
+    at lr * 0.25) and warmup ends at step ``start_warmup_step + warmup_steps``.
 
     One deviation: with a positive ``start_warmup_step`` the reference formula gives a
     negative rate before the start; we hold 0 there (no shipped config does this).
     """
+    if cfg.schedule == "published":
+        return published_lr_at(step, cfg)
     base = cfg.lr
     since_start = step - cfg.start_warmup_step
     if cfg.warmup_steps > 0 and since_start < cfg.warmup_steps:
         return base * max(since_start, 0) / cfg.warmup_steps
-    done = min(step, cfg.total_steps) / cfg.total_steps
+    end = lr_decay_end(cfg)
+    done = min(step, end) / end
     return (base - cfg.end_lr) * (1.0 - done) ** cfg.decay_power + cfg.end_lr
+
+
+def published_step_count(step: int, cfg: OptimConfig) -> int:
+    """The published scheduler's own step count ``e`` when update ``step`` (0-based) runs.
+
+    The published open-division code (Samsung, MLPerf v1.1/v2.0, ``schedulers.py`` and
+    ``run_pretraining.py``) steps its scheduler *before* each optimizer step and sets ``e``
+    to apex FusedAdam's step count + 1, i.e. ``e = step + 1``. Before training, the
+    scheduler's constructor (torch's ``_LRScheduler`` calls ``step()``: e = 0) and a "first
+    step to fit the initial warmup lr" (taken when the warmup or its start is non-zero:
+    e = 1) have already advanced it, and the first update's own scheduler step, seeing no
+    optimizer step count yet, adds one more: so with a warmup the first two updates both
+    run at e = 2, and update k at e = k + 1 from then on.
+    """
+    if step == 0:
+        return 2 if (cfg.start_warmup_step or cfg.warmup_steps) else 1
+    return step + 1
+
+
+def published_rate(e: int, cfg: OptimConfig) -> float:
+    """The published ``LinearWarmupPolyDecayScheduler`` at its step count ``e``.
+
+    Warmup while ``e - start < warmup`` (rate ``lr (e - start) / warmup``); after it
+    ``progress = min((e - warmup) / (end - warmup), 1)`` and rate
+    ``(lr - end_lr) (1 - progress)^power + end_lr``; ``end_lr`` once ``e > end`` (end =
+    ``lr_max_steps``, else ``total_steps``). The decay is measured from step ``warmup``,
+    not from where warmup ends (``start + warmup``): with a negative start the progress is
+    negative when warmup ends, so the rate jumps *above* ``lr`` there (published values:
+    4.50e-4 against lr 3.93e-4 at e = 66) and comes down to ``lr`` only at e = warmup.
+    Like ``lr_at``, a positive start holds 0 before it instead of a negative rate.
+    """
+    end = lr_decay_end(cfg)
+    if e > end:
+        return cfg.end_lr
+    since_start = e - cfg.start_warmup_step
+    if since_start < cfg.warmup_steps:
+        return cfg.lr * max(since_start, 0) / cfg.warmup_steps
+    progress = min((e - cfg.warmup_steps) / (end - cfg.warmup_steps), 1.0)
+    return (cfg.lr - cfg.end_lr) * (1.0 - progress) ** cfg.decay_power + cfg.end_lr
+
+
+def published_lr_at(step: int, cfg: OptimConfig) -> float:
+    """The published schedule's rate for update ``step`` (0-based); see the two above.
+
+    One difference remains under fp16: the published scheduler reads apex's optimizer step
+    count, which does not advance on a step skipped for an overflow, so every skipped step
+    delays its schedule by one update; ours advances on every step (the samples were
+    consumed, and reading a skip flag before the rate would cost a host sync per step).
+    """
+    return published_rate(published_step_count(step, cfg), cfg)
 
 
 def build_scheduler(
@@ -346,4 +400,7 @@ __all__ = [
     "build_scheduler",
     "lr_at",
     "param_groups",
+    "published_lr_at",
+    "published_rate",
+    "published_step_count",
 ]

@@ -197,8 +197,10 @@ def build(cfg: Config, denv: distributed.DistEnv, device: torch.device) -> tuple
             layer.compile()
     train_model: torch.nn.Module = model
     if denv.world_size > 1:
-        train_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-                          bucket_cap_mb=cfg.grad_sync.bucket_cap_mb)
+        buckets, note = grad_sync.ddp_bucket_args(cfg.grad_sync)
+        if note and denv.is_main:
+            print(f"note: {note}")
+        train_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, **buckets)
     # The bucket-clip hook sees scaled fp16 gradients: its thresholds follow the live scale.
     hook_scale = functools.partial(_scale_or_one, scaler) if scaler.is_enabled() else None
     sync = grad_sync.build(cfg.grad_sync, train_model if isinstance(train_model, DDP) else None,
