@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import random
 import sys
@@ -64,7 +65,7 @@ class Parts:
     precision: Precision
     grad_sync: grad_sync.GradSync  # after_sync(): global clip (closed) or nothing; its bucket layout
     batches: Iterator[dict]
-    eval_batches: list[dict]  # collated once at init: the eval set never changes
+    eval_batches: list[dict]  # collated once, after run_start (open_data): the eval set never changes
     eval_samples: int  # across all ranks
     device: torch.device
     global_batch: int
@@ -177,7 +178,10 @@ def _scale_or_one(scaler: torch.amp.GradScaler) -> torch.Tensor | float:
     return 1.0 if scale is None else scale
 
 
-def build(cfg: Config, denv: distributed.DistEnv, device: torch.device) -> tuple[Parts, str]:
+def build_model(cfg: Config, denv: distributed.DistEnv, device: torch.device) -> tuple[Parts, str]:
+    """Everything but the data: model (and the phase-1 checkpoint), precision, DDP, gradient
+    sync, optimizer, schedule. Touches no training or eval file, so it runs before
+    run_start; ``open_data`` fills in the batches after it (MLPerf's clock rule)."""
     model = BertForPreTraining(cfg.model, device.type).to(device)
     if cfg.run.init_checkpoint:
         # TF phase-1 checkpoint, HF weights or ours; names and shapes checked against cfg.model.
@@ -200,17 +204,29 @@ def build(cfg: Config, denv: distributed.DistEnv, device: torch.device) -> tuple
                            model.parameters(), cfg.optim.max_grad_norm, hook_scale)
     optimizer, impl = build_optimizer(model, cfg.optim, device.type)
     scheduler = build_scheduler(optimizer, cfg.optim)
+    ws = denv.world_size
+    parts = Parts(model, train_model, optimizer, scheduler, scaler, precision, sync, iter(()), [], 0, device,
+                  global_batch_size(cfg, ws), eval_interval_samples(cfg, ws), max_samples(cfg, ws))
+    return parts, impl
+
+
+def open_data(parts: Parts, cfg: Config, denv: distributed.DistEnv) -> Parts:
+    """The training stream and the eval set: the run's first touch of the data (listing,
+    manifest, length index, hdf5 opens), so called only after run_start. Reading and
+    collating the eval set (10,000 samples, ~1 s) is therefore timed, as the rules want."""
     d = cfg.data
     batches = sampler.train_batches(cfg, denv.rank, denv.world_size)  # picks the mode once
     eval_set = EvalSet(d.eval_dir, denv.rank, denv.world_size, d.eval_samples, d.max_seq_length)
     eval_batches = sampler.eval_batches(eval_set, cfg.eval.batch_size, cfg.model.unpad, cfg.model.pack,
                                         d.max_seq_length)
-    ws = denv.world_size
-    parts = Parts(model, train_model, optimizer, scheduler, scaler, precision, sync, iter(batches),
-                  eval_batches,
-                  eval_set.total_samples, device,
-                  global_batch_size(cfg, ws), eval_interval_samples(cfg, ws), max_samples(cfg, ws))
-    return parts, impl
+    return dataclasses.replace(parts, batches=iter(batches), eval_batches=eval_batches,
+                               eval_samples=eval_set.total_samples)
+
+
+def build(cfg: Config, denv: distributed.DistEnv, device: torch.device) -> tuple[Parts, str]:
+    """``build_model`` then ``open_data``: every part at once (tests, tools; not a timed run)."""
+    parts, impl = build_model(cfg, denv, device)
+    return open_data(parts, cfg, denv), impl
 
 
 def save_weights(model: torch.nn.Module, path: str) -> None:
@@ -279,11 +295,12 @@ def _run(cfg: Config, denv: distributed.DistEnv, device: torch.device, log: MLPe
     if start_from is None and denv.is_main:
         resume.clear(ckpt_dir)  # a finished run's checkpoints must not mix with this run's
     seed_everything(cfg.run.seed)  # identical initial weights on every rank
-    parts, impl = build(cfg, denv, device)
+    parts, impl = build_model(cfg, denv, device)  # no data touched before run_start
     seed_everything(cfg.run.seed + denv.rank)  # distinct dropout streams per rank
     state = TrainState(next_eval=parts.eval_interval, skipped_steps=torch.zeros((), dtype=torch.int64, device=device))
+    loader_state = None  # the data stream's position, applied once the data is open
     if start_from is not None:
-        resume.restore(start_from, parts, state, denv.rank, denv.world_size)
+        loader_state = resume.restore(start_from, parts, state, denv.rank, denv.world_size)
     state.nonfinite = state.nonfinite.to(device)
     log.submission(cfg.run.division, cfg.log.submitter, cfg.log.platform or cfg.log.system, cfg.log.status)
     prec_hp = parts.precision.hyperparameters(cfg.precision)
@@ -305,10 +322,14 @@ def _run(cfg: Config, denv: distributed.DistEnv, device: torch.device, log: MLPe
         f"{prec_hp['loss_scaling']}); global batch {parts.global_batch}; eval every {parts.eval_interval} samples; "
         f"abort after {parts.max_samples}")
     if dry_run:
+        open_data(parts, cfg, denv)  # not timed: reading the data checks it
         say("dry run: everything built, nothing trained")
         return 0
     log.init_stop()
     log.run_start()
+    parts = open_data(parts, cfg, denv)  # the clock runs: only now is the data touched
+    if loader_state is not None:
+        parts.batches.load_state_dict(loader_state)
     ckpt = resume.Checkpointer(cfg.ckpt, ckpt_dir, denv.rank, denv.world_size, device, stop)
     status, state = train(parts, cfg, log, say, state, ckpt)
     total_nonfinite = int(state.nonfinite[0])  # host sync, once
