@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import functools
 import random
+import secrets
 import sys
 import time
 from dataclasses import dataclass, field
@@ -53,6 +54,9 @@ class TrainState:
     # fp16 steps skipped for inf/nan gradients: a 0-d int64 on the device, summed without a
     # host sync and read at the progress lines and evaluations.
     skipped_steps: torch.Tensor | int = 0
+    # The run's seed (resolve_seed): a resumed run keeps the seed of the run it continues,
+    # so its data order is the same one.
+    seed: int = -1
 
 
 @dataclass
@@ -223,8 +227,18 @@ def open_data(parts: Parts, cfg: Config, denv: distributed.DistEnv) -> Parts:
                                eval_samples=eval_set.total_samples)
 
 
+def resolve_seed(cfg: Config) -> Config:
+    """``cfg`` with its seed decided: run.seed as given, or (-1, unset) a fresh one from the
+    OS, drawn by rank 0 and broadcast (one small collective) so every rank uses the same."""
+    if cfg.run.seed >= 0:
+        return cfg
+    seed = distributed.broadcast_object(secrets.randbelow(2**31))
+    return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, seed=seed))
+
+
 def build(cfg: Config, denv: distributed.DistEnv, device: torch.device) -> tuple[Parts, str]:
     """``build_model`` then ``open_data``: every part at once (tests, tools; not a timed run)."""
+    cfg = resolve_seed(cfg)
     parts, impl = build_model(cfg, denv, device)
     return open_data(parts, cfg, denv), impl
 
@@ -294,13 +308,18 @@ def _run(cfg: Config, denv: distributed.DistEnv, device: torch.device, log: MLPe
                                      f"{chosen}: ckpt.dir={ckpt_dir} must be one shared directory")
     if start_from is None and denv.is_main:
         resume.clear(ckpt_dir)  # a finished run's checkpoints must not mix with this run's
+    cfg = resolve_seed(cfg)  # unset: fresh from the OS, the same on every rank; logged below
     seed_everything(cfg.run.seed)  # identical initial weights on every rank
     parts, impl = build_model(cfg, denv, device)  # no data touched before run_start
     seed_everything(cfg.run.seed + denv.rank)  # distinct dropout streams per rank
-    state = TrainState(next_eval=parts.eval_interval, skipped_steps=torch.zeros((), dtype=torch.int64, device=device))
+    state = TrainState(next_eval=parts.eval_interval, skipped_steps=torch.zeros((), dtype=torch.int64, device=device),
+                       seed=cfg.run.seed)
     loader_state = None  # the data stream's position, applied once the data is open
     if start_from is not None:
         loader_state = resume.restore(start_from, parts, state, denv.rank, denv.world_size)
+        if state.seed != cfg.run.seed:  # the continued run's seed decides its data order
+            say(f"resuming: run.seed {state.seed} of the checkpointed run replaces {cfg.run.seed}")
+            cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, seed=state.seed))
     state.nonfinite = state.nonfinite.to(device)
     log.submission(cfg.run.division, cfg.log.submitter, cfg.log.platform or cfg.log.system, cfg.log.status)
     prec_hp = parts.precision.hyperparameters(cfg.precision)
