@@ -291,6 +291,26 @@ def max_samples(cfg: Config, world_size: int) -> int:
     return cfg.optim.total_steps * global_batch_size(cfg, world_size)
 
 
+def is_benchmark_model(cfg: Config) -> bool:
+    """BERT-Large at sequence length 512: the model the RCPs and the closed rules describe."""
+    return (cfg.model.hidden_size, cfg.model.num_layers, cfg.data.max_seq_length) == (1024, 24, 512)
+
+
+def timed_run_problems(cfg: Config) -> list[str]:
+    """What a timed closed-division BERT-Large run needs beyond ``validate`` (which also
+    passes the pieces tests and dry runs build): each problem names the key and what to set."""
+    if cfg.run.division != "closed" or not is_benchmark_model(cfg):
+        return []
+    out = []
+    if not cfg.run.init_checkpoint:
+        out.append("run.init_checkpoint: a closed BERT-Large run starts from the phase-1 checkpoint "
+                   "(model.ckpt-28252): set INIT_CHECKPOINT (run.init_checkpoint)")
+    if cfg.data.eval_samples not in (0, 10000):
+        out.append(f"data.eval_samples={cfg.data.eval_samples}: a closed BERT-Large run evaluates on the full "
+                   "10,000-sample eval set: set data.eval_samples=10000 (or 0 = all)")
+    return out
+
+
 # ---------------------------------------------------------------- building and checking
 
 

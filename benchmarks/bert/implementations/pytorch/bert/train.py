@@ -28,9 +28,10 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import distributed, grad_sync, resume, sampler
-from .config import Config, ConfigError, build_config, dump, eval_interval_samples, global_batch_size, max_samples, parse_overrides
+from .config import (Config, ConfigError, build_config, dump, eval_interval_samples, global_batch_size,
+                     is_benchmark_model, max_samples, parse_overrides, timed_run_problems)
 from .checkpoint import load_weights, tf_tensor_names
-from .data import DataError, EvalSet
+from .data import DataError, EvalSet, check_eval_dir
 from .mlperf_log import MLPerfLogger, hyperparameters
 from .model import BertForPreTraining, mlm_correct_and_count, pretraining_loss
 from .optim import build_optimizer, build_scheduler
@@ -214,13 +215,17 @@ def build_model(cfg: Config, denv: distributed.DistEnv, device: torch.device) ->
     return parts, impl
 
 
-def open_data(parts: Parts, cfg: Config, denv: distributed.DistEnv) -> Parts:
+def open_data(parts: Parts, cfg: Config, denv: distributed.DistEnv, timed: bool = True) -> Parts:
     """The training stream and the eval set: the run's first touch of the data (listing,
     manifest, length index, hdf5 opens), so called only after run_start. Reading and
     collating the eval set (10,000 samples, ~1 s) is therefore timed, as the rules want."""
     d = cfg.data
     batches = sampler.train_batches(cfg, denv.rank, denv.world_size)  # picks the mode once
+    check_eval_dir(d.train_dir, d.eval_dir)  # never evaluate on training samples
     eval_set = EvalSet(d.eval_dir, denv.rank, denv.world_size, d.eval_samples, d.max_seq_length)
+    if timed and is_benchmark_model(cfg) and cfg.run.division == "closed" and eval_set.total_samples != 10000:
+        raise DataError(f"data.eval_dir={d.eval_dir} holds {eval_set.total_samples} samples; a closed BERT-Large "
+                        "run evaluates on the full 10,000-sample eval set: point data.eval_dir (EVALDIR) at it")
     eval_batches = sampler.eval_batches(eval_set, cfg.eval.batch_size, cfg.model.unpad, cfg.model.pack,
                                         d.max_seq_length)
     return dataclasses.replace(parts, batches=iter(batches), eval_batches=eval_batches,
@@ -240,7 +245,7 @@ def build(cfg: Config, denv: distributed.DistEnv, device: torch.device) -> tuple
     """``build_model`` then ``open_data``: every part at once (tests, tools; not a timed run)."""
     cfg = resolve_seed(cfg)
     parts, impl = build_model(cfg, denv, device)
-    return open_data(parts, cfg, denv), impl
+    return open_data(parts, cfg, denv, timed=False), impl
 
 
 def save_weights(model: torch.nn.Module, path: str) -> None:
@@ -299,6 +304,9 @@ def run(cfg: Config, dry_run: bool = False) -> int:
 def _run(cfg: Config, denv: distributed.DistEnv, device: torch.device, log: MLPerfLogger,
          say: Callable[[str], None], log_path: Path, ckpt_dir: Path, start_from: Path | None,
          stop: resume.StopFlag, dry_run: bool) -> int:
+    problems = timed_run_problems(cfg)
+    if problems and not dry_run:
+        raise ConfigError("; ".join(problems))
     log.init_start(cfg.run.cache_cleared)
     distributed.init_process_group(denv, cfg.dist, device)
     # Every rank must pick the same checkpoint; they differ when ckpt.dir is not shared.
@@ -341,7 +349,9 @@ def _run(cfg: Config, denv: distributed.DistEnv, device: torch.device, log: MLPe
         f"{prec_hp['loss_scaling']}); global batch {parts.global_batch}; eval every {parts.eval_interval} samples; "
         f"abort after {parts.max_samples}")
     if dry_run:
-        open_data(parts, cfg, denv)  # not timed: reading the data checks it
+        open_data(parts, cfg, denv, timed=False)  # not timed: reading the data checks it
+        for problem in problems:
+            say(f"warning: a timed run would exit 2: {problem}")
         say("dry run: everything built, nothing trained")
         return 0
     log.init_stop()

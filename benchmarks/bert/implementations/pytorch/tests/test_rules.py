@@ -3,6 +3,7 @@ data is touched, seeds, the eval set, the log keys reviewers read, closed recipe
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -11,7 +12,11 @@ import textwrap
 import pytest
 
 from bert import train
+from bert.config import build_config, parse_overrides, timed_run_problems
+from bert.distributed import DistEnv
 from conftest import PKG, mllog_events, run_checker
+
+SINGLE = DistEnv(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=0, launcher="single")
 
 # Runs bert.train in a fresh interpreter that records, with its wall time, every touch of
 # the data directories: Python-level opens and listings (audit events), stat calls (exists,
@@ -134,3 +139,64 @@ def test_explicit_seed_reproduces_the_run(demo_data, tmp_path):
         assert {e["key"]: e["value"] for e in mllog_events(out / "result_0.txt")}["seed"] == 5
         weights.append(torch.load(out / "w.pt", weights_only=True))
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+def _linked(src_dir, dst):
+    """``dst`` holding symlinks to the shards of ``src_dir`` (a copy that shares the files)."""
+    dst.mkdir(parents=True)
+    for p in sorted(src_dir.iterdir()):
+        (dst / p.name).symlink_to(p)
+    return dst
+
+
+@pytest.mark.parametrize("where", ["same", "inside", "shares_a_file"])
+def test_eval_set_overlapping_the_training_data_is_refused(demo_data, tmp_path, capsys, where):
+    """An eval dir that is the train dir, lies inside it, or holds one of its files: exit 2,
+    a message naming data.eval_dir / EVALDIR, before any training step."""
+    train_dir = _linked(demo_data.train, tmp_path / "train")
+    eval_dir = {"same": train_dir, "inside": tmp_path / "train" / "eval",
+                "shares_a_file": tmp_path / "eval"}[where]
+    if where == "inside":
+        _linked(demo_data.eval, eval_dir)
+    elif where == "shares_a_file":
+        eval_dir.mkdir()
+        (eval_dir / "eval.hdf5").symlink_to(sorted(demo_data.train.iterdir())[0])
+    args = _scratch_args(demo_data, tmp_path / "out", "run.max_samples=64")
+    args = [a for a in args if not a.startswith(("data.train_dir=", "data.eval_dir="))]
+    assert train.main([*args, f"data.train_dir={train_dir}", f"data.eval_dir={eval_dir}"]) == 2
+    err = capsys.readouterr().err
+    assert "data.eval_dir" in err and "EVALDIR" in err and "Traceback" not in err
+    assert "eval_accuracy" not in {e["key"] for e in mllog_events(tmp_path / "out" / "result_0.txt")}
+
+
+def test_more_eval_samples_than_the_set_holds_is_refused(demo_data, tmp_path, capsys):
+    args = [a for a in _scratch_args(demo_data, tmp_path, "run.max_samples=64") if not a.startswith("data.eval_samples")]
+    assert train.main([*args, "data.eval_samples=5000"]) == 2
+    err = capsys.readouterr().err
+    assert "data.eval_samples=5000 but" in err and "holds 1000 samples: set data.eval_samples=1000" in err
+
+
+def test_closed_bert_large_needs_the_phase1_checkpoint_and_the_full_eval_set(tmp_path, capsys):
+    """Refused before anything is built (exit 2, the keys named); a dry run only warns."""
+    base = [f"data.train_dir={tmp_path}", f"data.eval_dir={tmp_path}", f"log.output_dir={tmp_path}"]
+    assert train.main(base) == 2
+    err = capsys.readouterr().err
+    assert "run.init_checkpoint" in err and "INIT_CHECKPOINT" in err
+    assert train.main([*base, "run.init_checkpoint=x", "data.eval_samples=500"]) == 2
+    assert "data.eval_samples=500" in capsys.readouterr().err
+    # The open division and other models are free to choose.
+    cfg = build_config(parse_overrides([*base, "run.division=open", "optim.name=adam", "data.eval_samples=500"]))
+    assert timed_run_problems(cfg) == []
+
+
+def test_closed_bert_large_eval_set_must_hold_10000_samples(demo_data):
+    """The set itself is counted once open (after run_start): 1,000 samples are refused."""
+    from bert.data import DataError
+
+    cfg = build_config(parse_overrides([f"data.train_dir={demo_data.train}", f"data.eval_dir={demo_data.eval}",
+                                        "data.eval_samples=0", "run.init_checkpoint=x", "run.seed=1"]))
+    assert timed_run_problems(cfg) == []  # what the config says is fine; the set is short
+    empty = train.Parts(*[None] * len(dataclasses.fields(train.Parts)))
+    with pytest.raises(DataError, match="holds 1000 samples; a closed BERT-Large run evaluates on the full 10,000"):
+        train.open_data(empty, cfg, SINGLE)
+
