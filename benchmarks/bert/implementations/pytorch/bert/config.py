@@ -215,10 +215,14 @@ class LogConfig:
     output_dir: str = "results"
     log_file: str = "result_0.txt"  # MLPerf log file name inside output_dir
     progress_interval_steps: int = 10  # human progress line (one host sync) every N steps
+    # submission_org / _platform / _status: set by the launcher (SUBMISSION_ORG,
+    # SUBMISSION_PLATFORM, SUBMISSION_STATUS); they must agree with systems/<system>.json
+    # (submitter, system_name, status), which tools/package.py checks. The defaults agree
+    # with the shipped system files (submitter "reference", status RDI = "research").
     submitter: str = "reference"
     platform: str = ""  # submission_platform; empty = the system name
     system: str = "CPU_1x2"
-    status: Literal["onprem", "cloud", "preview", "research"] = "onprem"
+    status: Literal["onprem", "cloud", "preview", "research"] = "research"
     # Also write what the older rulesets (1.0.0-4.1.0) require beyond 5.0.0, so the same log
     # passes them too: opt_epsilon beside opt_lamb_epsilon, and one weights_initialization
     # event per TensorFlow checkpoint tensor name (398 for BERT-Large; 1.1.0-2.1.0 check the

@@ -133,6 +133,9 @@ def train_step(p: Parts, accum: int) -> tuple[torch.Tensor, torch.Tensor | int]:
 def train(p: Parts, cfg: Config, log: MLPerfLogger, say: Callable[[str], None], s: TrainState,
           ckpt: resume.Checkpointer) -> tuple[str, TrainState]:
     last_t, last_samples = time.perf_counter(), s.samples
+    # The open block's first sample count (its block_stop repeats it) and when it began:
+    # the throughput logged at each eval is over the block's training time, evals excluded.
+    block_first, block_t = s.samples, last_t
     log.block_start(s.samples, p.eval_interval)
     while True:
         loss, skipped = train_step(p, cfg.run.grad_accum_steps)
@@ -157,7 +160,8 @@ def train(p: Parts, cfg: Config, log: MLPerfLogger, say: Callable[[str], None], 
                     f"{cfg.run.max_nonfinite_steps}): ending the run")
                 return "aborted", s
         if s.samples >= s.next_eval or s.samples >= p.max_samples:
-            log.block_stop(s.next_eval - p.eval_interval, s.samples)
+            log.throughput((s.samples - block_first) / (time.perf_counter() - block_t), s.samples)
+            log.block_stop(block_first, s.samples)
             log.eval_start(s.samples)
             acc = evaluate(p.model, p.eval_batches, p.device, p.precision.eval_autocast)
             log.eval_stop(s.samples)
@@ -172,6 +176,7 @@ def train(p: Parts, cfg: Config, log: MLPerfLogger, say: Callable[[str], None], 
                 s.next_eval += p.eval_interval
             log.block_start(s.samples, p.eval_interval)
             last_t = time.perf_counter()  # the eval's time is not training throughput
+            block_first, block_t = s.samples, last_t
         if ckpt.due(s.step):  # after the eval: a resume continues past it, never repeats it
             say(f"checkpoint {ckpt.save(p, s)}")
             if ckpt.stop_requested:
@@ -332,7 +337,7 @@ def _run(cfg: Config, denv: distributed.DistEnv, device: torch.device, log: MLPe
     log.submission(cfg.run.division, cfg.log.submitter, cfg.log.platform or cfg.log.system, cfg.log.status)
     prec_hp = parts.precision.hyperparameters(cfg.precision)
     log.hyperparameters(hyperparameters(cfg, denv.world_size, parts.global_batch, impl, prec_hp))
-    if cfg.log.compat:  # the tensors build() just initialized, by their TF checkpoint names
+    if cfg.log.compat and cfg.run.init_checkpoint:  # the tensors loaded, by their TF checkpoint names
         log.weights_initialization(tf_tensor_names(cfg.model))
     if start_from is not None:
         # Not an MLPerf key (the checker ignores unknown keys); says this log is not one timed run.

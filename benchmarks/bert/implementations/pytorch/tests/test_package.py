@@ -42,6 +42,7 @@ def test_package_ten_cpu_runs_succeeds(ten_runs, tmp_path):
     table = r.stdout
     assert "package: SUCCESS" in table
     assert "compliance checker (5.0.0)  PASS     10/10 logs pass" in table
+    assert "logs vs system JSON         PASS     org, division, status, platform agree" in table
     assert "package checker (5.0.0)     PASS" in table
     assert "RCP checker (5.0.0)         n/a" in table
     assert "result summarizer (5.0.0)   PASS     bert score" in table
@@ -120,3 +121,11 @@ def test_rcp_check_follows_the_logged_division(ten_runs, tmp_path):
     applies, why = pkg.rcp_applies_to([ten_runs[0]])
     assert not applies and "BERT-Large" in why
 
+
+def test_package_flags_logs_that_disagree_with_the_system_json(ten_runs, tmp_path):
+    pkg = _package_module()
+    desc = json.loads((PKG.parents[3] / "systems" / f"{SYSTEM}.json").read_text())
+    assert pkg.system_mismatches(ten_runs, desc) == []
+    wrong = _copy_log(ten_runs[0], tmp_path / "onprem.log", submission_status="onprem", submission_org="other")
+    got = pkg.system_mismatches([wrong], desc)
+    assert len(got) == 2 and any("submission_status 'Available on-premise'" in g for g in got)

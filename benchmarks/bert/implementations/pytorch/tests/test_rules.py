@@ -200,3 +200,60 @@ def test_closed_bert_large_eval_set_must_hold_10000_samples(demo_data):
     with pytest.raises(DataError, match="holds 1000 samples; a closed BERT-Large run evaluates on the full 10,000"):
         train.open_data(empty, cfg, SINGLE)
 
+
+def test_log_carries_the_keys_reviewers_read(demo_data, trained, tmp_path):
+    """From random weights (compat on): the keys NVIDIA's closed logs carry, tracked_stats
+    throughput at every eval, no weights_initialization (nothing was loaded), and block
+    pairs with equal first_epoch_num where evals fall off the interval grid (48 with a
+    batch of 32: evals at 64, 96, 128). From the trained weights: weights_initialization,
+    and the 5.0.0 checker passes with all of it."""
+    out = tmp_path / "scratch"
+    assert train.main(_scratch_args(demo_data, out, "eval.interval_samples=48", "run.max_samples=128",
+                                    "log.compat=true")) == 1
+    events = mllog_events(out / "result_0.txt")
+    keys = {e["key"]: e["value"] for e in events}
+    assert keys["max_predictions_per_seq"] == 20 and keys["opt_lamb_learning_rate_decay_poly_power"] == 1.0
+    assert keys["opt_epsilon"] == keys["opt_lamb_epsilon"] == 1e-6
+    assert "weights_initialization" not in keys
+    evals = [e["metadata"]["epoch_num"] for e in events if e["key"] == "eval_accuracy"]
+    stats = [e for e in events if e["key"] == "tracked_stats"]
+    assert [s["metadata"]["step"] for s in stats] == evals == [64, 96, 128]
+    assert all(s["value"]["throughput"] > 0 for s in stats)
+    starts = [e["metadata"]["first_epoch_num"] for e in events if e["key"] == "block_start"]
+    stops = [e["metadata"]["first_epoch_num"] for e in events if e["key"] == "block_stop"]
+    assert starts == stops == [0, 64, 96]
+
+    assert trained.returncode == 0, trained.stdout[-3000:]
+    out = tmp_path / "loaded"
+    assert train.main(_demo_args(demo_data, trained, out, "log.compat=true")) == 0
+    log = out / "result_0.txt"
+    assert sum(e["key"] == "weights_initialization" for e in mllog_events(log)) == 5 + 2 * 16 + 9
+    ok, text = run_checker(log)
+    assert ok, text
+
+
+def test_submission_fields_come_from_the_launcher(demo_data, tmp_path):
+    """SUBMISSION_ORG / _PLATFORM / _STATUS through run_and_time.sh reach the log; unset,
+    the log agrees with systems/<system>.json (tools/package.py's check)."""
+    import os
+
+    from conftest import VENV_BIN
+    from test_package import _package_module
+
+    system_mismatches = _package_module().system_mismatches
+
+    env = dict(os.environ, **demo_data.env)
+    env.update(PATH=f"{VENV_BIN}:{os.environ['PATH']}", LAUNCHER="task", DATADIR=str(demo_data.train),
+               EVALDIR=str(demo_data.eval), LOGDIR=str(tmp_path / "set"), SUBMISSION_ORG="someorg",
+               SUBMISSION_PLATFORM="box_1x2", SUBMISSION_STATUS="cloud",
+               EXTRA_PARAMS=demo_data.env["EXTRA_PARAMS"] + " --dry-run data.eval_samples=100")
+    r = subprocess.run(["./run_and_time.sh"], cwd=PKG, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    keys = {e["key"]: e["value"] for e in mllog_events(tmp_path / "set" / "result_0.txt")}
+    assert (keys["submission_org"], keys["submission_platform"], keys["submission_status"]) == \
+        ("someorg", "box_1x2", "cloud")
+    assert train.main(_scratch_args(demo_data, tmp_path / "unset", "--dry-run")) == 0
+    desc = json.loads((PKG.parents[3] / "systems" / "CPU_1x2.json").read_text())
+    assert system_mismatches([tmp_path / "unset" / "result_0.txt"], desc) == []
+    assert system_mismatches([tmp_path / "set" / "result_0.txt"], desc)  # and the set ones do not
+

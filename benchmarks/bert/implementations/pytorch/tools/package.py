@@ -9,6 +9,7 @@ runs the MLCommons tools of the ruleset (default 5.0.0) and prints one verdict t
 
 - compliance checker on every result file,
 - package checker (``PACKAGE CHECKER FOUND NO ERRORS`` is its success line),
+- the logs' submission_org / division / status / platform against the system JSON,
 - RCP checker (reference convergence points; closed division only, decided by the division
   the logs name, as the package checker does; and they describe BERT-Large phase 2, so for
   other models, such as the CPU demo, the check does not apply: ``--rcp auto`` reports n/a
@@ -77,6 +78,23 @@ def rcp_applies_to(logs: list[Path]) -> tuple[bool, str]:
     if not all(is_benchmark_model(p) for p in logs):
         return False, "the reference convergence points are for BERT-Large phase 2; these runs are another model"
     return True, ""
+
+
+# The log's submission_status -> the system description's status (MLPerf's wording).
+STATUS_NAMES = {"onprem": "Available on-premise", "cloud": "Available cloud",
+                "research": "Research, Development, or Internal (RDI)", "preview": "Preview"}
+
+
+def system_mismatches(logs: list[Path], desc: dict) -> list[str]:
+    """Where a log's submission_org/division/status/platform disagree with the system JSON."""
+    out = []
+    for p in logs:
+        got = {k: logged(p, f"submission_{k}") for k in ("org", "division", "status", "platform")}
+        want = {"org": desc.get("submitter"), "division": desc.get("division"),
+                "status": desc.get("status"), "platform": desc.get("system_name")}
+        got["status"] = STATUS_NAMES.get(str(got["status"]), got["status"])
+        out += [f"{p.name}: submission_{k} {got[k]!r}, system JSON {want[k]!r}" for k in got if got[k] != want[k]]
+    return out
 
 
 def _mlperf(tool: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -214,6 +232,10 @@ def main(argv: list[str] | None = None) -> int:
     auto, why_not = rcp_applies_to(args.logs)
     rcp_applies = args.rcp == "on" or (args.rcp == "auto" and auto)
     verdicts = check(org_dir, results, args.ruleset, rcp_applies, work, why_not or "--rcp off")
+    desc = json.loads((org_dir / "systems" / f"{args.system}.json").read_text())
+    wrong = system_mismatches(args.logs, desc)
+    verdicts.insert(0, Verdict("logs vs system JSON", "FAIL" if wrong else "PASS",
+                               " | ".join(wrong[:3]) if wrong else "org, division, status, platform agree"))
     png = args.out / "eval_accuracy.png"
     plot(args.logs, png, args.target)
 
