@@ -1,7 +1,8 @@
 """Every setting of a run, with its default, in one place.
 
 The defaults describe the MLPerf benchmark itself: BERT-Large phase 2 at sequence length
-512, closed division, NVIDIA's 1x8x56x1 LAMB recipe. Smaller setups (the CPU demo, the
+512, closed division, LAMB with the 5.0.0 RCP's hyperparameters for global batch 448
+(config_DGXA100_1x8x56x1.sh). Smaller setups (the CPU demo, the
 paper's open-division recipe) are overrides, never second copies of a default.
 
 Configuration flows defaults <- optional YAML/JSON file <- dotted ``key.sub=value``
@@ -104,7 +105,7 @@ class SamplerConfig:
 @dataclass
 class OptimConfig:
     name: Literal["lamb", "adamw", "adam"] = "lamb"
-    lr: float = 3.5e-4  # opt_base_learning_rate
+    lr: float = 4.25e-4  # opt_base_learning_rate (the RCP of global batch 448)
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-6
@@ -114,7 +115,7 @@ class OptimConfig:
     warmup_steps: int = 0  # opt_learning_rate_warmup_steps
     # Schedule offset: a negative value starts partway through warmup (reference rule).
     start_warmup_step: int = 0
-    total_steps: int = 7100  # opt_learning_rate_training_steps: end of the poly decay
+    total_steps: int = 6700  # opt_learning_rate_training_steps: end of the poly decay
     end_lr: float = 0.0  # learning rate reached at total_steps
     decay_power: float = 1.0  # polynomial decay degree (1 = linear)
     # Implementation, resolved once (bert.optim.build_optimizer; the log's
@@ -236,7 +237,9 @@ class RunConfig:
     local_batch_size: int = 56  # samples per rank per micro-step
     grad_accum_steps: int = 1
     # Abort (run_stop "aborted") once this many samples were trained without reaching the
-    # target; 0 = optim.total_steps * global batch.
+    # target; 0 = optim.total_steps * global batch: the schedule's end, past which the rate
+    # is optim.end_lr (0 in every closed recipe, so nothing would change). With the RCP
+    # recipes that is 1.25x their mean samples to converge and above each reference run.
     max_samples: int = 0
     # -1 = unset: a fresh seed from the OS for every run (rank 0 draws it, every rank uses
     # it; logged as `seed` and written to the dumped config, so the run can be repeated with

@@ -8,13 +8,14 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from bert import train
 from bert.config import build_config, parse_overrides, timed_run_problems
 from bert.distributed import DistEnv
-from conftest import PKG, mllog_events, run_checker
+from conftest import PKG, mllog_events, run_checker, source_config
 
 SINGLE = DistEnv(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=0, launcher="single")
 
@@ -257,3 +258,43 @@ def test_submission_fields_come_from_the_launcher(demo_data, tmp_path):
     assert system_mismatches([tmp_path / "unset" / "result_0.txt"], desc) == []
     assert system_mismatches([tmp_path / "set" / "result_0.txt"], desc)  # and the set ones do not
 
+
+def _rcps() -> dict:
+    import mlperf_logging.rcp_checker as rc
+
+    return json.loads((Path(rc.__file__).parent / "training_5.0.0" / "rcps_bert.json").read_text())
+
+
+CLOSED_LARGE = [p.name for p in sorted(PKG.glob("config_*.sh"))
+                if "DIVISION=closed" in p.read_text() and not p.name.startswith("config_CPU")]
+
+
+@pytest.mark.parametrize("name", CLOSED_LARGE)
+def test_closed_configs_use_the_rcp_of_their_batch(name):
+    """The installed checker's RCP file is the oracle: a closed BERT-Large config runs the
+    hyperparameters of the RCP of its global batch, its header states the RCP's mean
+    samples to converge, and its sample cap is above every RCP run's."""
+    env = source_config(name)
+    gbs = int(env["BATCHSIZE"]) * int(env["GRADIENT_STEPS"]) * int(env["DGXNNODES"]) * int(env["DGXNGPU"])
+    rcp = [r for r in _rcps().values() if r["BS"] == gbs]
+    assert rcp, f"{name}: no 5.0.0 RCP for global batch {gbs}"
+    hp, runs = rcp[0]["Hyperparams"], rcp[0]["Epochs to converge"]
+    assert float(env["LR"]) == pytest.approx(hp["opt_base_learning_rate"])
+    assert int(env["MAX_STEPS"]) == hp["opt_learning_rate_training_steps"]
+    assert (int(env["WARMUP_STEPS"]), int(env["START_WARMUP_STEP"])) == (hp["num_warmup_steps"], hp["start_warmup_step"])
+    assert (float(env["OPT_LAMB_BETA_1"]), float(env["OPT_LAMB_BETA_2"])) == (hp["opt_lamb_beta_1"], hp["opt_lamb_beta_2"])
+    assert float(env["OPT_EPSILON"]) == hp["opt_epsilon"]
+    assert float(env["WEIGHT_DECAY_RATE"]) == hp["opt_lamb_weight_decay_rate"]
+    assert float(env.get("END_LR", "0")) == 0.0
+    mean = sum(runs) / len(runs)
+    assert f"{mean / 1e6:.2f}M samples" in (PKG / name).read_text()
+    cap = int(env.get("MAX_SAMPLES_TERMINATION") or 0) or int(env["MAX_STEPS"]) * gbs  # run.max_samples 0
+    assert cap >= max(runs) and cap >= 1.2 * mean
+
+
+def test_defaults_are_the_rcp_of_batch_448():
+    cfg = build_config()
+    hp = _rcps()["bert_ref_448"]["Hyperparams"]
+    assert (cfg.optim.lr, cfg.optim.total_steps, cfg.optim.warmup_steps) == \
+        (hp["opt_base_learning_rate"], hp["opt_learning_rate_training_steps"], hp["num_warmup_steps"])
+    assert cfg.run.local_batch_size * 8 == 448
