@@ -79,8 +79,11 @@ def test_package_help_documents_the_tool():
 def _package_module():
     import importlib.util
 
+    if "package_tool" in sys.modules:
+        return sys.modules["package_tool"]
     spec = importlib.util.spec_from_file_location("package_tool", PKG / "tools" / "package.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules["package_tool"] = mod  # its dataclasses look their module up there
     spec.loader.exec_module(mod)
     return mod
 
