@@ -65,8 +65,9 @@ def test_compat_log_passes_every_ruleset_from_1_0_to_5_0(trained, demo_data, tmp
 
 
 def test_without_compat_the_old_rulesets_fail(trained):
-    """The oracle can fail: the spine's log (no compat) lacks opt_epsilon for 1.0.0."""
+    """The oracle can fail: the spine's log (no compat) lacks the weights_initialization
+    events 1.1.0 wants (opt_epsilon and submission_status are logged always now)."""
     assert trained.returncode == 0, trained.stdout[-3000:]
-    ok, out = run_checker(trained.log, "1.0.0")
-    assert not ok and "opt_epsilon" in out
+    ok, out = run_checker(trained.log, "1.1.0")
+    assert not ok and "weights_initialization" in out
     assert run_checker(trained.log, "5.0.0")[0]
