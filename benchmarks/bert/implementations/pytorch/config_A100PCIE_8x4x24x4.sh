@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # System: a modest academic cluster: 8 nodes x 4 A100-PCIe-40GB, one 25 GbE link per node
 # (no InfiniBand, no NVLink between nodes). Closed division, LAMB, global batch 3,072 =
-# 24 per GPU x 4 accumulation steps x 32 GPUs, so the reference hyperparameters of GBS
-# 3,072 apply unchanged; accumulation cuts the allreduces (the slow link's cost) 4x.
-# Expected: 0.720 after about 2.8M samples like config_DGXA100_8x8x48x1.sh (same GBS and
-# hyperparameters); hours rather than minutes on this network. Not yet measured.
+# 24 per GPU x 4 accumulation steps x 32 GPUs, so the 5.0.0 RCP of GBS 3,072 applies
+# unchanged (lr 2.0e-3, 1,141 steps, 100 warmup, betas 0.66/0.998, eps 1e-6, weight decay
+# 0.01); accumulation cuts the allreduces (the slow link's cost) 4x.
+# Expected: 0.720 after about 2.77M samples like config_DGXA100_8x8x48x1.sh (same GBS and
+# hyperparameters; cap the schedule's end, 3.51M); hours rather than minutes on this
+# network. Not yet measured.
 # Launch: source config_A100PCIE_8x4x24x4.sh
 #         CONT=<image> DATADIR=... EVALDIR=... INIT_CHECKPOINT=... sbatch -N "$DGXNNODES" -t "$WALLTIME" run.sub
 export DGXSYSTEM=A100PCIE_8x4x24x4
@@ -17,12 +19,12 @@ export DIVISION=closed
 export OPTIMIZER=lamb
 export BATCHSIZE=24         # per GPU per micro-step
 export GRADIENT_STEPS=4
-export LR=1.5e-3
-export MAX_STEPS=1271
+export LR=2.0e-3
+export MAX_STEPS=1141
 export WARMUP_STEPS=100
-export START_WARMUP_STEP=-25
-export OPT_LAMB_BETA_1=0.83
-export OPT_LAMB_BETA_2=0.925
+export START_WARMUP_STEP=0
+export OPT_LAMB_BETA_1=0.66
+export OPT_LAMB_BETA_2=0.998
 export OPT_EPSILON=1e-6
 export WEIGHT_DECAY_RATE=0.01
 export END_LR=0.0

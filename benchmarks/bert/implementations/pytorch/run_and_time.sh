@@ -42,6 +42,9 @@ add ckpt.dir CKPT_DIR
 add log.output_dir LOGDIR
 add log.log_file LOGFILE
 add log.system DGXSYSTEM
+add log.submitter SUBMISSION_ORG
+add log.platform SUBMISSION_PLATFORM
+add log.status SUBMISSION_STATUS
 add run.division DIVISION
 add run.seed SEED
 add run.local_batch_size BATCHSIZE

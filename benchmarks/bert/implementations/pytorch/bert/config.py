@@ -1,7 +1,8 @@
 """Every setting of a run, with its default, in one place.
 
 The defaults describe the MLPerf benchmark itself: BERT-Large phase 2 at sequence length
-512, closed division, NVIDIA's 1x8x56x1 LAMB recipe. Smaller setups (the CPU demo, the
+512, closed division, LAMB with the 5.0.0 RCP's hyperparameters for global batch 448
+(config_DGXA100_1x8x56x1.sh). Smaller setups (the CPU demo, the
 paper's open-division recipe) are overrides, never second copies of a default.
 
 Configuration flows defaults <- optional YAML/JSON file <- dotted ``key.sub=value``
@@ -104,7 +105,7 @@ class SamplerConfig:
 @dataclass
 class OptimConfig:
     name: Literal["lamb", "adamw", "adam"] = "lamb"
-    lr: float = 3.5e-4  # opt_base_learning_rate
+    lr: float = 4.25e-4  # opt_base_learning_rate (the RCP of global batch 448)
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-6
@@ -114,7 +115,7 @@ class OptimConfig:
     warmup_steps: int = 0  # opt_learning_rate_warmup_steps
     # Schedule offset: a negative value starts partway through warmup (reference rule).
     start_warmup_step: int = 0
-    total_steps: int = 7100  # opt_learning_rate_training_steps: end of the poly decay
+    total_steps: int = 6700  # opt_learning_rate_training_steps: end of the poly decay
     end_lr: float = 0.0  # learning rate reached at total_steps (or lr_max_steps)
     decay_power: float = 1.0  # polynomial decay degree (1 = linear)
     # Where the decay reaches end_lr, when it is not total_steps (the published open recipe's
@@ -242,10 +243,14 @@ class LogConfig:
     # Also print the MLPerf log's :::MLLOG lines on stdout (they always go to the log file);
     # off, a person sees the progress and eval lines and the verdicts.
     echo_mllog: bool = False
+    # submission_org / _platform / _status: set by the launcher (SUBMISSION_ORG,
+    # SUBMISSION_PLATFORM, SUBMISSION_STATUS); they must agree with systems/<system>.json
+    # (submitter, system_name, status), which tools/package.py checks. The defaults agree
+    # with the shipped system files (submitter "reference", status RDI = "research").
     submitter: str = "reference"
     platform: str = ""  # submission_platform; empty = the system name
     system: str = "CPU_1x2"
-    status: Literal["onprem", "cloud", "preview", "research"] = "onprem"
+    status: Literal["onprem", "cloud", "preview", "research"] = "research"
     # Also write what the older rulesets (1.0.0-4.1.0) require beyond 5.0.0, so the same log
     # passes them too: opt_epsilon beside opt_lamb_epsilon, and one weights_initialization
     # event per TensorFlow checkpoint tensor name (398 for BERT-Large; 1.1.0-2.1.0 check the
@@ -263,12 +268,18 @@ class RunConfig:
     local_batch_size: int = 56  # samples per rank per micro-step
     grad_accum_steps: int = 1
     # Abort (run_stop "aborted") once this many samples were trained without reaching the
-    # target; 0 = optim.total_steps * global batch.
+    # target; 0 = optim.total_steps * global batch: the schedule's end, past which the rate
+    # is optim.end_lr (0 in every closed recipe, so nothing would change). With the RCP
+    # recipes that is 1.25x their mean samples to converge and above each reference run.
     max_samples: int = 0
     # Also stop after this many optimizer steps (the published recipe's MAX_STEPS, below its
     # sample cap); 0 = no step limit beyond max_samples.
     max_steps: int = 0
-    seed: int = 12345
+    # -1 = unset: a fresh seed from the OS for every run (rank 0 draws it, every rank uses
+    # it; logged as `seed` and written to the dumped config, so the run can be repeated with
+    # run.seed=<that value>). MLPerf wants a different seed per run, which the package
+    # checker compares; an explicit seed >= 0 is used as given (reproducible runs).
+    seed: int = -1
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # Model weights to start from (empty = random init): a TF checkpoint prefix
     # (model.ckpt-28252), a Hugging Face directory/file, or a file save_checkpoint wrote.
@@ -326,6 +337,26 @@ def max_samples(cfg: Config, world_size: int) -> int:
 def lr_decay_end(o: OptimConfig) -> int:
     """The step at which the learning-rate decay reaches ``end_lr``."""
     return o.lr_max_steps if o.lr_max_steps > 0 else o.total_steps
+
+
+def is_benchmark_model(cfg: Config) -> bool:
+    """BERT-Large at sequence length 512: the model the RCPs and the closed rules describe."""
+    return (cfg.model.hidden_size, cfg.model.num_layers, cfg.data.max_seq_length) == (1024, 24, 512)
+
+
+def timed_run_problems(cfg: Config) -> list[str]:
+    """What a timed closed-division BERT-Large run needs beyond ``validate`` (which also
+    passes the pieces tests and dry runs build): each problem names the key and what to set."""
+    if cfg.run.division != "closed" or not is_benchmark_model(cfg):
+        return []
+    out = []
+    if not cfg.run.init_checkpoint:
+        out.append("run.init_checkpoint: a closed BERT-Large run starts from the phase-1 checkpoint "
+                   "(model.ckpt-28252): set INIT_CHECKPOINT (run.init_checkpoint)")
+    if cfg.data.eval_samples not in (0, 10000):
+        out.append(f"data.eval_samples={cfg.data.eval_samples}: a closed BERT-Large run evaluates on the full "
+                   "10,000-sample eval set: set data.eval_samples=10000 (or 0 = all)")
+    return out
 
 
 # ---------------------------------------------------------------- building and checking
@@ -549,6 +580,7 @@ def validate(cfg: Config) -> None:
     need(r.grad_accum_steps > 0, "run.grad_accum_steps", "must be positive")
     need(r.max_samples >= 0, "run.max_samples", "must be >= 0")
     need(r.max_steps >= 0, "run.max_steps", "must be >= 0 (0 = no step limit)")
+    need(r.seed >= -1, "run.seed", "must be >= 0, or -1 for a fresh seed from the OS")
     need(r.threads >= 0, "run.threads", "must be >= 0")
     need(r.max_nonfinite_steps > 0, "run.max_nonfinite_steps", "must be positive")
     k = cfg.ckpt

@@ -164,8 +164,11 @@ def _shape_mismatch(own: dict[str, torch.Tensor], theirs: dict[str, Any]) -> str
     return None
 
 
-def restore(path: Path, parts: Any, state: Any, rank: int, world_size: int) -> None:
-    """Load checkpoint ``path`` into the built ``parts`` and the loop's ``state``, in place."""
+def restore(path: Path, parts: Any, state: Any, rank: int, world_size: int) -> dict[str, Any]:
+    """Load checkpoint ``path`` into the built ``parts`` and the loop's ``state``, in place.
+
+    Returns this rank's data-stream position for ``parts.batches.load_state_dict``: the
+    caller applies it once the data is open, after run_start (bert.train.open_data)."""
     meta_path = path / "meta.json"
     try:
         meta = json.loads(meta_path.read_text())
@@ -193,12 +196,12 @@ def restore(path: Path, parts: Any, state: Any, rank: int, world_size: int) -> N
         old = getattr(state, k)
         setattr(state, k, v.to(old.device) if torch.is_tensor(old) else type(old)(v))
     mine = _load(path / f"rank_{rank}.pt")
-    parts.batches.load_state_dict(mine["batches"])
     try:  # PowerSGD's residuals and factors; nothing for the other modes
         parts.grad_sync.load_state_dict(mine.get("grad_sync", {}), parts.device)
     except ValueError as e:
         raise CheckpointError(f"{path / f'rank_{rank}.pt'}: {e}") from None
     _set_rng_state(mine["rng"], parts.device)
+    return mine["batches"]
 
 
 class StopFlag:

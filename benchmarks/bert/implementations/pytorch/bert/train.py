@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import random
+import secrets
 import sys
 import time
 from dataclasses import dataclass, field
@@ -31,9 +33,10 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import distributed, grad_sync, pretrain, resume, sampler
-from .config import Config, ConfigError, build_config, dump, eval_interval_samples, global_batch_size, max_samples, parse_overrides
+from .config import (Config, ConfigError, build_config, dump, eval_interval_samples, global_batch_size,
+                     is_benchmark_model, max_samples, parse_overrides, timed_run_problems)
 from .checkpoint import load_weights, tf_tensor_names
-from .data import DataError, EvalSet
+from .data import DataError, EvalSet, check_eval_dir
 from .mlperf_log import MLPerfLogger, hyperparameters
 from .model import BertForPreTraining, mlm_correct_and_count, pretraining_loss
 from .optim import build_optimizer, build_scheduler
@@ -57,6 +60,9 @@ class TrainState:
     # fp16 steps skipped for inf/nan gradients: a 0-d int64 on the device, summed without a
     # host sync and read at the progress lines and evaluations.
     skipped_steps: torch.Tensor | int = 0
+    # The run's seed (resolve_seed): a resumed run keeps the seed of the run it continues,
+    # so its data order is the same one.
+    seed: int = -1
 
 
 @dataclass
@@ -69,7 +75,7 @@ class Parts:
     precision: Precision
     grad_sync: grad_sync.GradSync  # after_sync(): global clip (closed) or nothing; its bucket layout
     batches: Iterator[dict]
-    eval_batches: list[dict]  # collated once at init: the eval set never changes
+    eval_batches: list[dict]  # collated once, after run_start (open_data): the eval set never changes
     eval_samples: int  # across all ranks
     device: torch.device
     global_batch: int
@@ -132,6 +138,9 @@ def train_step(p: Parts, accum: int) -> tuple[torch.Tensor, torch.Tensor | int]:
 def train(p: Parts, cfg: Config, log: MLPerfLogger, say: Callable[[str], None], s: TrainState,
           ckpt: resume.Checkpointer) -> tuple[str, TrainState]:
     last_t, last_samples = time.perf_counter(), s.samples
+    # The open block's first sample count (its block_stop repeats it) and when it began:
+    # the throughput logged at each eval is over the block's training time, evals excluded.
+    block_first, block_t = s.samples, last_t
     log.block_start(s.samples, p.eval_interval)
     while True:
         loss, skipped = train_step(p, cfg.run.grad_accum_steps)
@@ -156,7 +165,8 @@ def train(p: Parts, cfg: Config, log: MLPerfLogger, say: Callable[[str], None], 
                     f"{cfg.run.max_nonfinite_steps}): ending the run")
                 return "aborted", s
         if s.samples >= s.next_eval or s.samples >= p.max_samples:
-            log.block_stop(s.next_eval - p.eval_interval, s.samples)
+            log.throughput((s.samples - block_first) / (time.perf_counter() - block_t), s.samples)
+            log.block_stop(block_first, s.samples)
             log.eval_start(s.samples)
             acc = evaluate(p.model, p.eval_batches, p.device, p.precision.eval_autocast)
             log.eval_stop(s.samples)
@@ -171,6 +181,7 @@ def train(p: Parts, cfg: Config, log: MLPerfLogger, say: Callable[[str], None], 
                 s.next_eval += p.eval_interval
             log.block_start(s.samples, p.eval_interval)
             last_t = time.perf_counter()  # the eval's time is not training throughput
+            block_first, block_t = s.samples, last_t
         if ckpt.due(s.step):  # after the eval: a resume continues past it, never repeats it
             say(f"checkpoint {ckpt.save(p, s)}")
             if ckpt.stop_requested:
@@ -182,7 +193,10 @@ def _scale_or_one(scaler: torch.amp.GradScaler) -> torch.Tensor | float:
     return 1.0 if scale is None else scale
 
 
-def build(cfg: Config, denv: distributed.DistEnv, device: torch.device) -> tuple[Parts, str]:
+def build_model(cfg: Config, denv: distributed.DistEnv, device: torch.device) -> tuple[Parts, str]:
+    """Everything but the data: model (and the phase-1 checkpoint), precision, DDP, gradient
+    sync, optimizer, schedule. Touches no training or eval file, so it runs before
+    run_start; ``open_data`` fills in the batches after it (MLPerf's clock rule)."""
     model = BertForPreTraining(cfg.model, device.type).to(device)
     if cfg.run.init_checkpoint:
         # TF phase-1 checkpoint, HF weights or ours; names and shapes checked against cfg.model.
@@ -207,17 +221,43 @@ def build(cfg: Config, denv: distributed.DistEnv, device: torch.device) -> tuple
                            model.parameters(), cfg.optim.max_grad_norm, hook_scale)
     optimizer, impl = build_optimizer(model, cfg.optim, device.type)
     scheduler = build_scheduler(optimizer, cfg.optim)
-    d = cfg.data
-    batches = sampler.train_batches(cfg, denv.rank, denv.world_size)  # picks the mode once
-    eval_set = EvalSet(d.eval_dir, denv.rank, denv.world_size, d.eval_samples, d.max_seq_length)
-    eval_batches = sampler.eval_batches(eval_set, cfg.eval.batch_size, cfg.model.unpad, cfg.model.pack,
-                                        d.max_seq_length)
     ws = denv.world_size
-    parts = Parts(model, train_model, optimizer, scheduler, scaler, precision, sync, iter(batches),
-                  eval_batches,
-                  eval_set.total_samples, device,
+    parts = Parts(model, train_model, optimizer, scheduler, scaler, precision, sync, iter(()), [], 0, device,
                   global_batch_size(cfg, ws), eval_interval_samples(cfg, ws), max_samples(cfg, ws))
     return parts, impl
+
+
+def open_data(parts: Parts, cfg: Config, denv: distributed.DistEnv, timed: bool = True) -> Parts:
+    """The training stream and the eval set: the run's first touch of the data (listing,
+    manifest, length index, hdf5 opens), so called only after run_start. Reading and
+    collating the eval set (10,000 samples, ~1 s) is therefore timed, as the rules want."""
+    d = cfg.data
+    batches = sampler.train_batches(cfg, denv.rank, denv.world_size)  # picks the mode once
+    check_eval_dir(d.train_dir, d.eval_dir)  # never evaluate on training samples
+    eval_set = EvalSet(d.eval_dir, denv.rank, denv.world_size, d.eval_samples, d.max_seq_length)
+    if timed and is_benchmark_model(cfg) and cfg.run.division == "closed" and eval_set.total_samples != 10000:
+        raise DataError(f"data.eval_dir={d.eval_dir} holds {eval_set.total_samples} samples; a closed BERT-Large "
+                        "run evaluates on the full 10,000-sample eval set: point data.eval_dir (EVALDIR) at it")
+    eval_batches = sampler.eval_batches(eval_set, cfg.eval.batch_size, cfg.model.unpad, cfg.model.pack,
+                                        d.max_seq_length)
+    return dataclasses.replace(parts, batches=iter(batches), eval_batches=eval_batches,
+                               eval_samples=eval_set.total_samples)
+
+
+def resolve_seed(cfg: Config) -> Config:
+    """``cfg`` with its seed decided: run.seed as given, or (-1, unset) a fresh one from the
+    OS, drawn by rank 0 and broadcast (one small collective) so every rank uses the same."""
+    if cfg.run.seed >= 0:
+        return cfg
+    seed = distributed.broadcast_object(secrets.randbelow(2**31))
+    return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, seed=seed))
+
+
+def build(cfg: Config, denv: distributed.DistEnv, device: torch.device) -> tuple[Parts, str]:
+    """``build_model`` then ``open_data``: every part at once (tests, tools; not a timed run)."""
+    cfg = resolve_seed(cfg)
+    parts, impl = build_model(cfg, denv, device)
+    return open_data(parts, cfg, denv, timed=False), impl
 
 
 def save_weights(model: torch.nn.Module, path: str) -> None:
@@ -281,6 +321,9 @@ def run(cfg: Config, dry_run: bool = False) -> int:
 def _run(cfg: Config, denv: distributed.DistEnv, device: torch.device, log: MLPerfLogger,
          say: Callable[[str], None], log_path: Path, ckpt_dir: Path, start_from: Path | None,
          stop: resume.StopFlag, dry_run: bool) -> int:
+    problems = timed_run_problems(cfg)
+    if problems and not dry_run:
+        raise ConfigError("; ".join(problems))
     log.init_start(cfg.run.cache_cleared)
     distributed.init_process_group(denv, cfg.dist, device)
     # Every rank must pick the same checkpoint; they differ when ckpt.dir is not shared.
@@ -290,17 +333,23 @@ def _run(cfg: Config, denv: distributed.DistEnv, device: torch.device, log: MLPe
                                      f"{chosen}: ckpt.dir={ckpt_dir} must be one shared directory")
     if start_from is None and denv.is_main:
         resume.clear(ckpt_dir)  # a finished run's checkpoints must not mix with this run's
+    cfg = resolve_seed(cfg)  # unset: fresh from the OS, the same on every rank; logged below
     seed_everything(cfg.run.seed)  # identical initial weights on every rank
-    parts, impl = build(cfg, denv, device)
+    parts, impl = build_model(cfg, denv, device)  # no data touched before run_start
     seed_everything(cfg.run.seed + denv.rank)  # distinct dropout streams per rank
-    state = TrainState(next_eval=parts.eval_interval, skipped_steps=torch.zeros((), dtype=torch.int64, device=device))
+    state = TrainState(next_eval=parts.eval_interval, skipped_steps=torch.zeros((), dtype=torch.int64, device=device),
+                       seed=cfg.run.seed)
+    loader_state = None  # the data stream's position, applied once the data is open
     if start_from is not None:
-        resume.restore(start_from, parts, state, denv.rank, denv.world_size)
+        loader_state = resume.restore(start_from, parts, state, denv.rank, denv.world_size)
+        if state.seed != cfg.run.seed:  # the continued run's seed decides its data order
+            say(f"resuming: run.seed {state.seed} of the checkpointed run replaces {cfg.run.seed}")
+            cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, seed=state.seed))
     state.nonfinite = state.nonfinite.to(device)
     log.submission(cfg.run.division, cfg.log.submitter, cfg.log.platform or cfg.log.system, cfg.log.status)
     prec_hp = parts.precision.hyperparameters(cfg.precision)
     log.hyperparameters(hyperparameters(cfg, denv.world_size, parts.global_batch, impl, prec_hp))
-    if cfg.log.compat:  # the tensors build() just initialized, by their TF checkpoint names
+    if cfg.log.compat and cfg.run.init_checkpoint:  # the tensors loaded, by their TF checkpoint names
         log.weights_initialization(tf_tensor_names(cfg.model))
     if start_from is not None:
         # Not an MLPerf key (the checker ignores unknown keys); says this log is not one timed run.
@@ -317,10 +366,16 @@ def _run(cfg: Config, denv: distributed.DistEnv, device: torch.device, log: MLPe
         f"{prec_hp['loss_scaling']}); global batch {parts.global_batch}; eval every {parts.eval_interval} samples; "
         f"abort after {parts.max_samples}")
     if dry_run:
+        open_data(parts, cfg, denv, timed=False)  # not timed: reading the data checks it
+        for problem in problems:
+            say(f"warning: a timed run would exit 2: {problem}")
         say("dry run: everything built, nothing trained")
         return 0
     log.init_stop()
     log.run_start()
+    parts = open_data(parts, cfg, denv)  # the clock runs: only now is the data touched
+    if loader_state is not None:
+        parts.batches.load_state_dict(loader_state)
     ckpt = resume.Checkpointer(cfg.ckpt, ckpt_dir, denv.rank, denv.world_size, device, stop)
     # Chosen once: the benchmark loop, or a from-scratch phase's (bert/pretrain.py).
     loop = pretrain.loop(train_step, log_path, denv.is_main) if cfg.run.mode == "pretrain" else train

@@ -46,7 +46,7 @@ def test_compat_log_passes_every_ruleset_from_1_0_to_5_0(trained, demo_data, tmp
     log = tmp_path / "result_0.txt"
     events = mllog_events(log)
     keys = {e["key"]: e["value"] for e in events}
-    assert keys["opt_epsilon"] == keys["opt_lamb_epsilon"] and keys["submission_status"] == "onprem"
+    assert keys["opt_epsilon"] == keys["opt_lamb_epsilon"] and keys["submission_status"] == "research"
     logged = [e["metadata"]["tensor"] for e in events if e["key"] == "weights_initialization"]
     # The demo model has 2 layers: its 5 + 2*16 + 9 tensors (the TF name map's), each once.
     assert logged == tf_tensor_names(ModelConfig(num_layers=2)) and len(logged) == 5 + 2 * 16 + 9
@@ -65,8 +65,9 @@ def test_compat_log_passes_every_ruleset_from_1_0_to_5_0(trained, demo_data, tmp
 
 
 def test_without_compat_the_old_rulesets_fail(trained):
-    """The oracle can fail: the spine's log (no compat) lacks opt_epsilon for 1.0.0."""
+    """The oracle can fail: the spine's log (no compat) lacks the weights_initialization
+    events 1.1.0 wants (opt_epsilon and submission_status are logged always now)."""
     assert trained.returncode == 0, trained.stdout[-3000:]
-    ok, out = run_checker(trained.log, "1.0.0")
-    assert not ok and "opt_epsilon" in out
+    ok, out = run_checker(trained.log, "1.1.0")
+    assert not ok and "weights_initialization" in out
     assert run_checker(trained.log, "5.0.0")[0]

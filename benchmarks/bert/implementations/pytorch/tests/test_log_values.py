@@ -153,7 +153,7 @@ def check_hyperparameters(k: dict[str, dict], env: dict[str, str], run_config: d
     assert hp["cache_clear"] is run_config["run"]["cache_cleared"]
 
 
-def check_evals_and_blocks(events: list[dict], interval: int, pair_block_stop: bool) -> list[int]:
+def check_evals_and_blocks(events: list[dict], interval: int) -> list[int]:
     """One block per eval: block_start at the samples the previous eval left (0 first),
     epoch_count the interval; block_stop, eval_start, eval_stop and eval_accuracy at the
     samples of that eval; in that order. Returns the evals' epoch_num."""
@@ -167,8 +167,7 @@ def check_evals_and_blocks(events: list[dict], interval: int, pair_block_stop: b
     assert [e["metadata"]["samples_count"] for e in starts] == [0, *evals[:-1]]
     assert all(e["metadata"]["epoch_count"] == interval for e in starts)
     assert [e["metadata"]["samples_count"] for e in stops] == evals
-    if pair_block_stop:
-        assert [e["metadata"]["first_epoch_num"] for e in stops] == [e["metadata"]["first_epoch_num"] for e in starts]
+    assert [e["metadata"]["first_epoch_num"] for e in stops] == [e["metadata"]["first_epoch_num"] for e in starts]
     order = [e["key"] for e in events if e["key"] in ("block_start", "block_stop", "eval_start", "eval_stop",
                                                        "eval_accuracy")]
     assert order == ["block_start", "block_stop", "eval_start", "eval_stop", "eval_accuracy"] * len(evals)
@@ -222,7 +221,7 @@ def test_trained_run_log_values_are_what_it_did(trained, demo_data):
     assert k["train_samples"]["value"] == steps * gbs
     interval = int(env["EVAL_ITER_SAMPLES"])
     assert interval % gbs == 0  # here every eval falls exactly on a multiple of the interval
-    evals = check_evals_and_blocks(events, interval, pair_block_stop=True)
+    evals = check_evals_and_blocks(events, interval)
     assert evals == list(range(interval, steps * gbs + 1, interval))
     accs = [e["value"] for e in of(events, "eval_accuracy")]
     target = dumped.eval.target_accuracy
@@ -286,9 +285,8 @@ def test_short_run_log_values_are_what_it_did(short_run, demo_data):
     crossing = [s * gbs for s in range(1, steps + 1) if (s * gbs) // interval > ((s - 1) * gbs) // interval]
     want = sorted(set(crossing) | {limit})
     assert want == [128, 192, 320, 384, 448]  # the oracle's own arithmetic, spelled out
-    # block_stop's first_epoch_num is not compared with its block_start's here: they differ
-    # when the interval is no multiple of the global batch (issue 15 fixes that).
-    assert check_evals_and_blocks(events, interval, pair_block_stop=False) == want
+    # Off the interval grid (96 is no multiple of 64): block_stop still repeats its block_start.
+    assert check_evals_and_blocks(events, interval) == want
     assert of(events, "eval_accuracy")[-1]["metadata"]["epoch_num"] == hp["train_samples"]
 
     # The schedule the optimizer ran is the logged one, step by step.

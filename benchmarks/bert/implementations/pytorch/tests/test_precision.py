@@ -45,7 +45,7 @@ def _demo(demo_data, out, *extra):
 
 
 def _parts(demo_data, tmp_path, *extra, seed=0) -> train.Parts:
-    cfg = build_config(train.parse_overrides(_demo(demo_data, tmp_path, *TINY, *extra)))
+    cfg = build_config(train.parse_overrides(_demo(demo_data, tmp_path, *TINY, *extra, f"run.seed={seed}")))
     train.seed_everything(seed)
     parts, _ = train.build(cfg, SINGLE, torch.device("cpu"))
     return parts

@@ -24,7 +24,8 @@ TINY = ["model.vocab_size=128", "model.hidden_size=32", "model.num_layers=1", "m
         "model.attention_dropout=0.1", "data.max_seq_length=64", "data.max_predictions_per_seq=10",
         "data.eval_samples=100", "eval.batch_size=100", "eval.interval_samples=64", "run.local_batch_size=8",
         "optim.lr=2e-3", "optim.warmup_steps=5", "optim.total_steps=100", "log.progress_interval_steps=1",
-        "run.threads=1", "run.device=cpu", f"run.max_samples={16 * STEPS}", "dist.backend=gloo"]
+        "run.threads=1", "run.device=cpu", f"run.max_samples={16 * STEPS}", "dist.backend=gloo",
+        "run.seed=12345"]  # explicit: a resumed run is compared with an uninterrupted one
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,11 @@ runs the MLCommons tools of the ruleset (default 5.0.0) and prints one verdict t
 
 - compliance checker on every result file,
 - package checker (``PACKAGE CHECKER FOUND NO ERRORS`` is its success line),
-- RCP checker (reference convergence points; they describe BERT-Large phase 2, so for other
-  models, such as the CPU demo, the check does not apply: ``--rcp auto`` reports n/a and
-  the package checker runs with ``--rcp-bypass``),
+- the logs' submission_org / division / status / platform against the system JSON,
+- RCP checker (reference convergence points; closed division only, decided by the division
+  the logs name, as the package checker does; and they describe BERT-Large phase 2, so for
+  other models, such as the CPU demo, the check does not apply: ``--rcp auto`` reports n/a
+  and the package checker runs with ``--rcp-bypass``),
 - result summarizer (the score: mean time to train without the fastest and slowest run).
 
 It also writes ``<out>/eval_accuracy.png``: eval accuracy against training samples, one
@@ -58,6 +60,40 @@ def is_benchmark_model(log: Path) -> bool:
     return (m.get("hidden_size"), m.get("num_layers"), tree.get("data", {}).get("max_seq_length")) == (1024, 24, 512)
 
 
+def logged(log: Path, key: str) -> object:
+    """The value of ``key``'s first event in the log (None when absent)."""
+    return next((e["value"] for e in events(log) if e["key"] == key), None)
+
+
+def rcp_applies_to(logs: list[Path]) -> tuple[bool, str]:
+    """Whether the RCP check applies, and why not: RCPs are for the closed division only (the
+    package checker skips them for open results), decided by the division each log names;
+    and they describe BERT-Large phase 2, so other models (the CPU demo) are out too."""
+    divisions = {logged(p, "submission_division") for p in logs}
+    if divisions != {"closed"}:
+        return False, f"RCPs apply to the closed division only; these runs logged {sorted(map(str, divisions))}"
+    if not all(is_benchmark_model(p) for p in logs):
+        return False, "the reference convergence points are for BERT-Large phase 2; these runs are another model"
+    return True, ""
+
+
+# The log's submission_status -> the system description's status (MLPerf's wording).
+STATUS_NAMES = {"onprem": "Available on-premise", "cloud": "Available cloud",
+                "research": "Research, Development, or Internal (RDI)", "preview": "Preview"}
+
+
+def system_mismatches(logs: list[Path], desc: dict) -> list[str]:
+    """Where a log's submission_org/division/status/platform disagree with the system JSON."""
+    out = []
+    for p in logs:
+        got = {k: logged(p, f"submission_{k}") for k in ("org", "division", "status", "platform")}
+        want = {"org": desc.get("submitter"), "division": desc.get("division"),
+                "status": desc.get("status"), "platform": desc.get("system_name")}
+        got["status"] = STATUS_NAMES.get(str(got["status"]), got["status"])
+        out += [f"{p.name}: submission_{k} {got[k]!r}, system JSON {want[k]!r}" for k in got if got[k] != want[k]]
+    return out
+
+
 def _mlperf(tool: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", f"mlperf_logging.{tool}", *args], cwd=cwd, capture_output=True,
                           text=True)
@@ -85,7 +121,8 @@ def lay_out(logs: list[Path], org_dir: Path, system: str, systems_dir: Path, imp
     return results
 
 
-def check(org_dir: Path, results: Path, ruleset: str, rcp_applies: bool, work: Path) -> list[Verdict]:
+def check(org_dir: Path, results: Path, ruleset: str, rcp_applies: bool, work: Path,
+          rcp_why_not: str = "") -> list[Verdict]:
     out: list[Verdict] = []
     passed, failed = [], []
     for f in sorted(results.glob("result_*.txt")):
@@ -102,8 +139,7 @@ def check(org_dir: Path, results: Path, ruleset: str, rcp_applies: bool, work: P
         out.append(Verdict(f"RCP checker ({ruleset})", "PASS" if r.returncode == 0 else "FAIL",
                            _last_lines(r.stdout + r.stderr, 1)))
     else:
-        out.append(Verdict(f"RCP checker ({ruleset})", "n/a",
-                           "the reference convergence points are for BERT-Large phase 2; these runs are another model"))
+        out.append(Verdict(f"RCP checker ({ruleset})", "n/a", rcp_why_not))
 
     args = [str(org_dir), "training", ruleset, "--log_output", str(work / "package_checker.log")]
     if not rcp_applies:
@@ -199,8 +235,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  result_{i}.txt <- {log}")
     work = args.out / "checks"
     work.mkdir(exist_ok=True)
-    rcp_applies = args.rcp == "on" or (args.rcp == "auto" and all(is_benchmark_model(p) for p in args.logs))
-    verdicts = check(org_dir, results, args.ruleset, rcp_applies, work)
+    auto, why_not = rcp_applies_to(args.logs)
+    rcp_applies = args.rcp == "on" or (args.rcp == "auto" and auto)
+    verdicts = check(org_dir, results, args.ruleset, rcp_applies, work, why_not or "--rcp off")
+    desc = json.loads((org_dir / "systems" / f"{args.system}.json").read_text())
+    wrong = system_mismatches(args.logs, desc)
+    verdicts.insert(0, Verdict("logs vs system JSON", "FAIL" if wrong else "PASS",
+                               " | ".join(wrong[:3]) if wrong else "org, division, status, platform agree"))
     png = args.out / "eval_accuracy.png"
     plot(args.logs, png, args.target)
 
