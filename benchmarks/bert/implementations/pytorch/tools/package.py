@@ -48,8 +48,6 @@ class Verdict:
     detail: str
 
 
-
-
 def is_benchmark_model(log: Path) -> bool:
     """BERT-Large at seq 512, per the resolved config written beside the log (if any)."""
     cfg = log.with_name(log.stem + "_config.json")
@@ -62,7 +60,7 @@ def is_benchmark_model(log: Path) -> bool:
 
 def logged(log: Path, key: str) -> object:
     """The value of ``key``'s first event in the log (None when absent)."""
-    return next((e["value"] for e in events(log) if e["key"] == key), None)
+    return next((e["value"] for e in mlperf_log.read_events(log) if e["key"] == key), None)
 
 
 def rcp_applies_to(logs: list[Path]) -> tuple[bool, str]:
