@@ -56,7 +56,7 @@ model.num_heads=${PD_HEADS} model.intermediate_size=$((4 * PD_HIDDEN)) model.max
 model.hidden_dropout=${PD_DROPOUT} model.attention_dropout=${PD_DROPOUT}"
 run_phase() { # run_phase P SEQ PRED STEPS BATCH ACCUM LR EVAL_SAMPLES [INIT]
   local p=$1
-  env DGXNGPU="${PD_RANKS}" CPU_THREADS_PER_RANK=1 DIVISION=open OPTIMIZER=lamb SEED=$((41 + p)) \
+  env DGXSYSTEM=CPU_1x2 DGXNGPU="${PD_RANKS}" CPU_THREADS_PER_RANK=1 DIVISION=open OPTIMIZER=lamb SEED=$((41 + p)) \
     DATADIR="${out}/p${p}_train" EVALDIR="${out}/p${p}_eval" LOGDIR="${out}/phase${p}" LOGFILE=log.txt \
     BATCHSIZE="$5" GRADIENT_STEPS="$6" LR="$7" MAX_STEPS="$4" WARMUP_STEPS=$(($4 / 10)) EVAL_ITER_SAMPLES="$8" \
     SAVE_CHECKPOINT="${out}/phase${p}/final.pt" INIT_CHECKPOINT="${9:-}" CKPT_DIR="${out}/phase${p}/ckpt" \

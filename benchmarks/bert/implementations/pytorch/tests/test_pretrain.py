@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import time
 
@@ -85,11 +84,11 @@ def test_submit_pretrain_chains_phases_and_survives_a_preemption(demo_data, tmp_
     waits for phase 1 (afterok); phase 1 gets SIGUSR1 mid-run (what --signal=B:USR1@<s> sends
     before the time limit), checkpoints, requeues itself and resumes; phase 2 then starts from
     phase 1's final weights and completes."""
-    from test_launchers import SLURM_BINARIES, SlurmCluster, _job_field
+    from slurm_cluster import SlurmCluster, slurm_unavailable
 
-    missing = [b for b in SLURM_BINARIES if shutil.which(b) is None]
-    if missing or os.geteuid() != 0:
-        pytest.skip("needs SLURM/munge and root (see tests/test_launchers.py)")
+    why = slurm_unavailable()
+    if why:
+        pytest.skip(why)
     cluster = SlurmCluster(tmp_path / "slurm")
     (tmp_path / "slurm").mkdir()
     demo = source_config("config_CPU_1x2.sh")
@@ -108,20 +107,14 @@ def test_submit_pretrain_chains_phases_and_survives_a_preemption(demo_data, tmp_
                              cwd=PKG, env=env, capture_output=True, text=True, timeout=60)
         assert sub.returncode == 0, sub.stderr
         job1, job2 = re.findall(r"job (\d+)", sub.stdout)[:2]
-        assert (_job_field(cluster, job2, "Dependency") or "").startswith(f"afterok:{job1}")
+        assert (cluster.job_fields(job2).get("Dependency") or "").startswith(f"afterok:{job1}")
         out1 = tmp_path / "out" / "phase1"
         deadline = time.monotonic() + 240
         while not any(re.search(r"step +10 \|", f.read_text()) for f in out1.glob("slurm-*.out")):
             assert time.monotonic() < deadline, cluster.logs()
             time.sleep(0.3)
         subprocess.run(["scancel", "--batch", "--signal=USR1", job1], env=cluster.env, check=True, timeout=30)
-        deadline = time.monotonic() + 120  # as test_launchers: start the requeued job at once
-        while (_job_field(cluster, job1, "Restarts") != "1" or _job_field(cluster, job1, "JobState") != "PENDING"
-               or cluster.node_state() != "idle"):
-            assert time.monotonic() < deadline, cluster.logs()
-            time.sleep(0.5)
-        time.sleep(2)
-        subprocess.run(["scontrol", "update", f"JobId={job1}", "StartTime=now"], env=cluster.env, timeout=30)
+        cluster.requeue_now(job1)  # not after SLURM's ~2-minute hold
         j1 = cluster.wait_job(job1, timeout_s=300)
         j2 = cluster.wait_job(job2, timeout_s=300)
         text1 = "".join(f.read_text() for f in out1.glob("slurm-*.out"))
