@@ -61,7 +61,7 @@ run_phase() { # run_phase P SEQ PRED STEPS BATCH ACCUM LR EVAL_SAMPLES [INIT]
     BATCHSIZE="$5" GRADIENT_STEPS="$6" LR="$7" MAX_STEPS="$4" WARMUP_STEPS=$(($4 / 10)) EVAL_ITER_SAMPLES="$8" \
     SAVE_CHECKPOINT="${out}/phase${p}/final.pt" INIT_CHECKPOINT="${9:-}" CKPT_DIR="${out}/phase${p}/ckpt" \
     EXTRA_PARAMS="run.mode=pretrain ${model} data.max_seq_length=$2 data.max_predictions_per_seq=$3 \
-data.eval_samples=${PD_EVAL_SAMPLES} eval.batch_size=50 log.progress_interval_steps=20 \
+data.eval_samples=0 eval.batch_size=50 log.progress_interval_steps=20 \
 ckpt.interval_minutes=5 optim.max_grad_norm=1.0" \
     ./run_and_time.sh
 }

@@ -273,7 +273,7 @@ def test_manifest_index_matches_files(strata_dir):
 def _cfg(root, **sampler):
     return build_config({"data.train_dir": str(root), "data.max_seq_length": S, "model.max_position_embeddings": S,
                          "data.max_predictions_per_seq": P, "run.local_batch_size": 4, "run.division": "open",
-                         **{f"sampler.{k}": v for k, v in sampler.items()}})
+                         "run.seed": 1, **{f"sampler.{k}": v for k, v in sampler.items()}})
 
 
 def test_loader_resumes_mid_epoch(strata_dir):
@@ -297,7 +297,7 @@ def test_train_batches_picks_the_closed_loader(demo_data):
     from bert.data import TrainLoader
 
     cfg = build_config({"data.train_dir": str(demo_data.train), "data.max_seq_length": 128,
-                        "model.max_position_embeddings": 128, "data.max_predictions_per_seq": 20})
+                        "model.max_position_embeddings": 128, "data.max_predictions_per_seq": 20, "run.seed": 1})
     assert isinstance(smp.train_batches(cfg, 0, 2), TrainLoader)
     with pytest.raises(ConfigError, match="closed division"):
         build_config({"sampler.mode": "stratified"})
