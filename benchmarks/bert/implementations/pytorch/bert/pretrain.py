@@ -74,11 +74,7 @@ def loop(train_step: Callable, log_path: Path, is_main: bool) -> Callable:
         log.block_start(s.samples, p.eval_interval)
         while True:
             loss, skipped = train_step(p, cfg.run.grad_accum_steps)
-            s.step += 1
-            s.samples += p.global_batch
-            bad = (~torch.isfinite(loss)).long()  # device-side count: no sync
-            s.nonfinite = torch.stack([s.nonfinite[0] + bad, (s.nonfinite[1] + 1) * bad])
-            s.skipped_steps += skipped
+            s.advance(loss, skipped, p.global_batch)
             if s.step % cfg.log.progress_interval_steps == 0:
                 now = time.perf_counter()
                 value, streak = torch.stack([loss.double(), s.nonfinite[1].double()]).tolist()  # one sync

@@ -60,6 +60,14 @@ class TrainState:
     # fp16 steps skipped for inf/nan gradients: a 0-d int64 on the device, summed without a
     # host sync and read at the progress lines and evaluations.
     skipped_steps: torch.Tensor | int = 0
+
+    def advance(self, loss: torch.Tensor, skipped: torch.Tensor | int, global_batch: int) -> None:
+        """Count one optimizer step (both loops): samples, NaN/inf losses, skipped steps."""
+        self.step += 1
+        self.samples += global_batch
+        bad = (~torch.isfinite(loss)).long()  # device-side count: no sync
+        self.nonfinite = torch.stack([self.nonfinite[0] + bad, (self.nonfinite[1] + 1) * bad])
+        self.skipped_steps += skipped
     # The run's seed (resolve_seed): a resumed run keeps the seed of the run it continues,
     # so its data order is the same one.
     seed: int = -1
@@ -144,11 +152,7 @@ def train(p: Parts, cfg: Config, log: MLPerfLogger, say: Callable[[str], None], 
     log.block_start(s.samples, p.eval_interval)
     while True:
         loss, skipped = train_step(p, cfg.run.grad_accum_steps)
-        s.step += 1
-        s.samples += p.global_batch
-        bad = (~torch.isfinite(loss)).long()  # device-side count: no sync
-        s.nonfinite = torch.stack([s.nonfinite[0] + bad, (s.nonfinite[1] + 1) * bad])
-        s.skipped_steps += skipped
+        s.advance(loss, skipped, p.global_batch)
         if s.step % cfg.log.progress_interval_steps == 0:
             now = time.perf_counter()
             # One host sync for the device-side counters; get_scale() is a second one, fp16 only.
