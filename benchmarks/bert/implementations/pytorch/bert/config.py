@@ -294,6 +294,16 @@ class RunConfig:
     # Whether the launcher dropped the page cache before this run (logged as cache_clear).
     cache_cleared: bool = False
     threads: int = 0  # torch intra-op threads per rank on CPU; 0 = torch's own choice
+    # Before run_start: this many full training steps per batch shape on synthetic batches
+    # (bert/step_graph.py; no data file is touched), then the model, optimizer, schedule,
+    # scaler and RNG put back exactly, so compile, autotuning and graph capture are not timed.
+    # Costs that many steps of init time per shape (data.token_budgets rungs); 0 = none.
+    warmup_steps: int = 0
+    # Replay each training step as CUDA graphs (bert/step_graph.py): one forward+backward
+    # graph per batch shape, one for clip + optimizer step; removes the per-kernel launch
+    # cost. Needs CUDA, one process, bf16/fp32, data.token_budgets and run.warmup_steps >= 1
+    # (each refused otherwise, by name). Costs one capture per shape during the warm-up.
+    cuda_graphs: bool = False
 
 
 @dataclass
@@ -582,6 +592,10 @@ def validate(cfg: Config) -> None:
     need(r.max_steps >= 0, "run.max_steps", "must be >= 0 (0 = no step limit)")
     need(r.seed >= -1, "run.seed", "must be >= 0, or -1 for a fresh seed from the OS")
     need(r.threads >= 0, "run.threads", "must be >= 0")
+    need(r.warmup_steps >= 0, "run.warmup_steps", "must be >= 0 (0 = no warm-up)")
+    need(not (r.warmup_steps and cfg.grad_sync.compression == "powersgd"), "run.warmup_steps",
+         "a warm-up with grad_sync.compression=powersgd would start its error feedback and warm "
+         "start on synthetic gradients: use run.warmup_steps=0")
     need(r.max_nonfinite_steps > 0, "run.max_nonfinite_steps", "must be positive")
     k = cfg.ckpt
     need(k.interval_steps >= 0, "ckpt.interval_steps", "must be >= 0 (0 = off)")

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import distributed, grad_sync, pretrain, resume, sampler
+from . import distributed, grad_sync, pretrain, resume, sampler, step_graph
 from .config import (Config, ConfigError, build_config, dump, eval_interval_samples, global_batch_size,
                      is_benchmark_model, max_samples, parse_overrides, timed_run_problems)
 from .checkpoint import load_weights, tf_tensor_names
@@ -144,14 +144,15 @@ def train_step(p: Parts, accum: int) -> tuple[torch.Tensor, torch.Tensor | int]:
 
 
 def train(p: Parts, cfg: Config, log: MLPerfLogger, say: Callable[[str], None], s: TrainState,
-          ckpt: resume.Checkpointer) -> tuple[str, TrainState]:
+          ckpt: resume.Checkpointer, step: Callable[[Parts, int], tuple] = train_step) -> tuple[str, TrainState]:
+    """The benchmark loop; ``step`` is ``train_step`` or its graphed twin (bert/step_graph.py)."""
     last_t, last_samples = time.perf_counter(), s.samples
     # The open block's first sample count (its block_stop repeats it) and when it began:
     # the throughput logged at each eval is over the block's training time, evals excluded.
     block_first, block_t = s.samples, last_t
     log.block_start(s.samples, p.eval_interval)
     while True:
-        loss, skipped = train_step(p, cfg.run.grad_accum_steps)
+        loss, skipped = step(p, cfg.run.grad_accum_steps)
         s.advance(loss, skipped, p.global_batch)
         if s.step % cfg.log.progress_interval_steps == 0:
             now = time.perf_counter()
@@ -223,7 +224,10 @@ def build_model(cfg: Config, denv: distributed.DistEnv, device: torch.device) ->
     hook_scale = functools.partial(_scale_or_one, scaler) if scaler.is_enabled() else None
     sync = grad_sync.build(cfg.grad_sync, train_model if isinstance(train_model, DDP) else None,
                            model.parameters(), cfg.optim.max_grad_norm, hook_scale)
-    optimizer, impl = build_optimizer(model, cfg.optim, device.type)
+    step_graph.check(cfg, device, denv.world_size)  # what CUDA graphs cannot do, refused by name
+    optimizer, impl = build_optimizer(model, cfg.optim, device.type, capturable=cfg.run.cuda_graphs)
+    if cfg.run.cuda_graphs:
+        step_graph.lr_tensors(optimizer, device)  # the graph reads the rate the scheduler fills in
     scheduler = build_scheduler(optimizer, cfg.optim)
     ws = denv.world_size
     parts = Parts(model, train_model, optimizer, scheduler, scaler, precision, sync, iter(()), [], 0, device,
@@ -246,6 +250,29 @@ def open_data(parts: Parts, cfg: Config, denv: distributed.DistEnv, timed: bool 
                                         d.max_seq_length)
     return dataclasses.replace(parts, batches=iter(batches), eval_batches=eval_batches,
                                eval_samples=eval_set.total_samples)
+
+
+def prepare_step(parts: Parts, cfg: Config, say: Callable[[str], None]) -> Callable[[Parts, int], tuple]:
+    """The step the loop calls, chosen once: ``train_step``, after ``run.warmup_steps`` steps
+    per batch shape on synthetic batches (and, with ``run.cuda_graphs``, the step captured
+    per shape), the state then put back exactly (bert/step_graph.py). Before run_start:
+    the warm-up touches no data file, and its time is printed, not timed."""
+    r, d, m = cfg.run, cfg.data, cfg.model
+    if r.warmup_steps == 0:
+        return train_step
+    collate = sampler.batch_collate(m.unpad, m.pack, d.max_seq_length)
+    counts = step_graph.warmup_token_counts(cfg)
+    batches = step_graph.synthetic_batches(collate, counts, r.local_batch_size, d.max_seq_length,
+                                           d.max_predictions_per_seq, m.vocab_size, seed=r.seed)
+    eval_batch = step_graph.synthetic_batches(
+        sampler.batch_collate(m.unpad, m.pack, d.max_seq_length), [cfg.eval.batch_size * d.max_seq_length // 2],
+        cfg.eval.batch_size, d.max_seq_length, d.max_predictions_per_seq, m.vocab_size, seed=r.seed)[0]
+    graphs = step_graph.CudaGraphs() if r.cuda_graphs else None
+    step, info = step_graph.warm_up(parts, cfg, batches, eval_batch, train_step, parts.precision.eval_autocast, graphs)
+    say(f"warm-up before run_start: {info['steps']} steps on synthetic batches ({info['shapes']} shape(s)), "
+        f"{info['graphs']} CUDA graph(s) captured, {info['seconds']:.1f} s; model, optimizer, schedule "
+        "and RNG restored")
+    return step
 
 
 def resolve_seed(cfg: Config) -> Config:
@@ -375,6 +402,7 @@ def _run(cfg: Config, denv: distributed.DistEnv, device: torch.device, log: MLPe
             say(f"warning: a timed run would exit 2: {problem}")
         say("dry run: everything built, nothing trained")
         return 0
+    step = prepare_step(parts, cfg, say)  # warm-up (and graph capture) on synthetic batches
     log.init_stop()
     log.run_start()
     parts = open_data(parts, cfg, denv)  # the clock runs: only now is the data touched
@@ -382,7 +410,8 @@ def _run(cfg: Config, denv: distributed.DistEnv, device: torch.device, log: MLPe
         parts.batches.load_state_dict(loader_state)
     ckpt = resume.Checkpointer(cfg.ckpt, ckpt_dir, denv.rank, denv.world_size, device, stop)
     # Chosen once: the benchmark loop, or a from-scratch phase's (bert/pretrain.py).
-    loop = pretrain.loop(train_step, log_path, denv.is_main) if cfg.run.mode == "pretrain" else train
+    loop = (pretrain.loop(step, log_path, denv.is_main) if cfg.run.mode == "pretrain"
+            else functools.partial(train, step=step))
     status, state = loop(parts, cfg, log, say, state, ckpt)
     total_nonfinite = int(state.nonfinite[0])  # host sync, once
     log.event("nonfinite_loss_steps", total_nonfinite)  # not an MLPerf key; skipped/NaN steps

@@ -1,0 +1,379 @@
+"""The training step, made ready before run_start: warm-up on synthetic batches with the
+state put back exactly, and (on CUDA) the step captured as CUDA graphs.
+
+Two costs the timed run should not pay, and what this module does about them:
+
+- **First-step costs.** torch.compile, cuBLAS/cuDNN autotuning, the caching allocator's
+  first allocations and CUDA graph capture all happen the first time a shape is seen.
+  ``warm_up`` runs ``run.warmup_steps`` full training steps per batch shape on *synthetic*
+  batches (random tokens, made here: no training or eval file is touched, which MLPerf
+  allows before run_start), plus one evaluation forward, then puts the model, optimizer,
+  scheduler, loss scaler, gradient-sync state and every RNG back exactly as they were
+  (``snapshot``/``restore``), so the timed run starts from the true initial state. The
+  caller prints the time it took, outside the timed region.
+- **Launch overhead.** An eager BERT-Large step issues thousands of small kernels; at local
+  batch 16 on an H200 the GPU waits on the host. ``GraphedStep`` replays the step as CUDA
+  graphs: one graph of forward + backward per batch shape (a micro-batch), and one of the
+  rest (unscale, clip, optimizer step, zeroing the gradients). Graphs need static shapes:
+  ``data.token_budgets`` pads every micro-batch's token count to one of a few budgets
+  (bert/budget.py), so there are a few shapes, each captured once during the warm-up.
+
+What graph capture requires, and where it is checked (``check``): CUDA; one process (DDP's
+reducer and our comm hooks are not captured here); not fp16 (GradScaler's step syncs the
+host to decide whether to skip); a capturable optimizer (step count and learning rate on
+the device: ``build_optimizer(..., capturable=True)``, learning rates as device tensors
+that the scheduler fills in place); static batch shapes (``data.token_budgets``). Inside a
+captured step nothing may sync the host, and dropout draws its random numbers from torch's
+CUDA generator, whose Philox offset a replay advances, so every replay draws fresh masks.
+
+Gradients are persistent in graph mode: allocated once before capture (outside the graphs'
+memory pool), accumulated in place by backward (AccumulateGrad adds into an existing
+``.grad``), read by the optimizer graph and zeroed in place at its end. A batch whose shape
+was not captured runs its forward + backward eagerly into the same gradients (correct,
+slower; noted once per shape).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import random
+import time
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from .config import Config, ConfigError
+from .data import Sample
+from .model import pretraining_loss
+from .precision import DTYPES
+
+# Eager forward + backward passes on a side stream before each capture: the first use of
+# a cuBLAS handle, of autograd's engine and of each allocation size must not be recorded
+# (torch's documented warm-up for whole-network capture). Three, as torch's examples use.
+CAPTURE_WARMUP_ITERS = 3
+LABEL_KEYS = ("mlm_labels", "nsp_labels")
+
+
+# ---------------------------------------------------------------- synthetic batches
+
+
+def synthetic_samples(total_tokens: int, n: int, max_seq_length: int, max_pred: int, vocab_size: int,
+                      rng: np.random.Generator) -> list[Sample]:
+    """``n`` random samples holding ``total_tokens`` tokens in all (lengths as equal as
+    possible, each in [2, max_seq_length]), ~15% of each masked (at most ``max_pred``).
+    Shapes, not content, matter here: the values only have to be valid ids."""
+    total = min(max(total_tokens, 2 * n), n * max_seq_length)
+    lengths = np.full(n, total // n, dtype=np.int64)
+    lengths[: total % n] += 1
+    out = []
+    for length in lengths.tolist():
+        ids = rng.integers(1, vocab_size, size=length, dtype=np.int64)
+        segments = (np.arange(length) >= length // 2).astype(np.int64)
+        k = min(max_pred, max(1, round(0.15 * (length - 1))))
+        positions = np.sort(rng.choice(np.arange(1, length), size=k, replace=False)).astype(np.int64)
+        out.append(Sample(ids, segments, positions, ids[positions].copy(), int(rng.integers(2))))
+    return out
+
+
+def synthetic_batches(collate: Callable[[list[Sample]], dict], token_counts: list[int], n: int,
+                      max_seq_length: int, max_pred: int, vocab_size: int, seed: int = 0) -> list[dict]:
+    """One collated batch of ``n`` synthetic samples per entry of ``token_counts``."""
+    rng = np.random.default_rng(seed)
+    return [collate(synthetic_samples(t, n, max_seq_length, max_pred, vocab_size, rng)) for t in token_counts]
+
+
+def warmup_token_counts(cfg: Config) -> list[int]:
+    """Token counts of the warm-up's synthetic micro-batches: one per shape the run can see.
+    Without token budgets every batch has its own shape; one typical batch (half the grid)
+    then warms up what does not depend on the shape."""
+    r, d = cfg.run, cfg.data
+    return [r.local_batch_size * d.max_seq_length // 2]
+
+
+def shape_key(batch: dict) -> tuple:
+    """What a captured graph is specialised to: every tensor's shape and dtype, and the
+    Python ints (max_seqlen) the model reads."""
+    return tuple(sorted((k, tuple(v.shape), str(v.dtype)) if torch.is_tensor(v) else (k, v)
+                        for k, v in batch.items()))
+
+
+# ---------------------------------------------------------------- exact state put back
+
+
+@dataclasses.dataclass
+class Snapshot:
+    """Copies of everything a training step changes (see ``snapshot``)."""
+
+    model: dict[str, torch.Tensor]
+    groups: list[dict[str, Any]]  # each param group's settings (lr, apex's group step), 'params' left out
+    state: list[dict[str, Any] | None]  # per parameter, in group order: its optimizer state, or None
+    scheduler: dict[str, Any]
+    scaler: dict[str, Any]
+    grad_sync: dict[str, Any]
+    rng: tuple
+
+
+def _clone(v: Any) -> Any:
+    return v.detach().clone() if torch.is_tensor(v) else copy.deepcopy(v)
+
+
+def _params(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p for g in opt.param_groups for p in g["params"]]
+
+
+def snapshot(parts: Any) -> Snapshot:
+    """Copy the train state (one extra copy of weights and optimizer state in memory, freed
+    after ``restore``)."""
+    opt = parts.optimizer
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    return Snapshot(
+        model={k: v.detach().clone() for k, v in parts.model.state_dict().items()},
+        groups=[{k: _clone(v) for k, v in g.items() if k != "params"} for g in opt.param_groups],
+        state=[({k: _clone(v) for k, v in opt.state[p].items()} if p in opt.state else None) for p in _params(opt)],
+        scheduler=copy.deepcopy(parts.scheduler.state_dict()),
+        scaler=copy.deepcopy(parts.scaler.state_dict()),
+        grad_sync=copy.deepcopy(parts.grad_sync.state_dict()),
+        rng=(random.getstate(), np.random.get_state(), torch.get_rng_state(),
+             torch.cuda.get_rng_state_all() if cuda else None),
+    )
+
+
+def _put(container: dict, key: str, value: Any) -> None:
+    """Write ``value`` into ``container[key]`` in place when both are tensors (a captured
+    graph holds the old tensor's address), else replace it."""
+    old = container.get(key)
+    if torch.is_tensor(old) and torch.is_tensor(value):
+        old.copy_(value)
+    elif torch.is_tensor(old):
+        old.fill_(value)
+    else:
+        container[key] = _clone(value)
+
+
+def restore(parts: Any, snap: Snapshot) -> None:
+    """Put back what ``snapshot`` copied, in place: tensors keep their storage (captured
+    graphs read and write those addresses).
+
+    Optimizer state that the warm-up created (a fresh run has none) is zeroed instead of
+    deleted: zero moments and step 0 are exactly the state a lazily initialised Adam or LAMB
+    starts from (its first update is then bit-for-bit the same), and the tensors a graph
+    captured stay valid. Gradients are zeroed in place when persistent, else dropped.
+    """
+    with torch.no_grad():
+        current = parts.model.state_dict()
+        for k, v in snap.model.items():
+            current[k].copy_(v)
+        opt = parts.optimizer
+        for group, saved in zip(opt.param_groups, snap.groups):
+            for k, v in saved.items():
+                _put(group, k, v)
+        for p, saved in zip(_params(opt), snap.state):
+            state = opt.state.get(p)
+            if state is None:
+                continue
+            if saved is None:
+                for k, v in state.items():
+                    if torch.is_tensor(v):
+                        v.zero_()
+                    elif isinstance(v, (int, float)) and not isinstance(v, bool):
+                        state[k] = type(v)(0)
+            else:
+                for k, v in saved.items():
+                    _put(state, k, v)
+    parts.scheduler.load_state_dict(snap.scheduler)
+    parts.scaler.load_state_dict(snap.scaler)  # fills its scale tensor in place
+    if snap.grad_sync:
+        parts.grad_sync.load_state_dict(snap.grad_sync, parts.device)
+    random.setstate(snap.rng[0])
+    np.random.set_state(snap.rng[1])
+    torch.set_rng_state(snap.rng[2])
+    if snap.rng[3] is not None:
+        torch.cuda.set_rng_state_all(snap.rng[3])
+
+
+# ---------------------------------------------------------------- the graphed step
+
+
+class CudaGraphs:
+    """Capture with ``torch.cuda.CUDAGraph``; every graph of the step shares one memory pool
+    (they never run concurrently, and what outlives a replay -- the losses, the gradients --
+    is allocated outside the pool or held alive), so N shapes cost about one step's
+    activations, not N."""
+
+    def __init__(self) -> None:
+        self.pool = torch.cuda.graph_pool_handle()
+
+    def capture(self, fn: Callable[[], None]) -> Callable[[], None]:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(CAPTURE_WARMUP_ITERS):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            fn()
+        return graph.replay
+
+
+class GraphedStep:
+    """``bert.train.train_step`` as CUDA graphs (see the module docstring); same signature,
+    same result: ``(mean loss over the micro-batches, skipped)`` with skipped always 0
+    (fp16 is refused). ``graphs`` does the capturing (``CudaGraphs``; tests pass a stand-in
+    that calls the captured function on every replay, which checks everything here except
+    CUDA's own recording). ``capture(batch)`` prepares a shape; ``__call__`` replays."""
+
+    def __init__(self, parts: Any, accum: int, precision: str, graphs: Any) -> None:
+        self.parts, self.accum, self.graphs = parts, accum, graphs
+        device = parts.device
+        # Autocast's weight-cast cache must be off under capture: a cached cast made in one
+        # replay would be stale in the next (torch's rule for autocast + graphs).
+        self.autocast = (contextlib.nullcontext if precision == "fp32" else
+                         lambda: torch.autocast(device.type, dtype=DTYPES[precision], cache_enabled=False))
+        self.params = [p for p in parts.model.parameters() if p.requires_grad]
+        with torch.no_grad():
+            for p in self.params:  # persistent, outside any graph pool; zeroed in place
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                else:
+                    p.grad.zero_()
+        self.grads = [p.grad for p in self.params]
+        self.micro: dict[tuple, tuple[Callable[[], None], dict, torch.Tensor]] = {}
+        self.eager_shapes: set[tuple] = set()
+        self.finish = graphs.capture(self._finish)
+
+    def _forward_backward(self, batch: dict, loss_out: torch.Tensor) -> None:
+        p = self.parts
+        inputs = {k: v for k, v in batch.items() if k not in LABEL_KEYS}
+        with self.autocast():
+            mlm, nsp = p.model(**inputs)
+            loss = pretraining_loss(mlm, nsp, batch["mlm_labels"], batch["nsp_labels"]) / self.accum
+        loss.backward()  # into the persistent .grad tensors, in place
+        loss_out.copy_(loss.detach())
+
+    def _finish(self) -> None:
+        p = self.parts
+        p.grad_sync.after_sync()  # global clip (or the 1-process bucket clip): no host sync
+        p.optimizer.step()  # capturable: step count and lr read from device tensors
+        torch._foreach_zero_(self.grads)
+
+    def capture(self, batch: dict) -> tuple:
+        """Capture forward + backward for ``batch``'s shape (its values seed the static
+        inputs). Runs the side-stream warm-up passes, which add into the gradients: the
+        caller zeroes them (``warm_up`` restores the whole state afterwards)."""
+        key = shape_key(batch)
+        if key not in self.micro:
+            static = {k: (v.to(self.parts.device).clone() if torch.is_tensor(v) else v) for k, v in batch.items()}
+            loss = torch.zeros((), device=self.parts.device)
+            replay = self.graphs.capture(lambda: self._forward_backward(static, loss))
+            self.micro[key] = (replay, static, loss)
+        return key
+
+    def __call__(self, p: Any, accum: int) -> tuple[torch.Tensor, int]:
+        total = torch.zeros((), device=p.device)
+        for _ in range(accum):
+            batch = next(p.batches)
+            key = shape_key(batch)
+            entry = self.micro.get(key)
+            if entry is None:
+                if key not in self.eager_shapes:
+                    self.eager_shapes.add(key)
+                    print(f"note: batch shape {dict((k[0], k[1]) for k in key)} was not captured "
+                          "in the warm-up: its forward + backward run eagerly (correct, slower)")
+                loss = torch.zeros((), device=p.device)
+                self._forward_backward({k: (v.to(p.device, non_blocking=True) if torch.is_tensor(v) else v)
+                                        for k, v in batch.items()}, loss)
+            else:
+                replay, static, loss = entry
+                for k, v in batch.items():
+                    if torch.is_tensor(v):
+                        static[k].copy_(v, non_blocking=True)
+                replay()
+            total += loss
+        self.finish()
+        p.scheduler.step()  # fills the device lr tensors in place: the next replay reads them
+        return total, 0
+
+
+# ---------------------------------------------------------------- choosing and preparing
+
+
+def check(cfg: Config, device: torch.device, world_size: int) -> None:
+    """Refuse, naming the key, what graph capture cannot do (module docstring)."""
+    if not cfg.run.cuda_graphs:
+        return
+    why = None
+    if device.type != "cuda":
+        why = f"needs a CUDA device (device is {device.type!r})"
+    elif world_size > 1:
+        why = f"captures a single process's step; this run has {world_size} ranks (DDP's allreduce is not captured)"
+    elif cfg.precision.dtype == "fp16":
+        why = "fp16's loss scaler syncs the host to skip overflowing steps: use precision.dtype=bf16"
+    elif cfg.optim.impl == "apex":
+        why = "apex's fused optimizers are not capturable: use optim.impl=compiled or torch"
+    elif not cfg.data.token_budgets:
+        why = "needs static batch shapes: set data.token_budgets (e.g. auto)"
+    elif cfg.run.warmup_steps < 1:
+        why = "needs run.warmup_steps >= 1 (the optimizer state must exist before capture)"
+    if why:
+        raise ConfigError(f"run.cuda_graphs: {why}")
+
+
+def lr_tensors(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Turn each group's learning rate into a 0-d device tensor: a captured graph reads it
+    at every replay, and the scheduler (LambdaLR) fills a tensor lr in place."""
+    for g in optimizer.param_groups:
+        if not torch.is_tensor(g["lr"]):
+            g["lr"] = torch.tensor(float(g["lr"]), dtype=torch.float32, device=device)
+
+
+def capturable(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether every group keeps its step count on the device (torch's ``capturable`` or
+    ``fused`` Adam(W), our ``Lamb(capturable=True)``): what a captured update needs."""
+    return all(g.get("capturable") or g.get("fused") for g in optimizer.param_groups)
+
+
+def warm_up(parts: Any, cfg: Config, train_batches: list[dict], eval_batch: dict | None,
+            step: Callable[[Any, int], Any], eval_autocast: Callable[[], Any],
+            graphs: Any = None) -> tuple[Callable[[Any, int], Any], dict[str, Any]]:
+    """Run ``cfg.run.warmup_steps`` eager steps on each batch of ``train_batches`` (one per
+    shape), then, with ``graphs``, build the ``GraphedStep`` and capture each shape, run
+    one evaluation forward, and restore the state exactly.
+
+    ``step`` is the eager ``bert.train.train_step``. The eager steps come first: they
+    create the optimizer state that the optimizer graph captures. Returns the step the loop
+    should call (the graphed one, or ``step``) and what happened, for the caller to print.
+    """
+    t0 = time.perf_counter()
+    snap = snapshot(parts)
+    accum, n = cfg.run.grad_accum_steps, cfg.run.warmup_steps
+    for batch in train_batches:
+        feed = dataclasses.replace(parts, batches=iter([batch] * n * accum))
+        for _ in range(n):
+            step(feed, accum)
+    graphed = None
+    if graphs is not None:
+        graphed = GraphedStep(parts, accum, parts.precision.train, graphs)
+        for batch in train_batches:
+            graphed.capture(batch)
+    if eval_batch is not None:
+        was = parts.model.training
+        parts.model.eval()
+        with torch.no_grad(), eval_autocast():
+            parts.model(**{k: (v.to(parts.device) if torch.is_tensor(v) else v)
+                           for k, v in eval_batch.items() if k not in LABEL_KEYS})
+        parts.model.train(was)
+    if parts.device.type == "cuda":
+        torch.cuda.synchronize(parts.device)
+    restore(parts, snap)
+    if graphed is not None:
+        torch._foreach_zero_(graphed.grads)  # the capture warm-ups added into them
+    else:
+        parts.optimizer.zero_grad()
+    info = {"seconds": time.perf_counter() - t0, "steps": n * len(train_batches),
+            "shapes": len({shape_key(b) for b in train_batches}),
+            "graphs": len(graphed.micro) + 1 if graphed is not None else 0}
+    return (graphed if graphed is not None else step), info
