@@ -24,6 +24,8 @@ The portable ``varlen`` pads into ``[B, max_seqlen]``, runs ``padded`` and gathe
   It has no dropout argument, so ``auto`` picks it only when ``attention_dropout`` is 0,
   and it raises if asked for dropout; with BERT's 0.1 attention dropout and no flash-attn
   the GPU falls back to ``sdpa`` (memory-efficient kernel on the padded grid).
+- ``nested``: SDPA on nested jagged tensors (torch's flash kernel on CUDA, with dropout;
+  math per sequence on the CPU); asked for by name only until a GPU run measures it.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-BACKENDS = ("auto", "sdpa", "math", "flash", "torch_varlen")
+BACKENDS = ("auto", "sdpa", "math", "flash", "torch_varlen", "nested")
 
 
 def flash_varlen_func():
@@ -152,6 +154,35 @@ class TorchVarlenAttention(SdpaAttention):
         return self.fn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen)
 
 
+class NestedAttention(SdpaAttention):
+    """SDPA on nested jagged tensors (``torch.nested``, ``layout=torch.jagged``): torch's own
+    fused kernels over the real tokens, attention cost sum L^2, dropout included (on CUDA
+    the flash kernel takes bf16/fp16 NJT inputs with dropout; on the CPU it is the math
+    kernel per sequence). No package beyond torch.
+
+    Rows past ``cu_seqlens[-1]`` (a static token budget's padding) become
+    ceil(T / max_seqlen) extra segments of at most ``max_seqlen`` rows (some empty), so the
+    kernel's grid stays (max_seqlen blocks) x (B + that many) x heads and no host sync is
+    needed to find where the padding starts; their output is set to exactly 0. Costs one
+    [T, H, D] select for that, and the NJT wrapping (metadata only, no copy).
+    """
+
+    name = "nested"
+
+    def varlen(self, q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0):
+        total = q.shape[0]
+        extra = -(-total // max_seqlen)
+        tail = torch.arange(1, extra + 1, device=q.device) * max_seqlen + cu_seqlens[-1].long()
+        offsets = torch.cat([cu_seqlens.long(), tail.clamp(max=total)])
+        # min_seqlen given (1: some pad segments are empty, real ones are not), so no kernel
+        # check reads it back from the device.
+        nested = [torch.nested.nested_tensor_from_jagged(t, offsets, min_seqlen=1, max_seqlen=max_seqlen)
+                  .transpose(1, 2) for t in (q, k, v)]
+        out = F.scaled_dot_product_attention(*nested, dropout_p=dropout_p).transpose(1, 2).values()
+        real = torch.arange(total, device=q.device) < cu_seqlens[-1]
+        return torch.where(real[:, None, None], out, 0.0)
+
+
 def varlen_via_padded(padded, q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0):
     """Variable-length attention through a padded kernel: scatter, attend, gather.
 
@@ -210,4 +241,6 @@ def build_attention(backend: str, device_type: str, attention_dropout: float = 0
         return FlashVarlenAttention(fn) if backend == "flash" else TorchVarlenAttention(fn)
     if backend == "sdpa":
         return SdpaAttention() if gpu else SdpaPerSequence()
+    if backend == "nested":
+        return NestedAttention()
     return MathAttention()

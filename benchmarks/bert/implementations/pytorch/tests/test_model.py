@@ -203,7 +203,7 @@ def test_init():
 # ---------------------------------------------------------------- unpadded training
 
 
-@pytest.mark.parametrize("backend", ["sdpa", "math"])
+@pytest.mark.parametrize("backend", ["sdpa", "math", "nested"])
 def test_unpadded_gradients_equal_padded(backend):
     hf = hf_model(TINY, seed=5)
     padded, labels, nsp = make_batch(seed=7)
@@ -260,7 +260,7 @@ def _reference_attention(q, k, v):
     return (p @ v).transpose(0, 1).float()
 
 
-@pytest.mark.parametrize("name", ["sdpa", "math"])
+@pytest.mark.parametrize("name", ["sdpa", "math", "nested"])
 def test_varlen_equals_attention_per_sequence(name):
     backend = build_attention(name, "cpu")
     g = torch.Generator().manual_seed(0)
@@ -288,3 +288,25 @@ def test_padded_backends_agree_and_ignore_masked_keys():
     v2[0, :, 4:] -= 100.0
     torch.testing.assert_close(build_attention("math", "cpu").padded(q, k2, v2, mask), math_,
                                rtol=0, atol=1e-5)
+
+
+def test_nested_backend_pad_rows_and_dropout():
+    """backend "nested": rows past cu_seqlens[-1] (a token budget's padding) give exactly 0
+    and take no gradient; real rows are unchanged by them; with dropout the output changes
+    between calls and stays finite."""
+    backend = build_attention("nested", "cpu")
+    g = torch.Generator().manual_seed(2)
+    lengths, pad, heads, dim = [4, 7, 2], 11, 2, 8  # 11 pad rows > max_seqlen: two pad segments
+    total = sum(lengths) + pad
+    q, k, v = (torch.randn(total, heads, dim, generator=g, requires_grad=True) for _ in range(3))
+    cu = torch.tensor([0, 4, 11, 13], dtype=torch.int32)
+    out = backend.varlen(q, k, v, cu, max_seqlen=8)
+    assert torch.equal(out[13:], torch.zeros_like(out[13:]))
+    exact = backend.varlen(*(t[:13] for t in (q, k, v)), cu, max_seqlen=8)
+    torch.testing.assert_close(out[:13], exact, rtol=0, atol=1e-6)
+    out.sum().backward()
+    for t in (q, k, v):
+        assert not t.grad[13:].any() and t.grad[:13].abs().sum() > 0
+    with torch.no_grad():
+        a, b = (backend.varlen(q, k, v, cu, max_seqlen=8, dropout_p=0.5) for _ in range(2))
+    assert torch.isfinite(a).all() and not torch.equal(a, b) and not torch.equal(a[:13], exact)
