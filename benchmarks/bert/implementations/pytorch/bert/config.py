@@ -49,9 +49,10 @@ class ModelConfig:
     # for the device; "sdpa" = torch scaled_dot_product_attention; "math" = explicit
     # softmax(QK^T)V, slow but obviously correct; "flash" = flash-attn's varlen kernel (GPU,
     # needs flash_attn); "torch_varlen" = torch.nn.attention.varlen.varlen_attn (GPU, no
-    # attention dropout). auto on GPU: flash, else torch_varlen when attention_dropout is 0,
-    # else sdpa; on CPU: sdpa.
-    attention_backend: Literal["auto", "sdpa", "math", "flash", "torch_varlen"] = "auto"
+    # attention dropout); "triton" = bert/triton_attention.py, varlen with dropout (GPU,
+    # needs triton). auto on GPU: flash, else triton, else torch_varlen when
+    # attention_dropout is 0, else sdpa; on CPU: sdpa.
+    attention_backend: Literal["auto", "sdpa", "math", "flash", "torch_varlen", "triton"] = "auto"
     # Packed rows: the batch's sequences packed up to 3 per max_seq_length row (first-fit
     # decreasing), attention within each sequence; the padded layout with less padding.
     # Needs unpad=false.
