@@ -1,7 +1,8 @@
 """Variable-length flash attention with attention-probability dropout, in Triton.
 
 ``varlen(q, k, v, cu_seqlens, max_seqlen, dropout_p)``: q, k, v ``[T, H, D]`` (bf16/fp16
-under autocast on a GPU; fp32 works too), the real tokens of B sequences back to back
+under autocast on a GPU; fp32 works too, its products then in tf32, Triton's default for
+``tl.dot`` on a GPU), the real tokens of B sequences back to back
 (``cu_seqlens`` int32 ``[B + 1]``), ``max_seqlen`` a Python int >= every length ->
 ``[T, H, D]`` in q's dtype. Attention costs sum L^2 (no padded grid), the scores never
 reach memory, and dropout is applied inside the kernel -- what the GPU lacks without
