@@ -27,6 +27,8 @@ from conftest import PKG
 
 if not ta.AVAILABLE:
     _WHY = "triton is not installed (pip install -c constraints.txt triton)"
+elif torch.cuda.is_available():
+    _WHY = "a CUDA machine: Triton stays compiled here; these tests use its CPU interpreter"
 else:
     _WHY = "triton was imported in compiler mode before tests/conftest.py set up its interpreter"
 needs_interpreter = pytest.mark.skipif(not triton_interpret.is_interpreted(), reason=_WHY)

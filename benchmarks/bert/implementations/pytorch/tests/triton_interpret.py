@@ -7,17 +7,27 @@ our kernels at bert.triton_attention's import. torch imports triton on its own
 module is collected, and it imports both under the flag. The variable is put back right
 after and triton's in-process knob is set instead (triton asks again at some launches): the
 process keeps interpreted Triton (nothing else here runs Triton kernels; inductor on the CPU
-emits C++), and child processes see the environment unchanged.
+emits C++), and child processes see the environment unchanged. Not on a machine with a CUDA
+device: these tests are CPU tests, and the GPU's Triton must stay compiled.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 
 def setup() -> bool:
-    """Import triton in interpreter mode; False when triton is missing or was already
-    imported in compiler mode (then the Triton tests skip, saying so)."""
+    """Import triton in interpreter mode; False (and nothing changed) when triton is missing,
+    was already imported, or a CUDA device is present: there compiled Triton serves torch
+    (inductor's GPU kernels), which an interpreted triton in this process would break. The
+    Triton tests then skip, saying why."""
+    if "triton" in sys.modules or "bert.triton_attention" in sys.modules:
+        return is_interpreted()
+    import torch
+
+    if torch.cuda.is_available():
+        return False
     before = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
     try:
