@@ -28,8 +28,9 @@ The portable ``varlen`` pads into ``[B, max_seqlen]``, runs ``padded`` and gathe
   safe), rows past ``cu_seqlens[-1]`` exactly 0. Only when ``triton`` imports; a
   torch.library custom op, so torch.compile keeps it whole. ``padded`` stays SDPA's.
 
-``auto`` on CUDA: flash > triton > torch_varlen (attention dropout 0 only) > sdpa; on CPU
-``sdpa``. ``build_attention`` refuses ``triton`` on a CPU (there it would run only in
+``auto`` on CUDA: flash > triton > torch_varlen (attention dropout 0 only) > sdpa (with
+BERT's 0.1 attention dropout and neither flash-attn nor triton: the memory-efficient
+kernel on the padded grid); on CPU ``sdpa``. ``build_attention`` refuses ``triton`` on a CPU (there it would run only in
 Triton's interpreter, which is for tests: tests/test_triton_attention.py builds
 ``TritonVarlenAttention`` directly).
 """
@@ -216,8 +217,8 @@ def build_attention(backend: str, device_type: str, attention_dropout: float = 0
     """Resolve a backend name for a device type ("cpu", "cuda", ...) once, at build time.
 
     ``flash`` / ``torch_varlen`` / ``triton`` return the kernels or None (parameters so
-    tests can stand in for a GPU machine). Asking by name for a kernel that is missing, or that cannot run
-    on the device, raises; ``auto`` takes the best that works.
+    tests can stand in for a GPU machine). Asking by name for a kernel that is missing, or
+    that cannot run on the device, raises; ``auto`` takes the best that works.
     """
     if backend not in BACKENDS:
         raise ValueError(f"attention backend {backend!r} is not one of {list(BACKENDS)}")
