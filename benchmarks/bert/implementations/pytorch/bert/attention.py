@@ -22,10 +22,21 @@ The portable ``varlen`` pads into ``[B, max_seqlen]``, runs ``padded`` and gathe
   attention follows real tokens there too.
 - ``torch_varlen``: ``torch.nn.attention.varlen.varlen_attn`` (torch's own flash kernel).
   It has no dropout argument, so ``auto`` picks it only when ``attention_dropout`` is 0,
-  and it raises if asked for dropout; with BERT's 0.1 attention dropout and no flash-attn
-  the GPU falls back to ``sdpa`` (memory-efficient kernel on the padded grid).
+  and it raises if asked for dropout.
+- ``triton``: our own Triton kernel (bert/triton_attention.py): varlen flash attention
+  *with* dropout (Philox mask from a seed drawn on the device per call, so CUDA-graph
+  safe), rows past ``cu_seqlens[-1]`` exactly 0. Only when ``triton`` imports; a
+  torch.library custom op, so torch.compile keeps it whole. ``padded`` stays SDPA's.
 - ``nested``: SDPA on nested jagged tensors (torch's flash kernel on CUDA, with dropout;
-  math per sequence on the CPU); asked for by name only until a GPU run measures it.
+  math per sequence on the CPU).
+
+``auto`` on CUDA: flash > torch_varlen (attention dropout 0 only) > sdpa (with BERT's 0.1
+attention dropout and no flash-attn: the memory-efficient kernel on the padded grid); on
+CPU ``sdpa``. ``triton`` and ``nested`` are chosen by name only until a GPU run has checked
+them against ``math`` in bf16 and timed them (bench/gpu_bert_large.py): an untested kernel
+must not become a GPU user's default silently. ``build_attention`` refuses ``triton`` on a
+CPU (there it would run only in Triton's interpreter, which is for tests:
+tests/test_triton_attention.py builds ``TritonVarlenAttention`` directly).
 """
 
 from __future__ import annotations
@@ -35,7 +46,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-BACKENDS = ("auto", "sdpa", "math", "flash", "torch_varlen", "nested")
+BACKENDS = ("auto", "sdpa", "math", "flash", "torch_varlen", "triton", "nested")
 
 
 def flash_varlen_func():
@@ -54,6 +65,16 @@ def torch_varlen_func():
     except ImportError:
         return None
     return varlen_attn
+
+
+def triton_varlen_func():
+    """bert.triton_attention's varlen kernel, or None without the triton package.
+
+    Imported here, on first ask, so that importing this module never imports triton.
+    """
+    from bert import triton_attention
+
+    return triton_attention.varlen if triton_attention.AVAILABLE else None
 
 
 class AttentionBackend:
@@ -154,6 +175,18 @@ class TorchVarlenAttention(SdpaAttention):
         return self.fn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen)
 
 
+class TritonVarlenAttention(SdpaAttention):
+    """Our Triton varlen kernel with dropout (bert/triton_attention.py); ``padded`` is SDPA's."""
+
+    name = "triton"
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def varlen(self, q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0):
+        return self.fn(q, k, v, cu_seqlens, max_seqlen, dropout_p)
+
+
 class NestedAttention(SdpaAttention):
     """SDPA on nested jagged tensors (``torch.nested``, ``layout=torch.jagged``): torch's own
     fused kernels over the real tokens, attention cost sum L^2, dropout included (on CUDA
@@ -212,33 +245,37 @@ def varlen_via_padded(padded, q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0):
 
 
 def build_attention(backend: str, device_type: str, attention_dropout: float = 0.0, *,
-                    flash=flash_varlen_func, torch_varlen=torch_varlen_func) -> AttentionBackend:
+                    flash=flash_varlen_func, torch_varlen=torch_varlen_func,
+                    triton=triton_varlen_func) -> AttentionBackend:
     """Resolve a backend name for a device type ("cpu", "cuda", ...) once, at build time.
 
-    ``flash`` / ``torch_varlen`` return the kernels or None (parameters so tests can stand
-    in for a GPU machine). Asking by name for a kernel that is missing, or that cannot run
-    on the device, raises; ``auto`` takes the best that works.
+    ``flash`` / ``torch_varlen`` / ``triton`` return the kernels or None (parameters so
+    tests can stand in for a GPU machine). Asking by name for a kernel that is missing, or
+    that cannot run on the device, raises; ``auto`` takes the best that works.
     """
     if backend not in BACKENDS:
         raise ValueError(f"attention backend {backend!r} is not one of {list(BACKENDS)}")
     gpu = device_type == "cuda"
     if backend == "auto":
+        # Not triton or nested: by name only until a GPU run has checked them (docstring).
         if gpu and flash() is not None:
             backend = "flash"
         elif gpu and attention_dropout == 0.0 and torch_varlen() is not None:
             backend = "torch_varlen"
         else:
             backend = "sdpa"
-    if backend in ("flash", "torch_varlen"):
-        fn = flash() if backend == "flash" else torch_varlen()
+    if backend in ("flash", "torch_varlen", "triton"):
+        fn = {"flash": flash, "torch_varlen": torch_varlen, "triton": triton}[backend]()
+        needs = {"flash": "the flash_attn package", "torch_varlen": "torch.nn.attention.varlen",
+                 "triton": "the triton package"}[backend]
         if not gpu or fn is None:
-            raise ValueError(f"attention backend {backend!r} needs a CUDA device and "
-                             f"{'the flash_attn package' if backend == 'flash' else 'torch.nn.attention.varlen'}"
+            raise ValueError(f"attention backend {backend!r} needs a CUDA device and {needs}"
                              f" (device {device_type!r}, kernel {'found' if fn else 'missing'})")
         if backend == "torch_varlen" and attention_dropout > 0.0:
             raise ValueError("attention backend 'torch_varlen' has no dropout; "
                              f"model.attention_dropout is {attention_dropout}")
-        return FlashVarlenAttention(fn) if backend == "flash" else TorchVarlenAttention(fn)
+        return {"flash": FlashVarlenAttention, "torch_varlen": TorchVarlenAttention,
+                "triton": TritonVarlenAttention}[backend](fn)
     if backend == "sdpa":
         return SdpaAttention() if gpu else SdpaPerSequence()
     if backend == "nested":

@@ -49,10 +49,12 @@ class ModelConfig:
     # for the device; "sdpa" = torch scaled_dot_product_attention; "math" = explicit
     # softmax(QK^T)V, slow but obviously correct; "flash" = flash-attn's varlen kernel (GPU,
     # needs flash_attn); "torch_varlen" = torch.nn.attention.varlen.varlen_attn (GPU, no
-    # attention dropout); "nested" = SDPA on nested jagged tensors (torch's flash kernel with
+    # attention dropout); "triton" = bert/triton_attention.py, varlen with dropout (GPU,
+    # needs triton); "nested" = SDPA on nested jagged tensors (torch's flash kernel with
     # dropout on GPU). auto on GPU: flash, else torch_varlen when attention_dropout is 0,
-    # else sdpa; on CPU: sdpa.
-    attention_backend: Literal["auto", "sdpa", "math", "flash", "torch_varlen", "nested"] = "auto"
+    # else sdpa; on CPU: sdpa. triton and nested are chosen by name only until a GPU run
+    # has checked and timed them (bench/gpu_bert_large.py).
+    attention_backend: Literal["auto", "sdpa", "math", "flash", "torch_varlen", "triton", "nested"] = "auto"
     # Packed rows: the batch's sequences packed up to 3 per max_seq_length row (first-fit
     # decreasing), attention within each sequence; the padded layout with less padding.
     # Needs unpad=false.

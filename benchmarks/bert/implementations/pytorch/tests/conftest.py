@@ -19,6 +19,12 @@ from pathlib import Path
 
 import pytest
 
+import triton_interpret
+
+# Before any test module imports triton through torch (test_triton_attention.py runs our
+# Triton kernels in Triton's CPU interpreter; tests/triton_interpret.py says why here).
+triton_interpret.setup()
+
 PKG = Path(__file__).resolve().parent.parent
 VENV_BIN = str(Path(sys.executable).parent)
 
