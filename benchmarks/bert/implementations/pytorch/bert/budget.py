@@ -20,8 +20,8 @@ its rung alone.
 
 Masked count: fixed at ``local_batch * max_predictions_per_seq`` (the most the data can
 hold: one graph key per rung, not per (rung, count)). Wikipedia samples carry ~38.5 of the
-76 slots on average, so the MLM head runs on ~2x its rows: +1.4% of a BERT-Large training
-step's FLOPs at local batch 16 (tools/budget_ladder.py prints it; BENCHMARKS.md).
+76 slots on average, so the MLM head runs on ~2x its rows: +1.47% of a BERT-Large training
+step's FLOPs at any local batch (tools/budget_ladder.py prints it; BENCHMARKS.md).
 
 The ``auto`` ladder depends only on what is known before the data is touched (MLPerf's
 clock rule: warm-up and graph capture happen before ``run_start``): the local batch,

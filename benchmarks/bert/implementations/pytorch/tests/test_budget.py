@@ -208,6 +208,29 @@ def test_auto_ladder_rule():
     assert (pmf * np.arange(len(pmf))).sum() == pytest.approx(16 * (lengths * np.arange(513)).sum(), rel=1e-9)
 
 
+def test_ladder_tool_measures_what_the_run_builds():
+    """tools/budget_ladder.py: the run's own ladder; held-out padding near the expected one."""
+    from tools.budget_ladder import LARGE, config, measure
+
+    from bench.flops import head_flops, train_flops, useful_forward_flops
+
+    r = measure("random", 16, 8, 2048, 512, 76)
+    assert tuple(r["rungs"]) == budget.layout_for(config("random", 16, 512, 76), 8).rungs
+    assert abs(r["pad_measured"] - r["pad_expected"]) < 0.01 and 0 < r["pad_expected"] < 0.08
+    assert r["hit"] <= len(r["rungs"]) and r["masked_slots"] == 16 * 76
+    # ~0.15 L predictions per sample (capped at 76): about half of the 76 slots are real
+    assert 0.4 < r["masked_real_mean"] / r["masked_slots"] < 0.6
+    # the FLOP shares against bench/flops.py's count of sampled batches (an independent sum)
+    rng = np.random.default_rng(0)
+    pmf = budget.length_pmf(512)
+    useful = np.mean([train_flops(useful_forward_flops(LARGE, list(ls), int(sum(min(76, max(1, round(0.15 * n)))
+                                                                                for n in ls))))
+                      for ls in rng.choice(513, size=(400, 16), p=pmf)])
+    extra = 3 * head_flops(LARGE, 0, r["masked_slots"] - r["masked_real_mean"])
+    assert r["flops_masked"] == pytest.approx(extra / useful, rel=0.03)
+    assert 0.005 < r["flops_masked"] < 0.03
+
+
 # ---------------------------------------------------------------- the loaders and the loop
 
 
@@ -254,3 +277,4 @@ def test_training_with_auto_budgets_reaches_the_target(trained, demo_data, tmp_p
     assert rc == 0
     ok, out = run_checker(tmp_path / "result_0.txt")
     assert ok, out
+    assert build_config(config_file=str(tmp_path / "result_0_config.json")).data.token_budgets == "auto"
