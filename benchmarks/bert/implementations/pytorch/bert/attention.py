@@ -175,9 +175,10 @@ def varlen_via_padded(padded, q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0):
     Costs a zero-filled ``[B * max_seqlen + 1, 3, H, D]`` buffer and attention over the
     padding of each sequence up to ``max_seqlen`` (not up to the model's maximum length).
     Rows past ``cu_seqlens[-1]`` (a token budget's padding) go to the one extra "trash" row
-    of the buffer, which no sequence attends to, and read back a zero row: output 0, gradient
-    0. Runs no host sync: ``max_seqlen`` is a Python int and each row finds its sequence by
-    ``bucketize`` against ``cu_seqlens`` on the device (O(T log B)).
+    of the buffer, which no sequence attends to, and are set to 0 on the way back (one
+    ``where`` over [T, H, D]): output 0, gradient 0. Runs no host sync: ``max_seqlen`` is a
+    Python int and each row finds its sequence by ``bucketize`` against ``cu_seqlens`` on
+    the device (O(T log B)).
     """
     total, heads, dim = q.shape
     batch = cu_seqlens.numel() - 1
@@ -186,8 +187,9 @@ def varlen_via_padded(padded, q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0):
     # Sequence of each row: how many sequence ends lie at or before it; B for pad rows.
     batch_id = torch.bucketize(rows, cu[1:], right=True)
     position = rows - cu[batch_id]  # cu[B] = cu_seqlens[-1] for pad rows; overwritten below
+    real = batch_id < batch
     trash = batch * max_seqlen
-    slot = torch.where(batch_id < batch, batch_id * max_seqlen + position, trash)
+    slot = torch.where(real, batch_id * max_seqlen + position, trash)
 
     # One scatter for q, k and v together (the stack allocates [T, 3, H, D]); every pad row
     # lands on the trash row (duplicates: whichever wins is never read).
@@ -199,8 +201,10 @@ def varlen_via_padded(padded, q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0):
 
     out = padded(grid[0], grid[1], grid[2], key_mask, dropout_p)  # [B, H, S, D]
     out = out.transpose(1, 2).reshape(trash, heads, dim)
-    out = torch.cat((out, out.new_zeros(1, heads, dim)))  # the trash row reads back 0
-    return out.index_select(0, slot)
+    # Pad rows read row 0 and are zeroed: cheaper than appending a zero row to the
+    # [B * max_seqlen] output (a copy of all of it).
+    out = out.index_select(0, torch.where(real, slot, 0))
+    return torch.where(real[:, None, None], out, out.new_zeros(()))
 
 
 def build_attention(backend: str, device_type: str, attention_dropout: float = 0.0, *,

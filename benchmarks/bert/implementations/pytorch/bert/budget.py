@@ -51,7 +51,7 @@ from .data import IGNORE_INDEX, Sample, collate
 ALIGN = 64  # rungs on multiples of 64 tokens: whole bf16 GEMM tiles (the top rung excepted)
 MAX_RUNGS = 8  # each rung costs a CUDA graph capture (and a compile) before run_start
 MIN_GAIN = 0.005  # add a rung only while it saves >= 0.5% of the real tokens
-MAX_BINS = 4096  # DP grid cap: O(K * bins^2); coarser alignment beyond it (huge batches)
+MAX_BINS = 1024  # DP grid cap: O(K * bins^2) time, 8 MB per bins^2 matrix; coarser beyond
 MC_DRAWS = 4096  # per-rank micro-batches simulated for sampler modes without a closed form
 MC_SEED = 0  # the simulation's seed: the ladder is a pure function of the config
 TAIL = 1e-4  # share of batches left to the full grid (beyond every simulated batch)
@@ -152,7 +152,8 @@ def simulated_token_counts(cfg: Any, world_size: int, pmf: np.ndarray, draws: in
     """Real tokens of ``draws`` micro-batches of one rank's group, drawn by the project's own
     ``IndexSampler`` (strata, counts, rounding, deal) over a synthetic population of lengths
     from ``pmf``. Without a manifest before run_start, ``strata_width=0`` assumes the
-    stratify step's default strata: four of max_seq_length / 4 tokens."""
+    stratify step's default strata: four of max_seq_length / 4 tokens (as many as
+    ``sampler.counts`` lists, when it is set)."""
     from .sampler import IndexSampler, Strata, deal, even_bounds
 
     sm, local_batch, s = cfg.sampler, cfg.run.local_batch_size, cfg.data.max_seq_length
@@ -160,7 +161,8 @@ def simulated_token_counts(cfg: Any, world_size: int, pmf: np.ndarray, draws: in
     population = rng.choice(len(pmf), size=max(65536, 4 * draws), p=pmf)
     strata = None
     if sm.mode == "stratified":
-        strata = Strata.from_lengths(population, even_bounds(s, sm.strata_width or max(1, s // 4)))
+        n = len(sm.counts.split(",")) if sm.counts else 4
+        strata = Strata.from_lengths(population, even_bounds(s, sm.strata_width or math.ceil(s / n)))
     group = min(sm.group_size or world_size, world_size) if sm.deal != "none" else 1
     sampler = IndexSampler(population, strata, 0, group, local_batch, seed, group=group, draw=sm.draw,
                            deal_policy=sm.deal, counts=sm.counts, rounding=sm.rounding,

@@ -208,6 +208,14 @@ def test_auto_ladder_rule():
     assert (pmf * np.arange(len(pmf))).sum() == pytest.approx(16 * (lengths * np.arange(513)).sum(), rel=1e-9)
 
 
+def test_auto_ladder_assumes_as_many_strata_as_the_counts():
+    """Before run_start the manifest is unread: sampler.counts says how many strata it has."""
+    cfg = build_config({"data.token_budgets": "auto", "run.local_batch_size": 16, "run.division": "open",
+                        "optim.name": "adam", "sampler.mode": "stratified", "sampler.counts": "8,4,4"})
+    rungs = budget.layout_for(cfg, 8).rungs
+    assert rungs[-1] == 16 * 512 and len(rungs) <= budget.MAX_RUNGS
+
+
 def test_ladder_tool_measures_what_the_run_builds():
     """tools/budget_ladder.py: the run's own ladder; held-out padding near the expected one."""
     from tools.budget_ladder import LARGE, config, measure
