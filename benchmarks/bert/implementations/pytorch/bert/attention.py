@@ -13,6 +13,11 @@ Every backend offers the same two entry points:
 ``dropout_p`` is the attention-probability dropout to apply *now*: the caller passes 0.0
 outside training, so backends never look at a training flag.
 
+``varlen`` may get more rows than ``cu_seqlens[-1]`` (a static token budget, bert/budget.py,
+pads the token count): rows past it are padding; their output is exactly 0 and no real row
+attends to them (so their gradients are 0 too). No backend reads ``cu_seqlens[-1]`` on the
+host to find them on CUDA (that would be a sync point).
+
 The portable ``varlen`` pads into ``[B, max_seqlen]``, runs ``padded`` and gathers back
 (attention then costs B * max_seqlen^2 instead of sum L^2). Overrides:
 
@@ -123,6 +128,8 @@ class SdpaPerSequence(SdpaAttention):
             # [L, H, D] -> [1, H, L, D]: views; SDPA returns a fresh [1, H, L, D].
             qs, ks, vs = (t[a:b].transpose(0, 1).unsqueeze(0) for t in (q, k, v))
             outs.append(F.scaled_dot_product_attention(qs, ks, vs, dropout_p=dropout_p)[0].transpose(0, 1))
+        if q.size(0) > bounds[-1]:  # a token budget's pad rows: output 0, never attended
+            outs.append(q.new_zeros(q.size(0) - bounds[-1], *q.shape[1:]))
         return torch.cat(outs)
 
 
@@ -157,7 +164,8 @@ class FlashVarlenAttention(SdpaAttention):
         self.fn = fn
 
     def varlen(self, q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0):
-        return self.fn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p=dropout_p)
+        out = self.fn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p=dropout_p)
+        return zero_past_end(out, cu_seqlens)
 
 
 class TorchVarlenAttention(SdpaAttention):
@@ -172,7 +180,16 @@ class TorchVarlenAttention(SdpaAttention):
         if dropout_p > 0.0:  # a Python float: no device sync
             raise RuntimeError("torch_varlen attention has no dropout; set model.attention_dropout=0 "
                                "or use the flash / sdpa backend")
-        return self.fn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen)
+        return zero_past_end(self.fn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen), cu_seqlens)
+
+
+def zero_past_end(out: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """``out`` with the rows past ``cu_seqlens[-1]`` set to exactly 0, for kernels that leave
+    them unwritten (flash-style varlen kernels allocate with ``empty_like``: garbage, maybe
+    NaN, which would reach the weight gradients as 0 * NaN). ``where``, not a multiply, for
+    that reason; one elementwise pass over [T, H, D], no host sync."""
+    keep = torch.arange(out.size(0), device=out.device) < cu_seqlens[-1]
+    return torch.where(keep[:, None, None], out, out.new_zeros(()))
 
 
 class TritonVarlenAttention(SdpaAttention):
@@ -219,29 +236,39 @@ class NestedAttention(SdpaAttention):
 def varlen_via_padded(padded, q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0):
     """Variable-length attention through a padded kernel: scatter, attend, gather.
 
-    Costs a zero-filled ``[B * max_seqlen, 3, H, D]`` buffer and attention over the padding
-    of each sequence up to ``max_seqlen`` (not up to the model's maximum length). Runs no
-    host sync: ``max_seqlen`` is a Python int and ``repeat_interleave`` is told its output
-    size.
+    Costs a zero-filled ``[B * max_seqlen + 1, 3, H, D]`` buffer and attention over the
+    padding of each sequence up to ``max_seqlen`` (not up to the model's maximum length).
+    Rows past ``cu_seqlens[-1]`` (a token budget's padding) go to the one extra "trash" row
+    of the buffer, which no sequence attends to, and are set to 0 on the way back (one
+    ``where`` over [T, H, D]): output 0, gradient 0. Runs no host sync: ``max_seqlen`` is a
+    Python int and each row finds its sequence by ``bucketize`` against ``cu_seqlens`` on
+    the device (O(T log B)).
     """
     total, heads, dim = q.shape
     batch = cu_seqlens.numel() - 1
-    starts = cu_seqlens[:-1].long()
-    lengths = cu_seqlens[1:].long() - starts
-    batch_id = torch.repeat_interleave(
-        torch.arange(batch, device=q.device), lengths, output_size=total)
-    position = torch.arange(total, device=q.device) - starts[batch_id]
-    slot = batch_id * max_seqlen + position  # row of each packed token in the padded grid
+    cu = cu_seqlens.long()
+    rows = torch.arange(total, device=q.device)
+    # Sequence of each row: how many sequence ends lie at or before it; B for pad rows.
+    batch_id = torch.bucketize(rows, cu[1:], right=True)
+    position = rows - cu[batch_id]  # cu[B] = cu_seqlens[-1] for pad rows; overwritten below
+    real = batch_id < batch
+    trash = batch * max_seqlen
+    slot = torch.where(real, batch_id * max_seqlen + position, trash)
 
-    # One scatter for q, k and v together (the stack allocates [T, 3, H, D]).
+    # One scatter for q, k and v together (the stack allocates [T, 3, H, D]); every pad row
+    # lands on the trash row (duplicates: whichever wins is never read).
     qkv = torch.stack((q, k, v), dim=1)
-    grid = qkv.new_zeros(batch * max_seqlen, 3, heads, dim).index_copy(0, slot, qkv)
-    grid = grid.view(batch, max_seqlen, 3, heads, dim).permute(2, 0, 3, 1, 4)  # [3,B,H,S,D]
+    grid = qkv.new_zeros(trash + 1, 3, heads, dim).index_copy(0, slot, qkv)
+    grid = grid[:trash].view(batch, max_seqlen, 3, heads, dim).permute(2, 0, 3, 1, 4)  # [3,B,H,S,D]
+    lengths = cu[1:] - cu[:-1]
     key_mask = torch.arange(max_seqlen, device=q.device)[None, :] < lengths[:, None]
 
     out = padded(grid[0], grid[1], grid[2], key_mask, dropout_p)  # [B, H, S, D]
-    out = out.transpose(1, 2).reshape(batch * max_seqlen, heads, dim)
-    return out.index_select(0, slot)
+    out = out.transpose(1, 2).reshape(trash, heads, dim)
+    # Pad rows read row 0 and are zeroed: cheaper than appending a zero row to the
+    # [B * max_seqlen] output (a copy of all of it).
+    out = out.index_select(0, torch.where(real, slot, 0))
+    return torch.where(real[:, None, None], out, out.new_zeros(()))
 
 
 def build_attention(backend: str, device_type: str, attention_dropout: float = 0.0, *,

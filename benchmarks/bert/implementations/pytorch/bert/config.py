@@ -73,6 +73,14 @@ class DataConfig:
     max_predictions_per_seq: int = 76
     # Read at most this many eval samples (the benchmark uses all 10,000); 0 = all.
     eval_samples: int = 10000
+    # Static token budgets (bert/budget.py): pad each training micro-batch's token count
+    # (not each sequence) up to one of a few fixed sizes, so a GPU step has one of a few
+    # static shapes (CUDA graphs; inductor without dynamic shapes). "" = off (the exact
+    # count); "auto" = a ladder from the local batch, max_seq_length, the sampler and the
+    # shipped Wikipedia length histogram; "N,N,..." = increasing budgets in tokens. The full
+    # grid local_batch_size * max_seq_length is always the top budget, so a batch is padded,
+    # never cut. Needs model.unpad=true. Costs the padded tokens' compute (README).
+    token_budgets: str = ""
 
 
 @dataclass
@@ -523,6 +531,10 @@ def validate(cfg: Config) -> None:
     need(0 < d.max_predictions_per_seq <= d.max_seq_length, "data.max_predictions_per_seq",
          "must be in [1, data.max_seq_length]")
     need(d.eval_samples >= 0, "data.eval_samples", "must be >= 0")
+    if d.token_budgets.strip():
+        from .budget import check_config  # imported here: bert.budget imports this module
+
+        check_config(cfg)
     o = cfg.optim
     need(o.lr > 0, "optim.lr", "must be positive")
     need(0 <= o.beta1 < 1, "optim.beta1", "must be in [0, 1)")

@@ -525,7 +525,7 @@ class TrainLoader:
 
     def __init__(self, train_dir: str | Path, rank: int, world_size: int, local_batch_size: int,
                  seed: int, unpad: bool, max_seq_length: int, *, prefetch: bool = True,
-                 policy: ShardPolicy | None = None):
+                 policy: ShardPolicy | None = None, collate_fn: Any = None):
         if local_batch_size <= 0:
             raise ValueError(f"local_batch_size must be positive, got {local_batch_size}")
         self.paths = list_shards(train_dir)
@@ -533,6 +533,8 @@ class TrainLoader:
         self.stream = SampleStream(self.paths, self.policy, max_seq_length, prefetch)
         self.rank, self.world_size = rank, world_size
         self.local_batch_size, self.unpad, self.max_seq_length = local_batch_size, unpad, max_seq_length
+        # samples -> batch; None = ``collate`` in the ``unpad`` layout (bert.budget's pads it).
+        self.collate_fn = collate_fn
         self._epoch, self._offset = 0, 0
         self._it: Iterator[tuple[int, int, Sample]] | None = None
 
@@ -552,6 +554,8 @@ class TrainLoader:
             ep, off, sample = next(self._it)
             batch.append(sample)
         self._epoch, self._offset = ep, off + 1
+        if self.collate_fn is not None:
+            return self.collate_fn(batch)
         return collate(batch, self.unpad, self.max_seq_length)
 
     def state_dict(self) -> dict[str, int]:

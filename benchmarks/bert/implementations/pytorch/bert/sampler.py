@@ -602,8 +602,14 @@ def collate_packed(samples: Sequence[Sample], max_seq_length: int, max_per_row: 
 # ---------------------------------------------------------------- what train.py builds
 
 
-def batch_collate(unpad: bool, pack: bool, max_seq_length: int) -> Callable[[Sequence[Sample]], dict]:
-    """The collate of the model's layout, chosen once: packed rows, unpadded, or padded."""
+def batch_collate(unpad: bool, pack: bool, max_seq_length: int,
+                  budget: Any = None) -> Callable[[Sequence[Sample]], dict]:
+    """The collate of the model's layout, chosen once: packed rows, unpadded (padded to a
+    static token budget when ``budget``, a ``bert.budget.Layout``, is given), or padded."""
+    if budget is not None:
+        from .budget import BudgetCollate
+
+        return BudgetCollate(budget)
     if pack:
         return lambda b: collate_packed(b, max_seq_length)
     return lambda b: collate(b, unpad, max_seq_length)
@@ -617,18 +623,20 @@ def train_batches(cfg: Any, rank: int, world_size: int) -> Any:
     manifest, a deal, packed rows -- goes through the id-based ``IndexLoader``; its
     ``random`` is a uniform permutation of all samples per epoch.
     """
+    from .budget import layout_for
     from .data import TrainLoader
 
     d, sm, m = cfg.data, cfg.sampler, cfg.model
+    # Static token budgets (data.token_budgets): training batches only; eval stays exact.
+    fn = batch_collate(m.unpad, m.pack, d.max_seq_length, layout_for(cfg, world_size))
     stratified_dir = (Path(d.train_dir) / "manifest.json").exists() if d.train_dir else False
     if sm.mode == "random" and sm.deal == "none" and not stratified_dir and not m.pack:
         return TrainLoader(d.train_dir, rank, world_size, cfg.run.local_batch_size, cfg.run.seed,
-                           m.unpad, d.max_seq_length)
+                           m.unpad, d.max_seq_length, collate_fn=fn)
     index = LengthIndex.from_dir(d.train_dir)
     sampler = build_sampler(sm, index, rank, world_size, cfg.run.local_batch_size, cfg.run.seed,
                             d.max_seq_length, m.hidden_size)
-    return IndexLoader(sampler, IdReader(index), batch_collate(m.unpad, m.pack, d.max_seq_length),
-                       gather=sm.lengths == "gather")
+    return IndexLoader(sampler, IdReader(index), fn, gather=sm.lengths == "gather")
 
 
 def eval_batches(eval_set: Any, batch_size: int, unpad: bool, pack: bool, max_seq_length: int) -> list[dict]:
