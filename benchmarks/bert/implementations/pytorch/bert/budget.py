@@ -34,8 +34,8 @@ places the rungs by dynamic programming to minimise the expected padding, on mul
 64 tokens (GEMM tiles). It adds rungs, up to 8, while the next one still saves at least 0.5%
 of the real tokens. README.md ("Static token budgets") gives the rule and its numbers.
 
-``synthetic_batch`` builds a batch of any rung's shape from a fixed generator, for warm-up
-and graph capture before ``run_start``.
+The warm-up before ``run_start`` (bert/step_graph.py) fills each rung exactly with
+synthetic samples, so every shape the loader can produce is compiled and captured there.
 """
 
 from __future__ import annotations
@@ -304,21 +304,3 @@ class BudgetCollate:
 
     def __call__(self, samples: Sequence[Sample]) -> dict[str, Any]:
         return pad_batch(collate(samples, True, self.layout.max_seq_length), self.layout)
-
-
-def synthetic_batch(layout: Layout, rung: int, local_batch: int, vocab_size: int, seed: int = 0) -> dict[str, Any]:
-    """A batch of shape ``rung`` made from a fixed generator, touching no data: for warm-up
-    and graph capture before run_start. ``local_batch`` samples of near-equal length filling
-    the rung exactly, each with min(slots per sample, length - 1) predictions; collated by
-    ``BudgetCollate``, so keys, dtypes and shapes are those of a training batch."""
-    if rung not in layout.rungs or rung < 2 * local_batch:
-        raise ValueError(f"rung {rung} is not one of {layout.rungs} holding >= 2 tokens per sample")
-    rng = np.random.default_rng(seed)
-    lengths = np.full(local_batch, rung // local_batch) + (np.arange(local_batch) < rung % local_batch)
-    per = layout.masked_slots // local_batch
-    samples = []
-    for n in lengths.tolist():
-        ids = rng.integers(min(5, vocab_size - 1), vocab_size, size=n)  # past BERT's special ids
-        pos = np.arange(1, min(per, n - 1) + 1)
-        samples.append(Sample(ids, (np.arange(n) >= n // 2).astype(np.int64), pos, ids[pos], int(rng.integers(2))))
-    return BudgetCollate(layout)(samples)

@@ -85,12 +85,14 @@ def synthetic_batches(collate: Callable[[list[Sample]], dict], token_counts: lis
     return [collate(synthetic_samples(t, n, max_seq_length, max_pred, vocab_size, rng)) for t in token_counts]
 
 
-def warmup_token_counts(cfg: Config) -> list[int]:
+def warmup_token_counts(cfg: Config, layout: Any) -> list[int]:
     """Token counts of the warm-up's synthetic micro-batches: one per shape the run can see.
-    Without token budgets every batch has its own shape; one typical batch (half the grid)
-    then warms up what does not depend on the shape."""
-    r, d = cfg.run, cfg.data
-    return [r.local_batch_size * d.max_seq_length // 2]
+    With token budgets (``layout``, a ``bert.budget.Layout``) each rung, filled exactly, so
+    every shape the run will meet is compiled and captured; without, every batch has its
+    own shape, and one typical batch (half the grid) warms up what does not depend on it."""
+    if layout is not None:
+        return list(layout.rungs)
+    return [cfg.run.local_batch_size * cfg.data.max_seq_length // 2]
 
 
 def shape_key(batch: dict) -> tuple:

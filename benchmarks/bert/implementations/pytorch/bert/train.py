@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import distributed, grad_sync, pretrain, resume, sampler, step_graph
+from . import budget, distributed, grad_sync, pretrain, resume, sampler, step_graph
 from .config import (Config, ConfigError, build_config, dump, eval_interval_samples, global_batch_size,
                      is_benchmark_model, max_samples, parse_overrides, timed_run_problems)
 from .checkpoint import load_weights, tf_tensor_names
@@ -252,7 +252,7 @@ def open_data(parts: Parts, cfg: Config, denv: distributed.DistEnv, timed: bool 
                                eval_samples=eval_set.total_samples)
 
 
-def prepare_step(parts: Parts, cfg: Config, say: Callable[[str], None]) -> Callable[[Parts, int], tuple]:
+def prepare_step(parts: Parts, cfg: Config, world_size: int, say: Callable[[str], None]) -> Callable[[Parts, int], tuple]:
     """The step the loop calls, chosen once: ``train_step``, after ``run.warmup_steps`` steps
     per batch shape on synthetic batches (and, with ``run.cuda_graphs``, the step captured
     per shape), the state then put back exactly (bert/step_graph.py). Before run_start:
@@ -260,10 +260,10 @@ def prepare_step(parts: Parts, cfg: Config, say: Callable[[str], None]) -> Calla
     r, d, m = cfg.run, cfg.data, cfg.model
     if r.warmup_steps == 0:
         return train_step
-    collate = sampler.batch_collate(m.unpad, m.pack, d.max_seq_length)
-    counts = step_graph.warmup_token_counts(cfg)
-    batches = step_graph.synthetic_batches(collate, counts, r.local_batch_size, d.max_seq_length,
-                                           d.max_predictions_per_seq, m.vocab_size, seed=r.seed)
+    layout = budget.layout_for(cfg, world_size)  # the shapes the loader will produce
+    batches = step_graph.synthetic_batches(
+        sampler.batch_collate(m.unpad, m.pack, d.max_seq_length, layout), step_graph.warmup_token_counts(cfg, layout),
+        r.local_batch_size, d.max_seq_length, d.max_predictions_per_seq, m.vocab_size, seed=r.seed)
     eval_batch = step_graph.synthetic_batches(
         sampler.batch_collate(m.unpad, m.pack, d.max_seq_length), [cfg.eval.batch_size * d.max_seq_length // 2],
         cfg.eval.batch_size, d.max_seq_length, d.max_predictions_per_seq, m.vocab_size, seed=r.seed)[0]
@@ -402,7 +402,7 @@ def _run(cfg: Config, denv: distributed.DistEnv, device: torch.device, log: MLPe
             say(f"warning: a timed run would exit 2: {problem}")
         say("dry run: everything built, nothing trained")
         return 0
-    step = prepare_step(parts, cfg, say)  # warm-up (and graph capture) on synthetic batches
+    step = prepare_step(parts, cfg, denv.world_size, say)  # warm-up (and graph capture) on synthetic batches
     log.init_stop()
     log.run_start()
     parts = open_data(parts, cfg, denv)  # the clock runs: only now is the data touched

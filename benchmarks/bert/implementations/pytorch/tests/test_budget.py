@@ -107,21 +107,6 @@ def test_pad_rows_get_zero_output_and_are_never_attended(name, device):
         torch.testing.assert_close(backend.varlen(q2, k2, v2, cu, S), out.detach(), rtol=0, atol=1e-6)
 
 
-def test_synthetic_batches_have_every_rungs_shape_and_train():
-    """Warm-up batches (no data touched): the rung's exact shape, a finite loss and gradients."""
-    torch.manual_seed(0)
-    model = BertForPreTraining(TINY).train()
-    lay = layout((64, 100, 4 * S), 4)
-    for rung in lay.rungs:
-        batch = budget.synthetic_batch(lay, rung, 4, V, seed=rung)
-        assert batch["input_ids"].numel() == rung == int(batch["cu_seqlens"][-1])  # filled exactly
-        assert batch["masked_index"].numel() == 4 * P and len(batch["nsp_labels"]) == 4
-        loss, grads = _loss_and_grads(model, batch)
-        assert torch.isfinite(loss) and all(torch.isfinite(g).all() for g in grads.values())
-    with pytest.raises(ValueError, match="not one of"):
-        budget.synthetic_batch(lay, 65, 4, V)
-
-
 # ---------------------------------------------------------------- the batch layout
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from bert import sampler, step_graph, train
+from bert import budget, sampler, step_graph, train
 from bert.config import ConfigError, build_config
 from bert.distributed import DistEnv
 
@@ -233,3 +233,23 @@ def test_a_run_with_warm_up_ends_where_one_without_does(demo_data, tmp_path, cap
         assert keys.index("init_stop") < keys.index("run_start") < keys.index("run_stop")
     assert final[0].keys() == final[2].keys()
     assert all(torch.equal(final[0][k], final[2][k]) for k in final[0])
+
+
+def test_warm_up_captures_every_shape_the_loader_makes(demo_data, tmp_path, monkeypatch, capsys):
+    """With data.token_budgets=auto the warm-up fills each rung exactly, so every batch the
+    real loader then produces has a captured shape: no eager fallback in the run."""
+    cfg = _cfg(demo_data, tmp_path, "data.token_budgets=auto", "run.warmup_steps=1")
+    parts = _parts(cfg)
+    monkeypatch.setattr(step_graph, "CudaGraphs", Replay)
+    graphed_cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, cuda_graphs=True))
+    step = train.prepare_step(parts, graphed_cfg, 1, print)
+    assert isinstance(step, step_graph.GraphedStep)
+    layout = budget.layout_for(cfg, 1)
+    assert len(step.micro) == len(layout.rungs) > 1
+    assert sorted(dict(k)["input_ids"][0][0] for k in step.micro) == list(layout.rungs)
+    for _ in range(12):
+        loss, skipped = step(parts, 1)
+        assert torch.isfinite(loss) and skipped == 0
+    out = capsys.readouterr().out
+    assert "warm-up before run_start: %d steps" % len(layout.rungs) in out
+    assert "was not captured" not in out
