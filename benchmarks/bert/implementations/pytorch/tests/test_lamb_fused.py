@@ -12,6 +12,7 @@ functionalized by AOTAutograd, without inductor's C++ build), plus one small ind
 from __future__ import annotations
 
 import io
+import json
 
 import pytest
 import torch
@@ -283,3 +284,16 @@ def test_capturable_adamw_equals_plain_adamw():
             s.step()
     assert opts[1].param_groups[0]["lr"] is lr0
     assert_same(*models, tol=1e-6)
+
+
+def test_bench_lamb_step_runs(tmp_path):
+    """bench/lamb_step.py end to end on a tiny scale (the eager variants: a compile of its
+    ~400 tensors takes minutes on this CPU): every tensor of BERT-Large, its JSON written."""
+    from bench import lamb_step
+
+    out = tmp_path / "lamb.json"
+    result = lamb_step.main(["--scale", "64", "--reps", "1", "--variants", "foreach", "capturable",
+                             "--json", str(out)])
+    assert [c["variant"] for c in result["cases"]] == ["foreach", "capturable"]
+    assert all(c["tensors"] == 398 and c["step_ms"] > 0 for c in result["cases"])
+    assert json.loads(out.read_text())["cases"] == result["cases"]
