@@ -93,15 +93,15 @@ class Lamb(torch.optim.Optimizer):
     exclusions default to its weight-decay exclusions): biases and LayerNorm parameters get
     a plain Adam step. No gradient clipping happens here (the caller clips the global norm).
 
-    Three variants, one arithmetic, chosen once at construction (n = parameter tensors in a
-    (device, dtype) bucket, ~400 for BERT-Large; a "multi-tensor" op is one launch per
-    chunk of ~100 tensors on CUDA, one loop on the CPU):
+    Three variants, one arithmetic, chosen once at construction (n = parameter tensors,
+    398 for BERT-Large, n_d of them in the decayed group, 150; a "multi-tensor" op is one
+    launch per chunk of tensors on CUDA, one loop on the CPU):
 
     - **plain** (``capturable=False``): the step count is a Python ``int`` per parameter and
       the bias corrections are Python floats, ``lr`` a float: the foreach ops take them as
       scalar lists, so the moments, denominator and update are about a dozen multi-tensor
       ops. The per-tensor trust ratios are 0-dim tensors, and scaling each update by its own
-      ratio goes through foreach's per-tensor path: n small kernels. About n + 12
+      ratio goes through foreach's per-tensor path: n_d small kernels. About n_d + 12
       multi-tensor launches per step; launch-bound on GPU, hence apex's kernel when present.
       Not graph-safe: a captured CUDA graph would bake step 1's bias corrections and lr.
     - **capturable** (``capturable=True``): the step count is a float32 0-dim tensor per
@@ -110,15 +110,16 @@ class Lamb(torch.optim.Optimizer):
       on device (in float64, so float32 rounding of ``b2^t`` cannot move ``1 - b2^t``). No
       host sync and no host value that changes between steps: safe to capture in a CUDA
       graph. The cost is the per-tensor path for the bias corrections too: dividing each
-      moment by its own 0-dim correction is one kernel per tensor, so about 3n + 15
+      moment by its own 0-dim correction is one kernel per tensor, so about 2n + n_d + 15
       launches (inside a captured graph each costs ~1-2 us of GPU time instead of ~5 us of
       host time).
     - **compiled** (``compile_backend="inductor"``, implies capturable state): the capturable
-      update runs under ``torch.compile(fullgraph=True, dynamic=False)``; inductor turns
-      the foreach chains into a few horizontally fused kernels (moments, denominator,
-      update and the per-tensor norms in one pass over the tensors, the trust-ratio scaling
-      and parameter write in a second; on the CPU inductor emits one C++ kernel per
-      group), i.e. a handful of launches per step instead of ~n. The first step compiles:
+      update runs under ``torch.compile(fullgraph=True, dynamic=False)``; inductor fuses
+      the foreach chains horizontally, across tensors and ops: on the CPU it emits one C++
+      kernel per group for the whole update. On CUDA a reduction ends a Triton kernel, so
+      expect a few kernels per group (moments, update and the per-tensor norms in one
+      pass, the trust-ratio scaling and parameter write in another; not yet counted on a
+      GPU: bench/lamb_step.py does), instead of ~n. The first step compiles:
       warm-up time, before ``run_start``, and long: 153 s for BERT-Large's 398 tensors on
       the 2-core CPU (bench/lamb_step.py), nearly all of it inductor's scheduler and
       codegen, which grow with the number of tensors, not their size, and run in Python
