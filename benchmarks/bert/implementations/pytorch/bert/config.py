@@ -141,8 +141,11 @@ class OptimConfig:
     # opt_implementation says which ran): "auto" takes apex's fused kernels when importable
     # on GPU, else torch's (fused AdamW on GPU, foreach elsewhere) and our foreach LAMB;
     # "apex" requires apex; "torch" is "auto" without apex; "fused" requires torch's fused
-    # AdamW (CPU or GPU; there is no torch LAMB); "foreach" never fuses (the on/off baseline).
-    impl: Literal["auto", "apex", "torch", "fused", "foreach"] = "auto"
+    # AdamW (CPU or GPU; there is no torch LAMB); "foreach" never fuses (the on/off baseline);
+    # "compiled" (LAMB only) runs our LAMB's update under torch.compile (inductor): a few
+    # fused kernels per step instead of ~one per tensor, step count and lr on the device
+    # (CUDA-graph capturable), at the price of a compile on the first step (warm-up).
+    impl: Literal["auto", "apex", "torch", "fused", "foreach", "compiled"] = "auto"
 
 
 @dataclass
@@ -558,6 +561,8 @@ def validate(cfg: Config) -> None:
     need(pr.loss_scale_growth_interval > 0, "precision.loss_scale_growth_interval", "must be positive")
     need(not (o.impl == "fused" and o.name == "lamb"), "optim.impl",
          "'fused' is torch's fused AdamW; torch has no LAMB (use auto, apex or foreach)")
+    need(not (o.impl == "compiled" and o.name != "lamb"), "optim.impl",
+         "'compiled' is LAMB's; for AdamW torch's fused kernel is already one pass (use auto or fused)")
     g = cfg.grad_sync
     need(g.bucket_cap_mb > 0, "grad_sync.bucket_cap_mb", "must be positive")
     need(0 <= g.first_bucket_mb <= g.bucket_cap_mb, "grad_sync.first_bucket_mb",

@@ -93,27 +93,69 @@ class Lamb(torch.optim.Optimizer):
     exclusions default to its weight-decay exclusions): biases and LayerNorm parameters get
     a plain Adam step. No gradient clipping happens here (the caller clips the global norm).
 
-    Cost per step and (device, dtype) bucket: about a dozen multi-tensor kernels, two
-    transient param-sized buffers (denominator, update), and no host sync: the trust ratio
-    is chosen on device with ``torch.where``, bias corrections are Python floats computed
-    from the integer step counts kept in the state. Scaling each update by its own ratio
-    goes through foreach's per-tensor path (one small kernel per tensor) because the ratios
-    are 0-dim tensors; on GPU the apex kernel is preferred for this reason.
+    Three variants, one arithmetic, chosen once at construction (n = parameter tensors,
+    398 for BERT-Large, n_d of them in the decayed group, 150; a "multi-tensor" op is one
+    launch per chunk of tensors on CUDA, one loop on the CPU):
 
-    The step count is a Python ``int`` per parameter in ``state[p]["step"]``, so
-    ``state_dict``/``load_state_dict`` round-trip it unchanged. ``lr`` must be a float.
+    - **plain** (``capturable=False``): the step count is a Python ``int`` per parameter and
+      the bias corrections are Python floats, ``lr`` a float: the foreach ops take them as
+      scalar lists, so the moments, denominator and update are about a dozen multi-tensor
+      ops. The per-tensor trust ratios are 0-dim tensors, and scaling each update by its own
+      ratio goes through foreach's per-tensor path: n_d small kernels. About n_d + 12
+      multi-tensor launches per step; launch-bound on GPU, hence apex's kernel when present.
+      Not graph-safe: a captured CUDA graph would bake step 1's bias corrections and lr.
+    - **capturable** (``capturable=True``): the step count is a float32 0-dim tensor per
+      parameter on its device (exact to 2^24 steps) and ``lr`` a 0-dim tensor per group on
+      the parameters' device (``LambdaLR`` fills it in place); bias corrections are computed
+      on device (in float64, so float32 rounding of ``b2^t`` cannot move ``1 - b2^t``). No
+      host sync and no host value that changes between steps: safe to capture in a CUDA
+      graph. The cost is the per-tensor path for the bias corrections too: dividing each
+      moment by its own 0-dim correction is one kernel per tensor, so about 2n + n_d + 15
+      launches (inside a captured graph each costs ~1-2 us of GPU time instead of ~5 us of
+      host time).
+    - **compiled** (``compile_backend="inductor"``, implies capturable state): the capturable
+      update runs under ``torch.compile(fullgraph=True, dynamic=False)``; inductor fuses
+      the foreach chains horizontally, across tensors and ops: on the CPU it emits one C++
+      kernel per group for the whole update. On CUDA a reduction ends a Triton kernel, so
+      expect a few kernels per group (moments, update and the per-tensor norms in one
+      pass, the trust-ratio scaling and parameter write in another; not yet counted on a
+      GPU: bench/lamb_step.py does), instead of ~n. The first step compiles:
+      warm-up time, before ``run_start``, and long: 153 s for BERT-Large's 398 tensors on
+      the 2-core CPU (bench/lamb_step.py), nearly all of it inductor's scheduler and
+      codegen, which grow with the number of tensors, not their size, and run in Python
+      (expect a minute or more on a GPU host too), once per machine: inductor's FX graph
+      cache serves later processes (7 s instead of 175 s at bench/lamb_step.py --scale
+      16). Guards see only tensors and constant
+      hyperparameters, so it never recompiles while the parameter list, shapes and dtypes
+      stay the same (a step where some parameter has no gradient is another list: one
+      more compile). The update itself is memory-bound: 65.9 ms against foreach's 92.3 ms
+      per step on the CPU (21 M parameters).
+
+    Transient memory: plain and capturable allocate two param-sized buffers per step
+    (denominator and update); compiled needs at most one (inductor keeps the update it
+    must norm before applying, and fuses the denominator away).
+
+    ``state_dict``/``load_state_dict`` round-trip across variants: a step saved as an
+    ``int`` loads as a device tensor into a capturable optimizer and vice versa (one host
+    read at load time), and a tensor ``lr`` in the checkpoint becomes a float for a plain
+    one. A capturable optimizer loads *into* its existing state tensors and lr tensors
+    (copies), so a CUDA graph captured before the load still reads and writes the right
+    memory. State is created on the first ``step()``: take one eager step before capture.
     """
 
     def __init__(
         self,
         params: Iterable[Any],
-        lr: float = 1e-3,
+        lr: float | torch.Tensor = 1e-3,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-6,
         weight_decay: float = 0.01,
         bias_correction: bool = True,
+        *,
+        capturable: bool = False,
+        compile_backend: str | None = None,
     ) -> None:
-        if not lr >= 0.0:
+        if not float(lr) >= 0.0:  # a tensor lr is read once here, at construction
             raise ValueError(f"Lamb: invalid lr {lr}")
         if not eps >= 0.0:
             raise ValueError(f"Lamb: invalid eps {eps}")
@@ -126,6 +168,42 @@ class Lamb(torch.optim.Optimizer):
             bias_correction=bias_correction,
         )
         super().__init__(params, defaults)
+        # Instance attributes, not group options: a group option would travel in the
+        # state_dict and a checkpoint would switch the variant of the optimizer it loads into.
+        self.capturable = bool(capturable or compile_backend is not None)
+        self.compile_backend = compile_backend
+        self._update_fn: Callable[..., None] = _update_capturable if self.capturable else _update_plain
+        if compile_backend is not None:
+            # One compiled function over all buckets of all groups (one graph, one guard
+            # set). dynamic=False: shapes never change, and a symbolic shape would only
+            # add guards and slow the kernels.
+            self._update_fn = torch.compile(
+                _update_capturable, fullgraph=True, dynamic=False, backend=compile_backend
+            )
+        if self.capturable:
+            for group in self.param_groups:
+                group["lr"] = self._lr_tensor(group, group["lr"])
+
+    @staticmethod
+    def _lr_tensor(group: dict[str, Any], value: float | torch.Tensor) -> torch.Tensor:
+        """A 0-dim lr tensor of the group's own (never shared between groups: ``LambdaLR``
+        fills each group's in place), on the parameters' device, float64 so that it holds
+        the same value a Python float lr would (the kernels round it to the parameters'
+        dtype, as they round a float)."""
+        device = group["params"][0].device if group["params"] else torch.device("cpu")
+        if isinstance(value, torch.Tensor):
+            return value.detach().to(device=device, dtype=torch.float64).reshape(()).clone()
+        return torch.tensor(float(value), dtype=torch.float64, device=device)
+
+    def _new_state(self, p: torch.Tensor) -> dict[str, Any]:
+        step: int | torch.Tensor = (
+            torch.zeros((), dtype=torch.float32, device=p.device) if self.capturable else 0
+        )
+        return {
+            "step": step,
+            "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+            "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
+        }
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -133,6 +211,7 @@ class Lamb(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        work = []
         for group in self.param_groups:
             # foreach kernels need one device and dtype per call: bucket once per step
             # (a Python loop over the parameter list, no device work).
@@ -144,58 +223,139 @@ class Lamb(torch.optim.Optimizer):
                     raise RuntimeError("Lamb does not support sparse gradients")
                 state = self.state[p]
                 if not state:
-                    state["step"] = 0
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["step"] += 1
+                    state.update(self._new_state(p))
+                if not self.capturable:
+                    state["step"] += 1  # capturable: counted on device, in the update
                 b = buckets.setdefault((p.device, p.dtype), [[], [], [], [], []])
                 b[0].append(p)
                 b[1].append(p.grad)
                 b[2].append(state["exp_avg"])
                 b[3].append(state["exp_avg_sq"])
                 b[4].append(state["step"])
-            for params, grads, exp_avgs, exp_avg_sqs, steps in buckets.values():
-                self._update(group, params, grads, exp_avgs, exp_avg_sqs, steps)
+            if not buckets:
+                continue
+            lr = group["lr"]
+            if self.capturable:
+                lr = group["lr"] = (lr if isinstance(lr, torch.Tensor) and lr.dtype == torch.float64
+                                    else self._lr_tensor(group, lr))
+            elif isinstance(lr, torch.Tensor):
+                # A tensor lr in a plain optimizer (a scheduler state saved by a capturable
+                # one): one host read per step. Capturable optimizers never take this path.
+                lr = float(lr)
+            hyper = (group["betas"][0], group["betas"][1], group["eps"],
+                     group["weight_decay"], bool(group["bias_correction"]))
+            work.append((lr, hyper, [tuple(b) for b in buckets.values()]))
+        if work:
+            self._update_fn(work)
         return loss
 
-    @staticmethod
-    def _update(
-        group: dict[str, Any],
-        params: list[torch.Tensor],
-        grads: list[torch.Tensor],
-        exp_avgs: list[torch.Tensor],
-        exp_avg_sqs: list[torch.Tensor],
-        steps: list[int],
-    ) -> None:
-        beta1, beta2 = group["betas"]
-        lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch's load, then the step and lr put in this variant's form; a capturable
+        optimizer copies into the tensors it already holds (a captured graph keeps its
+        addresses)."""
+        held_state = {p: dict(s) for p, s in self.state.items()} if self.capturable else {}
+        held_lr = [g["lr"] for g in self.param_groups]
+        super().load_state_dict(state_dict)
+        for group, old_lr in zip(self.param_groups, held_lr):
+            if self.capturable:
+                if isinstance(old_lr, torch.Tensor):
+                    old_lr.copy_(torch.as_tensor(group["lr"], dtype=old_lr.dtype))
+                    group["lr"] = old_lr
+                else:
+                    group["lr"] = self._lr_tensor(group, group["lr"])
+            elif isinstance(group["lr"], torch.Tensor):
+                group["lr"] = float(group["lr"])  # host read, at load time only
+            for p in group["params"]:
+                state = self.state.get(p)
+                if not state:
+                    continue
+                step = state["step"]
+                if not self.capturable:
+                    state["step"] = int(step.item()) if isinstance(step, torch.Tensor) else int(step)
+                    continue
+                state["step"] = torch.as_tensor(float(step) if not isinstance(step, torch.Tensor) else step,
+                                                dtype=torch.float32).to(p.device).reshape(())
+                old = held_state.get(p)
+                if old:  # keep the tensors a captured graph points at
+                    for key in ("step", "exp_avg", "exp_avg_sq"):
+                        old[key].copy_(state[key])
+                        state[key] = old[key]
 
-        torch._foreach_mul_(exp_avgs, beta1)
-        torch._foreach_add_(exp_avgs, grads, alpha=1.0 - beta1)
-        torch._foreach_mul_(exp_avg_sqs, beta2)
-        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
 
-        # Two transient param-sized buffers (allocates): the denominator and the update.
-        if group["bias_correction"]:
-            denom = torch._foreach_div(exp_avg_sqs, [1.0 - beta2**t for t in steps])
-            torch._foreach_sqrt_(denom)
-            updates = torch._foreach_div(exp_avgs, [1.0 - beta1**t for t in steps])
-        else:
-            denom = torch._foreach_sqrt(exp_avg_sqs)
-            updates = torch._foreach_mul(exp_avgs, 1.0)
-        torch._foreach_add_(denom, eps)
-        torch._foreach_div_(updates, denom)
-        del denom
+def _update_plain(work: list[tuple[float, tuple, list]]) -> None:
+    """The plain variant: host scalars (lr, Python-int steps) in scalar-list foreach ops."""
+    for lr, (beta1, beta2, eps, wd, bias_correction), buckets in work:
+        for params, grads, exp_avgs, exp_avg_sqs, steps in buckets:
+            torch._foreach_mul_(exp_avgs, beta1)
+            torch._foreach_add_(exp_avgs, grads, alpha=1.0 - beta1)
+            torch._foreach_mul_(exp_avg_sqs, beta2)
+            torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
 
-        if wd != 0.0:
-            torch._foreach_add_(updates, params, alpha=wd)
-            p_norm = torch.stack(torch._foreach_norm(params))
-            u_norm = torch.stack(torch._foreach_norm(updates))
-            # On device, no sync: ratio 1 where either norm is 0 (zero-initialized weight,
-            # all-zero update). The division's inf/nan there is discarded by where.
-            ratio = torch.where((p_norm > 0) & (u_norm > 0), p_norm / u_norm, 1.0)
-            torch._foreach_mul_(updates, list(ratio.unbind()))
-        torch._foreach_add_(params, updates, alpha=-lr)
+            # Two transient param-sized buffers (allocates): the denominator and the update.
+            if bias_correction:
+                denom = torch._foreach_div(exp_avg_sqs, [1.0 - beta2**t for t in steps])
+                torch._foreach_sqrt_(denom)
+                updates = torch._foreach_div(exp_avgs, [1.0 - beta1**t for t in steps])
+            else:
+                denom = torch._foreach_sqrt(exp_avg_sqs)
+                updates = torch._foreach_mul(exp_avgs, 1.0)
+            torch._foreach_add_(denom, eps)
+            torch._foreach_div_(updates, denom)
+            del denom
+
+            if wd != 0.0:
+                torch._foreach_add_(updates, params, alpha=wd)
+                torch._foreach_mul_(updates, _trust_ratios(params, updates).unbind())
+            torch._foreach_add_(params, updates, alpha=-lr)
+
+
+def _trust_ratios(params: list[torch.Tensor], updates: list[torch.Tensor]) -> torch.Tensor:
+    """||p|| / ||u|| per tensor, 1 where either norm is 0 (a zero-initialized weight, an
+    all-zero update), on device with ``torch.where``: no sync; the division's inf/nan there
+    is discarded."""
+    p_norm = torch.stack(torch._foreach_norm(params))
+    u_norm = torch.stack(torch._foreach_norm(updates))
+    return torch.where((p_norm > 0) & (u_norm > 0), p_norm / u_norm, 1.0)
+
+
+def _update_capturable(work: list[tuple[torch.Tensor, tuple, list]]) -> None:
+    """The capturable variant (and, under torch.compile, the compiled one): every value
+    that changes between steps (step counts, lr) is read from device tensors, every host
+    value (betas, eps, weight decay) is a constant of the optimizer. Same arithmetic as
+    ``_update_plain``, in the same order, except that lr scales the update before it is
+    subtracted (lr r u instead of lr (r u): a rounding difference only)."""
+    for lr, (beta1, beta2, eps, wd, bias_correction), buckets in work:
+        for params, grads, exp_avgs, exp_avg_sqs, steps in buckets:
+            torch._foreach_add_(steps, 1.0)
+            torch._foreach_mul_(exp_avgs, beta1)
+            torch._foreach_add_(exp_avgs, grads, alpha=1.0 - beta1)
+            torch._foreach_mul_(exp_avg_sqs, beta2)
+            torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
+
+            if bias_correction:
+                # 1 - b^t per tensor on device, in float64 (a float32 b2^t = 0.999 is off by
+                # 6e-8, which moves 1 - b2^t = 1e-3 by 6e-5 relative). Each division by its
+                # own 0-dim tensor is a per-tensor kernel in eager; compiled, it fuses.
+                t = torch.stack(steps).to(torch.float64)
+                bc1 = (1.0 - torch.pow(beta1, t)).unbind()
+                bc2 = (1.0 - torch.pow(beta2, t)).unbind()
+                denom = torch._foreach_div(exp_avg_sqs, bc2)
+                torch._foreach_sqrt_(denom)
+                updates = torch._foreach_div(exp_avgs, bc1)
+            else:
+                denom = torch._foreach_sqrt(exp_avg_sqs)
+                updates = torch._foreach_mul(exp_avgs, 1.0)
+            torch._foreach_add_(denom, eps)
+            torch._foreach_div_(updates, denom)
+            del denom
+
+            if wd != 0.0:
+                torch._foreach_add_(updates, params, alpha=wd)
+                scale = _trust_ratios(params, updates) * lr
+                torch._foreach_mul_(updates, scale.unbind())
+            else:
+                torch._foreach_mul_(updates, lr)
+            torch._foreach_sub_(params, updates)
 
 
 # ---------------------------------------------------------------- building
@@ -216,15 +376,19 @@ def _load_apex() -> Any | None:
 
 
 def build_optimizer(
-    model: nn.Module, cfg: OptimConfig, device_type: str
+    model: nn.Module, cfg: OptimConfig, device_type: str, capturable: bool = False,
+    *, compile_backend: str = "inductor",
 ) -> tuple[torch.optim.Optimizer, str]:
     """The optimizer for ``cfg`` on ``device_type`` ("cpu", "cuda", ...), chosen once.
 
     Returns ``(optimizer, impl_name)``; ``impl_name`` (e.g. ``lamb:apex-fused``,
-    ``lamb:foreach``, ``adamw:torch-fused``, ``adam:torch-foreach``) is for the log.
+    ``lamb:foreach``, ``lamb:foreach-capturable``, ``lamb:compiled``,
+    ``adamw:torch-fused``, ``adam:torch-foreach-capturable``) is for the log.
 
     - ``lamb``: apex ``FusedLAMB`` when ``cfg.impl`` is auto/apex, apex is importable and
-      the device is CUDA; else ``Lamb`` above (same arithmetic).
+      the device is CUDA; else ``Lamb`` above (same arithmetic); ``compiled``: ``Lamb``
+      with its update under ``torch.compile`` (``compile_backend``, inductor unless a test
+      asks for a cheaper one), a few fused kernels per step.
     - ``adamw`` and ``adam``: the same math, Adam with *decoupled* weight decay (AdamW).
       The paper's "Adam" recipe (weight decay 0.00289) ran apex ``FusedAdam`` with its
       default ``adam_w_mode=True`` (published v1.1 open-division code), i.e. decoupled
@@ -236,7 +400,18 @@ def build_optimizer(
     extensions) is importable and the device is CUDA; ``torch`` never takes apex; ``fused``
     is torch's fused AdamW on any device it supports (CPU included; LAMB has none, which
     ``config.validate`` rejects); ``foreach`` never fuses, the baseline a benchmark
-    compares the fused kernels against. Parameters must already be on the device.
+    compares the fused kernels against; ``compiled`` is LAMB's (torch's fused AdamW is
+    already one multi-tensor kernel per step: compiling it would buy nothing).
+    Parameters must already be on the device.
+
+    ``capturable=True`` (CUDA graph capture of the step, bert/step_graph.py) asks for an
+    optimizer whose step keeps every per-step value on the device: step counts and lr are
+    tensors (``LambdaLR`` fills the lr tensors in place) and nothing syncs the host. LAMB
+    gets ``Lamb(capturable=True)`` (or the compiled one, always capturable); AdamW gets
+    torch's ``AdamW(capturable=True)`` with a tensor lr per group (fused or foreach as
+    above; torch's capturable foreach runs on CUDA only). apex is never taken then: its
+    FusedLAMB counts steps and computes bias corrections on the host (``impl=apex`` with
+    ``capturable`` is a ``ConfigError``).
 
     Under fp16 loss scaling the optimizer only ever sees unscaled float32 gradients (the
     training step unscales before clipping). torch's fused AdamW takes the scaler's inf
@@ -247,8 +422,14 @@ def build_optimizer(
     betas = (cfg.beta1, cfg.beta2)
     on_cuda = device_type == "cuda"
 
+    if cfg.impl == "compiled" and cfg.name != "lamb":
+        raise ConfigError("optim.impl: 'compiled' is LAMB's; AdamW's best is torch's fused kernel "
+                          "(use auto, torch or fused)")
+    if cfg.impl == "apex" and capturable:
+        raise ConfigError("optim.impl: 'apex' keeps its step count and bias corrections on the host: "
+                          "not CUDA-graph capturable (use auto, torch or compiled)")
     apex_opt = None
-    if cfg.impl in ("auto", "apex"):
+    if cfg.impl in ("auto", "apex") and not capturable:
         apex_opt = _load_apex() if on_cuda else None
         if cfg.impl == "apex" and apex_opt is None:
             why = (
@@ -261,7 +442,7 @@ def build_optimizer(
     if cfg.name == "lamb":
         if cfg.impl == "fused":
             raise ConfigError("optim.impl: 'fused' is torch's fused AdamW; torch has no LAMB "
-                              "(use auto, apex or foreach)")
+                              "(use auto, apex, compiled or foreach)")
         if apex_opt is not None:
             # max_grad_norm=inf, not 0: FusedLAMB divides the gradients by
             # global_norm / max_grad_norm whenever global_norm > max_grad_norm, so 0 would
@@ -274,8 +455,13 @@ def build_optimizer(
                 max_grad_norm=float("inf"), use_nvlamb=False,
             )
             return opt, "lamb:apex-fused"
-        opt = Lamb(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
-        return opt, "lamb:foreach"
+        if cfg.impl == "compiled":
+            opt = Lamb(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
+                       compile_backend=compile_backend)
+            return opt, "lamb:compiled"
+        opt = Lamb(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
+                   capturable=capturable)
+        return opt, "lamb:foreach-capturable" if capturable else "lamb:foreach"
 
     if cfg.name in ("adamw", "adam"):
         if apex_opt is not None:
@@ -289,11 +475,22 @@ def build_optimizer(
         # elsewhere, or when asked for (impl=foreach, the baseline the fused kernel is
         # measured against).
         fused = cfg.impl == "fused" or (device_type in ("cuda", "cpu") and cfg.impl in ("auto", "torch"))
-        kind = {"fused": True} if fused else {"foreach": True}
+        kind: dict[str, Any] = {"fused": True} if fused else {"foreach": True}
+        if capturable:
+            if not fused and not on_cuda:
+                raise ConfigError(f"optim.impl: torch's capturable foreach AdamW runs on CUDA only, "
+                                  f"device is {device_type!r} (use auto, torch or fused)")
+            # A tensor lr per group (never one shared tensor: the scheduler fills each
+            # group's in place), on the parameters' device; float32: torch's fused kernels
+            # read it as a float pointer.
+            for g in groups:
+                g["lr"] = torch.tensor(cfg.lr, dtype=torch.float32, device=g["params"][0].device)
+            kind["capturable"] = True
         opt = torch.optim.AdamW(
             groups, lr=cfg.lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay, **kind
         )
-        return opt, f"{cfg.name}:torch-{'fused' if fused else 'foreach'}"
+        name = f"{cfg.name}:torch-{'fused' if fused else 'foreach'}"
+        return opt, name + ("-capturable" if capturable else "")
 
     raise ConfigError(f"optim.name: unknown optimizer {cfg.name!r}")
 
