@@ -21,8 +21,8 @@ Two costs the timed run should not pay, and what this module does about them:
 What graph capture requires, and where it is checked (``check``): CUDA; one process (DDP's
 reducer and our comm hooks are not captured here); not fp16 (GradScaler's step syncs the
 host to decide whether to skip); a capturable optimizer (step count and learning rate on
-the device: ``build_optimizer(..., capturable=True)``, learning rates as device tensors
-that the scheduler fills in place); static batch shapes (``data.token_budgets``). Inside a
+the device: ``build_optimizer(..., capturable=True)``; the scheduler fills the learning-rate
+tensors in place); static batch shapes (``data.token_budgets``). Inside a
 captured step nothing may sync the host, and dropout draws its random numbers from torch's
 CUDA generator, whose Philox offset a replay advances, so every replay draws fresh masks.
 
@@ -324,18 +324,14 @@ def check(cfg: Config, device: torch.device, world_size: int) -> None:
         raise ConfigError(f"run.cuda_graphs: {why}")
 
 
-def lr_tensors(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
-    """Turn each group's learning rate into a 0-d device tensor: a captured graph reads it
-    at every replay, and the scheduler (LambdaLR) fills a tensor lr in place."""
-    for g in optimizer.param_groups:
-        if not torch.is_tensor(g["lr"]):
-            g["lr"] = torch.tensor(float(g["lr"]), dtype=torch.float32, device=device)
-
-
 def capturable(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether every group keeps its step count on the device (torch's ``capturable`` or
-    ``fused`` Adam(W), our ``Lamb(capturable=True)``): what a captured update needs."""
-    return all(g.get("capturable") or g.get("fused") for g in optimizer.param_groups)
+    """Whether the optimizer reads its step counts and learning rates from device tensors
+    (our ``Lamb(capturable=True)``, torch's ``AdamW(capturable=True)`` with tensor lrs, as
+    ``bert.optim.build_optimizer(..., capturable=True)`` builds them): what a captured update
+    needs, since a Python number would be frozen into the graph at capture."""
+    if getattr(optimizer, "capturable", False) is True:  # bert.optim.Lamb
+        return True
+    return all(g.get("capturable") and torch.is_tensor(g["lr"]) for g in optimizer.param_groups)
 
 
 def warm_up(parts: Any, cfg: Config, train_batches: list[dict], eval_batch: dict | None,

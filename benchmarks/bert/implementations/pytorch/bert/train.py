@@ -225,9 +225,8 @@ def build_model(cfg: Config, denv: distributed.DistEnv, device: torch.device) ->
     sync = grad_sync.build(cfg.grad_sync, train_model if isinstance(train_model, DDP) else None,
                            model.parameters(), cfg.optim.max_grad_norm, hook_scale)
     step_graph.check(cfg, device, denv.world_size)  # what CUDA graphs cannot do, refused by name
+    # Graphs: step counts and learning rates on the device, read by the optimizer graph.
     optimizer, impl = build_optimizer(model, cfg.optim, device.type, capturable=cfg.run.cuda_graphs)
-    if cfg.run.cuda_graphs:
-        step_graph.lr_tensors(optimizer, device)  # the graph reads the rate the scheduler fills in
     scheduler = build_scheduler(optimizer, cfg.optim)
     ws = denv.world_size
     parts = Parts(model, train_model, optimizer, scheduler, scaler, precision, sync, iter(()), [], 0, device,
@@ -267,7 +266,12 @@ def prepare_step(parts: Parts, cfg: Config, world_size: int, say: Callable[[str]
     eval_batch = step_graph.synthetic_batches(
         sampler.batch_collate(m.unpad, m.pack, d.max_seq_length), [cfg.eval.batch_size * d.max_seq_length // 2],
         cfg.eval.batch_size, d.max_seq_length, d.max_predictions_per_seq, m.vocab_size, seed=r.seed)[0]
-    graphs = step_graph.CudaGraphs() if r.cuda_graphs else None
+    graphs = None
+    if r.cuda_graphs:
+        if not step_graph.capturable(parts.optimizer):  # build_model asks for one; a safety net
+            raise ConfigError("run.cuda_graphs: the optimizer keeps its step count or learning rate on "
+                              "the host; it must be built with build_optimizer(..., capturable=True)")
+        graphs = step_graph.CudaGraphs()
     step, info = step_graph.warm_up(parts, cfg, batches, eval_batch, train_step, parts.precision.eval_autocast, graphs)
     say(f"warm-up before run_start: {info['steps']} steps on synthetic batches ({info['shapes']} shape(s)), "
         f"{info['graphs']} CUDA graph(s) captured, {info['seconds']:.1f} s; model, optimizer, schedule "

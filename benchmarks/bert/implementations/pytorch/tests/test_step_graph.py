@@ -19,6 +19,7 @@ import torch
 
 from bert import budget, sampler, step_graph, train
 from bert.config import ConfigError, build_config
+from bert.optim import build_optimizer, build_scheduler
 from bert.distributed import DistEnv
 
 SINGLE = DistEnv(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=0, launcher="single")
@@ -197,21 +198,6 @@ def test_check_refuses_what_graphs_cannot_do(demo_data, tmp_path):
         _cfg(demo_data, tmp_path, "run.warmup_steps=-1")
 
 
-def test_lr_tensors_follow_the_schedule(demo_data, tmp_path):
-    """Graph mode keeps each group's rate in a device tensor that the scheduler fills in
-    place: the tensor (whose address a graph captured) carries the schedule."""
-    cfg = _cfg(demo_data, tmp_path, "optim.warmup_steps=4")
-    parts = _parts(cfg)
-    step_graph.lr_tensors(parts.optimizer, parts.device)
-    lr = parts.optimizer.param_groups[0]["lr"]
-    seen = []
-    for _ in range(3):
-        parts.scheduler.step()
-        assert parts.optimizer.param_groups[0]["lr"] is lr
-        seen.append(float(lr))
-    assert seen == pytest.approx([1e-3 * k / 4 for k in (1, 2, 3)])
-
-
 def test_a_run_with_warm_up_ends_where_one_without_does(demo_data, tmp_path, capsys):
     """Through ``python -m bert.train``'s main: the warm-up runs before run_start (its line
     is printed before the log's run_start), the log stays checker-shaped, and the run's
@@ -242,11 +228,18 @@ def test_warm_up_captures_every_shape_the_loader_makes(demo_data, tmp_path, monk
     parts = _parts(cfg)
     monkeypatch.setattr(step_graph, "CudaGraphs", Replay)
     graphed_cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, cuda_graphs=True))
+    with pytest.raises(ConfigError, match="capturable=True"):  # the plain LAMB that build_model made
+        train.prepare_step(parts, graphed_cfg, 1, print)
+    # What build_model makes with run.cuda_graphs (on CUDA): the capturable LAMB.
+    opt, impl = build_optimizer(parts.model, cfg.optim, "cpu", capturable=True)
+    assert impl == "lamb:foreach-capturable" and step_graph.capturable(opt)
+    parts = dataclasses.replace(parts, optimizer=opt, scheduler=build_scheduler(opt, cfg.optim))
     step = train.prepare_step(parts, graphed_cfg, 1, print)
     assert isinstance(step, step_graph.GraphedStep)
     layout = budget.layout_for(cfg, 1)
     assert len(step.micro) == len(layout.rungs) > 1
-    assert sorted(dict(k)["input_ids"][0][0] for k in step.micro) == list(layout.rungs)
+    tokens = [next(shape for name, shape, *_ in key if name == "input_ids")[0] for key in step.micro]
+    assert sorted(tokens) == list(layout.rungs)
     for _ in range(12):
         loss, skipped = step(parts, 1)
         assert torch.isfinite(loss) and skipped == 0
