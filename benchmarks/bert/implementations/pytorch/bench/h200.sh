@@ -7,12 +7,12 @@
 #                             # constraints.txt) and that commit, into <repo>/.h200/ (ignored)
 #   bench/h200.sh [ARGS...]   # ON THE DEVICE: installs .h200/*.whl into /tmp/site, runs
 #                             # bench/gpu_bert_large.py [ARGS...] (e.g. --only a,b) for at most
-#                             # H200_LIMIT_S seconds (360), starting nothing after H200_BUDGET_S (270)
+#                             # H200_LIMIT_S seconds (330), starting nothing after H200_BUDGET_S (250)
 #
 # The device gets a copy of the working tree without .git (tracked and untracked-not-ignored
 # files, and the carried paths), so the commit measured travels as .h200/commit, written by
 # `prepare` from `git rev-parse HEAD` (suffixed -dirty when tracked files differ from it).
-# Writes $OUT/gpu_bert_large_<UTC date>_<commit, 10 hex>.json (the file to commit under
+# Writes $OUT/gpu_bert_large_<UTC date>_<commit, 10 hex>[_$H200_TAG].json (the file to commit under
 # bench/results/), $OUT/gpu_bert_large.log (everything printed), and the demo check's
 # demo_result_0.txt, demo_train.log, demo_compliance.txt. Without $OUT: results/h200/.
 # Exit status: the script's (124 when the time limit cut it; the JSON keeps what finished).
@@ -58,7 +58,7 @@ else
 fi
 short="${commit:0:10}"
 if [[ "${commit}" == *-dirty ]]; then short="${short}-dirty"; fi
-json="${out}/gpu_bert_large_$(date -u +%Y-%m-%d)_${short}.json"
+json="${out}/gpu_bert_large_$(date -u +%Y-%m-%d)_${short}${H200_TAG:+_${H200_TAG}}.json"
 log="${out}/gpu_bert_large.log"
 : > "${log}"
 if command -v nvidia-smi > /dev/null; then  # a reading only: clocks, power and modes stay as found
@@ -67,8 +67,10 @@ if command -v nvidia-smi > /dev/null; then  # a reading only: clocks, power and 
 fi
 cd "${pkg}"
 rc=0
-PYTHONUNBUFFERED=1 timeout -k 10 "${H200_LIMIT_S:-360}" "${py}" bench/gpu_bert_large.py --out "${json}" \
-  --artifacts "${out}" --commit "${commit}" --budget-s "${H200_BUDGET_S:-270}" "$@" 2>&1 | tee -a "${log}" || rc=$?
+limit="${H200_LIMIT_S:-330}"
+# The script stops its own task 10 s before --limit-s, so the hard kill rarely has to.
+PYTHONUNBUFFERED=1 timeout -k 10 "${limit}" "${py}" bench/gpu_bert_large.py --out "${json}" --artifacts "${out}" \
+  --commit "${commit}" --budget-s "${H200_BUDGET_S:-250}" --limit-s "$((limit - 5))" "$@" 2>&1 | tee -a "${log}" || rc=$?
 if [[ -f "${json}" ]]; then
   "${py}" bench/gpu_bert_large.py --table "${json}" | tee -a "${log}" || true
 fi

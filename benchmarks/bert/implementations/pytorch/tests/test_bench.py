@@ -82,7 +82,7 @@ def test_gpu_script_cpu_smoke_runs_every_case(tmp_path, capsys):
     r = json.loads(out.read_text())
     names = [c["case"] for c in r["cases"]]
     assert names == ["fast_b2", "fast_b4", "default_b2", "adamw_fused_b3", "adamw_foreach_b3", "fast_no_graphs_b4",
-                     "fast_no_compile_layers_b4", "fast_no_triton_b4", "fast_no_compiled_lamb_b4",
+                     "fast_no_compile_layers_b4", "fast_nested_b4", "fast_sdpa_b4", "fast_no_compiled_lamb_b4",
                      "fast_no_budget_no_graphs_b4", "fast_b3", "default_b3", "default_b4", "padded_b3",
                      "lamb_foreach_b3", "compiled_b3", "bogus_b2"]
     assert r["commit"] == "abc123" and r["cpu_smoke"] is True and r["gemm_peak_tflops"] > 0
@@ -137,6 +137,13 @@ def test_gpu_script_skips_what_the_trainer_refuses_and_what_the_budget_leaves(tm
     r = json.loads(out.read_text())
     assert [c["status"] for c in r["cases"]] == ["skipped: budget"]
     assert r["checks"]["fp16"]["status"] == "skipped: budget"
+    # A task past its time limit is stopped (the demo's trainer process with it), recorded,
+    # and the run goes on.
+    assert gpu_bert_large.main(["--cpu-smoke", "--out", str(out), "--only", "check_demo,default_b2",
+                                "--task-limit-s", "1", "--artifacts", str(tmp_path)]) == 0
+    r = json.loads(out.read_text())
+    assert r["checks"]["demo"]["status"] == "error: stopped at its time limit (1 s)", r["checks"]["demo"]
+    assert [c["case"] for c in r["cases"]] == ["default_b2"]
 
 
 def test_gpu_script_demo_check_passes_the_checker(trained, demo_data, tmp_path):
