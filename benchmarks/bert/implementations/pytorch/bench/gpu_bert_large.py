@@ -150,6 +150,10 @@ def plan(small: int, big: int, old: int, fast_sweep: list[int], default_sweep: l
         _case("fast_no_compiled_lamb", big, f=without(FAST, optim__impl="auto")),
         # CUDA graphs need static shapes: without budgets the graphs go too.
         _case("fast_no_budget_no_graphs", big, f=without(FAST, data__token_budgets="", run__cuda_graphs="false")),
+        # One feature on the default stack: what a static budget costs or saves alone (its
+        # padded tokens, its warm-up), and LAMB compiled alone.
+        _case("default_budget", big, o={"data.token_budgets": "auto", "run.warmup_steps": "1"}),
+        _case("default_compiled_lamb", big, o={"optim.impl": "compiled"}),
     ]
     sweeps = [_case("fast", b, f=FAST) for b in fast_sweep] + [_case("default", b) for b in default_sweep]
     old_cases = [_case("padded", old, m={"model.unpad": "false"}),
@@ -191,40 +195,44 @@ def case_config(case: Case, args) -> tuple[Config, dict[str, str]]:
     return build_config(over), own
 
 
-def collate_for(cfg: Config) -> Callable[[list], dict]:
-    """The trainer's collate for ``cfg``: ``bert.sampler.batch_collate`` called with what the
-    config says for each of its parameters (by name, from any section: ``unpad``, ``pack``,
-    ``max_seq_length``, ``token_budgets``, ...; a parameter named ``cfg`` gets the config),
-    so the static-budget collate of the tree is used as the trainer uses it. A case that sets
-    ``data.token_budgets`` on a tree whose collate takes no budget is refused (ConfigError)."""
-    import inspect
-
-    fn = sampler.batch_collate
-    leaves = {f.name: getattr(section, f.name) for section in (cfg.model, cfg.data, cfg.run, cfg.sampler)
-              for f in dataclasses.fields(section)}
-    kwargs = {}
-    for name, p in inspect.signature(fn).parameters.items():
-        if name in ("cfg", "config"):
-            kwargs[name] = cfg
-        elif name in leaves:
-            kwargs[name] = leaves[name]
-        elif p.default is inspect.Parameter.empty:
-            raise ConfigError(f"bert.sampler.batch_collate needs {name!r}, which no config key names")
-    budgets = getattr(cfg.data, "token_budgets", "")
-    if budgets and not ({"token_budgets", "cfg", "config"} & set(kwargs)):
-        raise ConfigError("data.token_budgets: bert.sampler.batch_collate takes no token budget on this tree")
-    return fn(**kwargs)
+def collate_for(cfg: Config) -> tuple[Callable[[list], dict], Any]:
+    """The trainer's training collate for ``cfg`` on one device, as ``bert.sampler.train_batches``
+    builds it: ``batch_collate(unpad, pack, max_seq_length, bert.budget.layout_for(cfg, 1))``
+    (the static token budget's collate when ``data.token_budgets`` is set), and the budget
+    layout (None when off). A tree without bert/budget.py collates as before, and refuses a
+    case that sets ``data.token_budgets`` (ConfigError)."""
+    m, d = cfg.model, cfg.data
+    try:
+        from bert.budget import layout_for
+    except ImportError:
+        if getattr(d, "token_budgets", ""):
+            raise ConfigError("data.token_budgets: bert/budget.py is not on this tree") from None
+        return sampler.batch_collate(m.unpad, m.pack, d.max_seq_length), None
+    layout = layout_for(cfg, 1)
+    return sampler.batch_collate(m.unpad, m.pack, d.max_seq_length, layout), layout
 
 
 def _flags(opt: torch.optim.Optimizer) -> dict[str, Any]:
+    """``fused`` / ``foreach`` / ``capturable`` of group 0 (torch's optimizers keep them
+    there); an optimizer that keeps one on itself (our Lamb's ``capturable``) is read there."""
     g = opt.param_groups[0]
-    return {k: (bool(g[k]) if g.get(k) is not None else None) for k in ("fused", "foreach", "capturable")}
+    out = {}
+    for k in ("fused", "foreach", "capturable"):
+        v = g[k] if g.get(k) is not None else getattr(opt, k, None)
+        out[k] = None if v is None else bool(v)
+    return out
 
 
 def build_case(cfg: Config, own: dict[str, str], device: torch.device) -> tuple[Any, str, Callable, dict]:
     """Model and loop parts of one case through the trainer's own builders, and the step the
     trainer would call (prepared: warmed up and, with run.cuda_graphs, captured)."""
     parts, impl = train.build_model(cfg, SINGLE, device)
+    return prepare_case(parts, impl, cfg, own, device)
+
+
+def prepare_case(parts: Any, impl: str, cfg: Config, own: dict[str, str],
+                 device: torch.device) -> tuple[Any, str, Callable, dict]:
+    """``bench.compile``, then the trainer's ``prepare_step`` (where the tree has it)."""
     if own.get("bench.compile"):
         parts = dataclasses.replace(parts, train_model=torch.compile(parts.model, dynamic=True,
                                                                      backend=own["bench.compile"]))
@@ -299,7 +307,7 @@ def run_case(case: Case, args, device: torch.device, peak: float, samples_cache:
     head = {"case": case.name, "local_batch": case.batch, "overrides": case.overrides}
     try:
         cfg, own = case_config(case, args)
-        collate = collate_for(cfg)
+        collate, layout = collate_for(cfg)
     except ConfigError as e:
         return {**head, "status": f"skipped: {e}"}
     if args.cpu_smoke and own.get("bench.compile"):
@@ -321,9 +329,10 @@ def run_case(case: Case, args, device: torch.device, peak: float, samples_cache:
         torch._dynamo.reset()  # a fresh compile cache per case: no recompile limit carried over
     t0 = time.perf_counter()
     try:
-        parts, impl, step, info = build_case(cfg, own, device)
-    except ConfigError as e:  # refused by the trainer at build time (e.g. CUDA graphs on a CPU)
-        return {**head, "status": f"skipped: {e}"}
+        parts, impl = train.build_model(cfg, SINGLE, device)
+    except (ConfigError, ValueError) as e:  # the trainer's refusal (CUDA graphs or Triton on a CPU)
+        return {**head, "status": f"skipped: refused at build: {type(e).__name__}: {e}"}
+    parts, impl, step, info = prepare_case(parts, impl, cfg, own, device)
     parts = dataclasses.replace(parts, batches=_cycle(on_dev))
     for _ in range(args.warmup):
         step(parts, 1)
@@ -349,7 +358,7 @@ def run_case(case: Case, args, device: torch.device, peak: float, samples_cache:
             "attention": getattr(getattr(model, "attn_backend", None), "name", None),
             "precision": parts.precision.train, "step_kind": step_kind(step),
             "graph_eager_shapes": len(getattr(step, "eager_shapes", ())),
-            "batch_shapes": sorted(set(fed)), "tokens_real_per_batch": sum(real) / n,
+            "token_budget_rungs": list(getattr(layout, "rungs", ())) or None, "batch_shapes": sorted(set(fed)), "tokens_real_per_batch": sum(real) / n,
             "tokens_fed_per_batch": sum(fed) / n, "token_padding_frac": sum(fed) / sum(real) - 1,
             "ready_s": ready_s, **info, "final_loss": float(loss)}
 
@@ -365,7 +374,7 @@ def check_fp16(args, device: torch.device, samples_cache: dict) -> dict:
     if case.batch not in samples_cache:
         samples_cache[case.batch] = common.make_batches(args.num_batches, case.batch, args.seq_len, args.max_pred,
                                                         cfg.model.vocab_size, args.seed)
-    collate = collate_for(cfg)
+    collate, _ = collate_for(cfg)
     batches = [_to_device(collate(b), device) for b in samples_cache[case.batch]]
     parts, impl = train.build_model(cfg, SINGLE, device)
     parts = dataclasses.replace(parts, batches=_cycle(batches))
@@ -696,15 +705,14 @@ class _nothing:
 
 
 class smoke_compile:
-    """--cpu-smoke only: ``torch.compile`` defaults to dynamo's ``eager`` backend while the
-    run lasts (the project's compile calls are traced, nothing is code-generated: inductor's
+    """--cpu-smoke only: ``torch.compile`` uses dynamo's ``eager`` backend while the run lasts (the project's compile calls are traced, nothing is code-generated: inductor's
     C++ build takes minutes on a 2-core CPU). Restored on exit (the tests call ``main``)."""
 
     def __enter__(self):
         self.saved = torch.compile
 
         def compile_eager(*a, **kw):
-            kw.setdefault("backend", "eager")
+            kw["backend"] = "eager"  # also where the caller names inductor (compiled LAMB does)
             return self.saved(*a, **kw)
 
         torch.compile = compile_eager
