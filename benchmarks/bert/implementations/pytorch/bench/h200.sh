@@ -7,7 +7,7 @@
 #                             # constraints.txt) and that commit, into <repo>/.h200/ (ignored)
 #   bench/h200.sh [ARGS...]   # ON THE DEVICE: installs .h200/*.whl into /tmp/site, runs
 #                             # bench/gpu_bert_large.py [ARGS...] (e.g. --only a,b) for at most
-#                             # H200_LIMIT_S seconds (330), starting nothing after H200_BUDGET_S (250)
+#                             # H200_LIMIT_S seconds (330), starting nothing after H200_BUDGET_S (300)
 #
 # The device gets a copy of the working tree without .git (tracked and untracked-not-ignored
 # files, and the carried paths), so the commit measured travels as .h200/commit, written by
@@ -70,7 +70,7 @@ rc=0
 limit="${H200_LIMIT_S:-330}"
 # The script stops its own task 10 s before --limit-s, so the hard kill rarely has to.
 PYTHONUNBUFFERED=1 timeout -k 10 "${limit}" "${py}" bench/gpu_bert_large.py --out "${json}" --artifacts "${out}" \
-  --commit "${commit}" --budget-s "${H200_BUDGET_S:-250}" --limit-s "$((limit - 5))" "$@" 2>&1 | tee -a "${log}" || rc=$?
+  --commit "${commit}" --budget-s "${H200_BUDGET_S:-300}" --limit-s "$((limit - 5))" "$@" 2>&1 | tee -a "${log}" || rc=$?
 if [[ -f "${json}" ]]; then
   "${py}" bench/gpu_bert_large.py --table "${json}" | tee -a "${log}" || true
 fi

@@ -137,6 +137,9 @@ def test_gpu_script_skips_what_the_trainer_refuses_and_what_the_budget_leaves(tm
     r = json.loads(out.read_text())
     assert [c["status"] for c in r["cases"]] == ["skipped: budget"]
     assert r["checks"]["fp16"]["status"] == "skipped: budget"
+    # Nothing starts with less than --min-task-s (20) left before --limit-s.
+    assert gpu_bert_large.main(["--cpu-smoke", "--out", str(out), "--only", "default_b2", "--limit-s", "25"]) == 0
+    assert [c["status"] for c in json.loads(out.read_text())["cases"]] == ["skipped: budget"]
     # A task past its time limit is stopped (the demo's trainer process with it), recorded,
     # and the run goes on.
     assert gpu_bert_large.main(["--cpu-smoke", "--out", str(out), "--only", "check_demo,default_b2",
