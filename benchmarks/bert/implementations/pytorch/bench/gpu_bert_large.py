@@ -379,8 +379,26 @@ def run_case(case: Case, args, device: torch.device, peak: float, samples_cache:
 
 def check_fp16(args, device: torch.device, samples_cache: dict) -> dict:
     """``args.fp16_steps`` steps of the trainer's own ``train_step`` with
-    ``precision.dtype=fp16`` (autocast fp16, dynamic loss scaling) on the default stack."""
-    case = _case("fp16", args.small, p={"precision.dtype": "fp16"})
+    ``precision.dtype=fp16`` (autocast fp16, dynamic loss scaling) on the default stack; per
+    step the loss, the scale, whether it was skipped and whether the weights moved (a
+    skipped step must leave them alone, every other step must move them). Should the default
+    attention fail in fp16, the steps are retried with ``model.attention_backend=sdpa`` and
+    both attempts are recorded."""
+    out: dict[str, Any] = {"attempts": []}
+    for extra in ({}, {"model.attention_backend": "sdpa"}):
+        try:
+            r = _fp16_steps(args, device, samples_cache, extra)
+        except Exception as e:  # noqa: BLE001 - record it, try the portable attention
+            out["attempts"].append({"overrides": extra, "error": f"{type(e).__name__}: {e}",
+                                    "traceback": traceback.format_exc(limit=6)})
+            continue
+        out["attempts"].append({"overrides": extra, "status": "ok"})
+        return {**r, **out}
+    return {"status": "error: every attempt failed", **out}
+
+
+def _fp16_steps(args, device: torch.device, samples_cache: dict, extra: dict[str, str]) -> dict:
+    case = _case("fp16", args.small, p={"precision.dtype": "fp16", **args.fp16_overrides, **extra})
     cfg, _ = case_config(case, args)
     if case.batch not in samples_cache:
         samples_cache[case.batch] = common.make_batches(args.num_batches, case.batch, args.seq_len, args.max_pred,
@@ -389,15 +407,21 @@ def check_fp16(args, device: torch.device, samples_cache: dict) -> dict:
     batches = [_to_device(collate(b), device) for b in samples_cache[case.batch]]
     parts, impl = train.build_model(cfg, SINGLE, device)
     parts = dataclasses.replace(parts, batches=_cycle(batches))
+    watched = [p for p in parts.model.parameters() if p.requires_grad][-4:]  # the MLM head's, among others
     rows = []
     for i in range(args.fp16_steps):
+        before = [p.detach().clone() for p in watched]
         loss, skipped = train.train_step(parts, 1)
+        moved = any(not torch.equal(a, p.detach()) for a, p in zip(before, watched))
         # get_scale() syncs the host: fine in a check, never in the loop.
-        rows.append({"step": i + 1, "loss": float(loss), "skipped": int(skipped), "scale": parts.scaler.get_scale()})
+        rows.append({"step": i + 1, "loss": float(loss), "skipped": int(skipped), "scale": parts.scaler.get_scale(),
+                     "weights_moved": moved})
     return {"status": "ok", "device": device.type, "local_batch": case.batch, "precision": parts.precision.train,
             "loss_scaling": parts.precision.hyperparameters(cfg.precision)["loss_scaling"],
+            "attention": getattr(getattr(parts.model, "attn_backend", None), "name", None),
             "optimizer_impl": impl, "steps": rows, "skipped_total": sum(r["skipped"] for r in rows),
-            "finite_losses": sum(math.isfinite(r["loss"]) for r in rows), "final_scale": rows[-1]["scale"]}
+            "finite_losses": sum(math.isfinite(r["loss"]) for r in rows), "final_scale": rows[-1]["scale"],
+            "skips_left_weights_alone": all(r["weights_moved"] != bool(r["skipped"]) for r in rows)}
 
 
 def source_config(name: str) -> dict[str, str]:
@@ -610,7 +634,10 @@ def main(argv=None) -> int:
     if args.cpu_smoke:
         device = torch.device("cpu")
         args.small, args.big, args.old, args.fast_sweep, args.default_sweep = 2, 4, 3, [3], [3, 4]
-        args.steps, args.warmup, args.fp16_steps = 1, 1, 2
+        args.steps, args.warmup, args.fp16_steps = 1, 1, 3
+        # A first scale that overflows and a backoff to 1: step 1 is skipped, 2 and 3 are not,
+        # so both paths of the check run (on the GPU the config's scale is used as it is).
+        args.fp16_overrides = {"precision.loss_scale_init": "1e30", "precision.loss_scale_backoff": "1e-30"}
         args.num_batches, args.seq_len, args.max_pred = 2, 64, 10
     else:
         if not torch.cuda.is_available():
@@ -619,6 +646,7 @@ def main(argv=None) -> int:
         device = torch.device("cuda", torch.cuda.current_device())
         torch.backends.cuda.matmul.allow_tf32 = True
     args.device_type = device.type
+    args.fp16_overrides = getattr(args, "fp16_overrides", {})
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     artifacts = Path(args.artifacts) if args.artifacts else out.parent
@@ -696,9 +724,12 @@ def report(name: str, r: dict) -> None:
               f"mem {r['peak_mem_gb'] or 0:6.1f} GB  {r['optimizer_impl']}  {r['attention']}  {r['step_kind']}",
               flush=True)
     else:
-        print(f"{name:28s} {r.get('status')}  " + json.dumps({k: v for k, v in r.items() if k in
-                                                               ("checker", "run_stop", "steps", "time_to_target_s",
-                                                                "skipped_total", "final_scale")}), flush=True)
+        keys = ("checker", "checker_failed_checks", "run_stop", "time_to_target_s", "skipped_total", "final_scale",
+                "skips_left_weights_alone")
+        summary = {k: v for k, v in r.items() if k in keys}
+        if isinstance(r.get("steps"), (int, list)):
+            summary["steps"] = r["steps"] if isinstance(r["steps"], int) else [s["loss"] for s in r["steps"]]
+        print(f"{name:28s} {r.get('status')}  {json.dumps(summary)}", flush=True)
 
 
 class TaskTimeout(BaseException):

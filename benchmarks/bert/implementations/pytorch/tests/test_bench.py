@@ -113,7 +113,13 @@ def test_gpu_script_cpu_smoke_runs_every_case(tmp_path, capsys):
     # the checker (3 steps: the log is compliant but for the accuracy it did not reach).
     fp16 = r["checks"]["fp16"]
     assert fp16["status"] == "ok" and fp16["precision"] == "fp16" and fp16["loss_scaling"] == "dynamic"
-    assert len(fp16["steps"]) == 2 and fp16["finite_losses"] == 2 and fp16["final_scale"] > 0
+    # The smoke's first scale (1e30) overflows fp16: step 1 is skipped and leaves the weights
+    # alone, the scale backs off to 1, and steps 2 and 3 update.
+    assert [s["skipped"] for s in fp16["steps"]] == [1, 0, 0], fp16
+    assert [s["weights_moved"] for s in fp16["steps"]] == [False, True, True]
+    assert fp16["skips_left_weights_alone"] is True and fp16["skipped_total"] == 1
+    assert fp16["final_scale"] == pytest.approx(1.0)
+    assert fp16["finite_losses"] == 3 and fp16["attempts"] == [{"overrides": {}, "status": "ok"}]
     demo = r["checks"]["demo"]
     assert demo["status"] == "ok" and demo["steps"] == 3 and demo["run_stop"] == "aborted", demo
     assert demo["local_batch"] == 64 and demo["precision"] == "fp32"
