@@ -71,7 +71,7 @@ def test_vs_hf_smoke_prints_the_interface_keys(capsys, tmp_path):
 
 # The cases of gpu_bert_large's plan whose keys every tree has (the others need parts A-E of
 # issue 14 and are "skipped: ..." on a tree without them); --cpu-smoke's batches 2, 3, 4.
-OLD_CASES = ["default_b2", "adamw_fused_b3", "adamw_foreach_b3", "default_b3", "default_b4", "padded_b3",
+OLD_CASES = ["baseline_b2", "adamw_fused_b3", "adamw_foreach_b3", "default_b3", "default_b4", "padded_b3",
              "lamb_foreach_b3", "compiled_b3"]
 
 
@@ -81,10 +81,12 @@ def test_gpu_script_cpu_smoke_runs_every_case(tmp_path, capsys):
                                 "--case", "bogus_b2:run.local_batch_size=2,model.no_such_key=1"]) == 0
     r = json.loads(out.read_text())
     names = [c["case"] for c in r["cases"]]
-    assert names == ["fast_b2", "fast_b4", "default_b2", "adamw_fused_b3", "adamw_foreach_b3", "fast_no_graphs_b4",
+    assert names == ["fast_b2", "fast_b4", "baseline_b2", "adamw_fused_b3", "adamw_foreach_b3", "fast_no_graphs_b4",
                      "fast_no_compile_layers_b4", "fast_nested_b4", "fast_sdpa_b4", "fast_no_compiled_lamb_b4",
-                     "fast_no_budget_no_graphs_b4", "default_budget_b4", "default_compiled_lamb_b4", "fast_b3", "default_b3", "default_b4", "padded_b3",
+                     "fast_no_budget_no_graphs_b4", "default_budget_b4", "default_compiled_lamb_b4", "fast_b3",
+                     "default_b3", "default_b4", "padded_b3",
                      "lamb_foreach_b3", "compiled_b3", "bogus_b2"]
+    assert r["plan"][:2] == ["check_fp16", "check_demo"] and r["plan"][-1] == "bogus_b2"
     assert r["commit"] == "abc123" and r["cpu_smoke"] is True and r["gemm_peak_tflops"] > 0
     assert r["device_name"].startswith("cpu") and r["versions"]["torch"] == torch.__version__
     by = {c["case"]: c for c in r["cases"]}
@@ -138,21 +140,22 @@ def test_gpu_script_skips_what_the_trainer_refuses_and_what_the_budget_leaves(tm
     assert gpu_bert_large.main(["--cpu-smoke", "--out", str(out), "--only", "graphs_b2", "--case", graphs]) == 0
     (c,) = json.loads(out.read_text())["cases"]
     assert c["status"].startswith("skipped: "), c  # unknown keys here; "needs a CUDA device" once they exist
-    assert gpu_bert_large.main(["--cpu-smoke", "--out", str(out), "--only", "default_b2,check_fp16",
+    assert gpu_bert_large.main(["--cpu-smoke", "--out", str(out), "--only", "baseline_b2,check_fp16",
                                 "--budget-s", "0"]) == 0
     r = json.loads(out.read_text())
     assert [c["status"] for c in r["cases"]] == ["skipped: budget"]
     assert r["checks"]["fp16"]["status"] == "skipped: budget"
+    assert gpu_bert_large.main(["--cpu-smoke", "--out", str(out), "--only", "no_such_case"]) == 2
     # Nothing starts with less than --min-task-s (20) left before --limit-s.
-    assert gpu_bert_large.main(["--cpu-smoke", "--out", str(out), "--only", "default_b2", "--limit-s", "25"]) == 0
+    assert gpu_bert_large.main(["--cpu-smoke", "--out", str(out), "--only", "baseline_b2", "--limit-s", "25"]) == 0
     assert [c["status"] for c in json.loads(out.read_text())["cases"]] == ["skipped: budget"]
     # A task past its time limit is stopped (the demo's trainer process with it), recorded,
     # and the run goes on.
-    assert gpu_bert_large.main(["--cpu-smoke", "--out", str(out), "--only", "check_demo,default_b2",
+    assert gpu_bert_large.main(["--cpu-smoke", "--out", str(out), "--only", "check_demo,baseline_b2",
                                 "--task-limit-s", "1", "--artifacts", str(tmp_path)]) == 0
     r = json.loads(out.read_text())
     assert r["checks"]["demo"]["status"] == "error: stopped at its time limit (1 s)", r["checks"]["demo"]
-    assert [c["case"] for c in r["cases"]] == ["default_b2"]
+    assert [c["case"] for c in r["cases"]] == ["baseline_b2"]
 
 
 def test_gpu_script_demo_check_passes_the_checker(trained, demo_data, tmp_path):
@@ -198,7 +201,7 @@ def test_h200_wrapper_names_the_file_by_date_and_carried_commit(tmp_path):
     (carried / "commit").write_text("0123456789abcdef0123456789abcdef01234567\n")
     env = dict(os.environ, OUT=str(tmp_path / "out"), H200_DIR=str(carried), PYTHON=sys.executable,
                H200_SITE=str(tmp_path / "site"))
-    r = subprocess.run(["bash", "bench/h200.sh", "--cpu-smoke", "--only", "default_b2"], cwd=PKG, env=env,
+    r = subprocess.run(["bash", "bench/h200.sh", "--cpu-smoke", "--only", "baseline_b2"], cwd=PKG, env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     (json_file,) = (tmp_path / "out").glob("gpu_bert_large_*.json")
@@ -206,8 +209,8 @@ def test_h200_wrapper_names_the_file_by_date_and_carried_commit(tmp_path):
     result = json.loads(json_file.read_text())
     assert result["commit"] == "0123456789abcdef0123456789abcdef01234567"
     assert [c["status"] for c in result["cases"]] == ["ok"]
-    assert "| default_b2 | 2 |" in r.stdout and "no wheels" in r.stderr
-    assert "| default_b2 | 2 |" in (tmp_path / "out" / "gpu_bert_large.log").read_text()
+    assert "| baseline_b2 | 2 |" in r.stdout and "no wheels" in r.stderr
+    assert "| baseline_b2 | 2 |" in (tmp_path / "out" / "gpu_bert_large.log").read_text()
 
 
 def test_grad_sync_bench_smoke_prints_the_interface_keys():
