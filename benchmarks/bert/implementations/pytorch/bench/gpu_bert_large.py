@@ -422,7 +422,7 @@ def _fp16_steps(args, device: torch.device, samples_cache: dict, extra: dict[str
         with warnings.catch_warnings():
             # The trainer advances the schedule on a skipped step too (the samples were used);
             # torch warns when the first optimizer step was the one skipped.
-            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+            warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
             loss, skipped = train.train_step(parts, 1)
         moved = any(not torch.equal(a, p.detach()) for a, p in zip(before, watched))
         # get_scale() syncs the host: fine in a check, never in the loop.
