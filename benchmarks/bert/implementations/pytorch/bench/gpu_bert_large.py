@@ -683,6 +683,19 @@ def main(argv=None) -> int:
         "model": dataclasses.asdict(ModelConfig()) if not args.cpu_smoke else SMOKE_MODEL,
         "seq_len": args.seq_len, "steps": args.steps, "warmup": args.warmup, "budget_s": args.budget_s,
         "plan": plan_names, "only": sorted(only), "cases": [], "checks": {}}
+    saved_term = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        terminated = run_tasks(tasks, only, args, device, peak["flops_per_s"], result, out, artifacts, start)
+    finally:
+        signal.signal(signal.SIGTERM, saved_term)
+    print(f"bf16 GEMM peak {result['gemm_peak_tflops']:.1f} TFLOP/s (n={peak['n']}); wrote {out}")
+    return 128 + signal.SIGTERM if terminated else 0
+
+
+def run_tasks(tasks: list, only: set[str], args, device: torch.device, peak: float, result: dict, out: Path,
+              artifacts: Path, start: float) -> bool:
+    """Each task in turn, within the budget and the limits; the JSON rewritten after each.
+    Returns whether SIGTERM ended the run."""
     samples_cache: dict[int, list] = {}
     ctx = smoke_compile() if args.cpu_smoke else _nothing()
     with ctx, tempfile.TemporaryDirectory(prefix="gpu_bert_large_") as tmp:
@@ -707,10 +720,12 @@ def main(argv=None) -> int:
                         r = check_demo(Path(tmp), artifacts, args.cpu_smoke, Path(args.demo_data) if args.demo_data
                                        else None, timeout_s=args.demo_timeout_s)
                     else:
-                        r = run_case(task, args, device, peak["flops_per_s"], samples_cache)
+                        r = run_case(task, args, device, peak, samples_cache)
                 except TaskTimeout:
                     r = {"status": f"error: stopped at its time limit ({cap:.0f} s)",
                          "traceback": traceback.format_exc(limit=-8)}
+                except Terminated:
+                    r = {"status": "error: terminated (SIGTERM: the wrapper's time limit)", "terminated": True}
                 except torch.OutOfMemoryError:
                     r = {"status": "oom"}
                 except Exception as e:  # noqa: BLE001 - keep the other results; say what failed
@@ -726,11 +741,12 @@ def main(argv=None) -> int:
             result["elapsed_s"] = time.perf_counter() - start
             out.write_text(json.dumps(result, indent=2) + "\n")
             report(name, r)
+            if r.get("terminated"):
+                return True
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-    print(f"bf16 GEMM peak {result['gemm_peak_tflops']:.1f} TFLOP/s (n={peak['n']}); wrote {out}")
-    return 0
+    return False
 
 
 def report(name: str, r: dict) -> None:
@@ -755,6 +771,16 @@ class TaskTimeout(BaseException):
 
 def _raise_timeout(signum, frame):
     raise TaskTimeout()
+
+
+class Terminated(BaseException):
+    """SIGTERM (the wrapper's ``timeout``): record the task in flight, end its children
+    (the demo's trainer runs in a session of its own, which the device would not end),
+    write the JSON, stop."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
 
 
 class _nothing:
