@@ -62,7 +62,7 @@ json="${out}/gpu_bert_large_$(date -u +%Y-%m-%d)_${short}${H200_TAG:+_${H200_TAG
 log="${out}/gpu_bert_large.log"
 : > "${log}"
 if command -v nvidia-smi > /dev/null; then  # a reading only: clocks, power and modes stay as found
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,temperature.gpu,power.draw \
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,temperature.gpu \
     --format=csv 2>&1 | tee -a "${log}" || true
 fi
 cd "${pkg}"
