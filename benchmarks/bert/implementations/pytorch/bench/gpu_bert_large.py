@@ -1,227 +1,814 @@
-"""BERT-Large phase 2 (seq 512) train-step throughput on one GPU, each technique on and off.
+"""BERT-Large phase 2 (seq 512) train-step throughput on one GPU, each technique on and off,
+plus the GPU path end to end once: the prepared device run of issue 14.
 
-    python bench/gpu_bert_large.py --out results/gpu_bert_large.json   # on a GPU, ~5-8 min
-    python bench/gpu_bert_large.py --cpu-smoke --out /tmp/smoke.json    # every path, tiny, CPU
+    bench/h200.sh                                                        # on the device (BENCHMARKS.md 3)
+    python bench/gpu_bert_large.py --out results/gpu.json --commit SHA   # on a GPU, ~5-6 min
+    python bench/gpu_bert_large.py --cpu-smoke --out /tmp/smoke.json     # every path, tiny, CPU
+    python bench/gpu_bert_large.py --table results/gpu.json              # the markdown table of a run
+
+**Cases are config overrides.** Each case is a dict of dotted keys applied with the trainer's
+own ``bert.config.build_config`` and built with the trainer's own ``bert.train.build_model``
+(model, precision, gradient sync with global-norm clip 1.0, ``bert.optim.build_optimizer``,
+schedule), then run with the trainer's own step: ``bert.train.prepare_step`` (warm-up on
+synthetic batches and, with ``run.cuda_graphs``, the captured step of bert/step_graph.py)
+where the tree has it, else ``bert.train.train_step``. A new speed feature is therefore a new
+case, or ``--case NAME:key=value,...`` on the command line, never new code. A case whose key
+or value this tree does not know (``build_config`` raises ``ConfigError``), or that the
+trainer refuses at build time (``run.cuda_graphs`` or Triton attention on a CPU), is recorded as
+``status: "skipped: ..."`` with the reason, so the script runs on every branch. Keys under
+``bench.`` are the script's own (``bench.compile=BACKEND``: the whole model under
+``torch.compile``, dynamic shapes, as the 2026-11-29 run measured it).
 
 Batches are drawn from the MLPerf Wikipedia length histogram (seq 512, 15% masked, at most
-76), collated and moved to the device before timing. Every case trains with the loop's own
-``bert.train.train_step`` (global-norm clipping 1.0, the optimizer, the schedule) under
-bf16 autocast, for ``--warmup`` untimed and ``--steps`` timed steps, and reports:
+76; the same samples for every case of one local batch), collated by the trainer's collate
+for the case's layout (with ``data.token_budgets``: the static token budget's), moved to the
+device before timing, and cycled. Per case: ``--warmup`` untimed steps (at least one pass
+over the cycle, so no shape is first seen, and compiled, inside the timing), then ``--steps``
+timed steps.
 
-- ``seq_per_s`` and useful (non-padding) ``tokens_per_s``;
-- ``mfu``: useful model FLOP/s (bench.flops: real tokens, per-sequence attention, MLM head on
-  masked rows; training = 3x forward) over the bf16 GEMM peak measured in the same run
-  (the best of square matmuls; ``gemm_peak``);
-- ``max_memory_gb`` (CUDA peak allocated) and the optimizer implementation used.
+Per case the JSON holds ``case``, ``local_batch``, ``status``, ``seq_per_s``, useful
+``tokens_per_s``, ``step_ms``, ``mfu`` (useful model FLOP/s: real tokens, per-sequence
+attention, MLM head on masked rows, training = 3x forward, over the bf16 GEMM peak measured
+at the start of the same run), ``peak_mem_gb`` (CUDA peak allocated), ``optimizer_step_ms``
+(``optimizer.step()`` alone on random gradients, median of 5, CUDA events), the optimizer's
+class and ``param_groups[0]``'s ``fused``/``foreach``/``capturable`` flags, the attention
+backend, the step kind (eager or graphed), the token padding a budget adds, and the time
+spent before the timed steps (compile, warm-up, capture). The file holds ``device_name``,
+``commit``, ``gemm_peak_tflops``, the torch / CUDA / cuDNN / Triton versions and ``checks``:
 
-Cases, in this order (each a fresh model, so memory readings are per case):
+- ``fp16``: a few steps of the trainer's step with ``precision.dtype=fp16`` (dynamic loss
+  scaling) at the small local batch: per step the loss, the scale and whether it was skipped;
+- ``demo``: config_CPU_1x2.sh's model and data (bert/demo_data.py, as demo.sh makes them)
+  trained on this device by ``run_and_time.sh`` in one process (LAUNCHER=task, the demo's
+  global batch 64 as one local batch) to 0.720, then the MLPerf 5.0.0 compliance checker on
+  its log: verdict, time to target (run_stop - run_start), steps. With ``--cpu-smoke`` it
+  trains 3 steps only (the target is not expected; the suite trains the demo elsewhere).
 
-1. ``sweep``: the default stack (unpadded, LAMB with ``optim.impl=auto``: apex when
-   importable, else our foreach LAMB) at each ``--batches`` local batch;
-2. ``padded``: the same at ``--ablation-batch`` with ``model.unpad=False``;
-3. ``adamw_fused`` / ``adamw_foreach``: torch AdamW, fused kernel vs foreach (the fused
-   optimizer technique where a fused kernel exists for certain);
-4. ``lamb_foreach``: LAMB with ``optim.impl=torch`` (our foreach LAMB; equal to case 1
-   when apex is missing);
-5. ``compiled``: case 1 at ``--ablation-batch`` with the model under ``torch.compile``
-   (dynamic shapes: the token count changes with every batch); compile time is reported
-   separately and not in the throughput.
-
-The JSON file is rewritten after every case, so a run cut short by the device window keeps
-what it measured; ``--budget-s`` skips the cases that would start after it. A case that
-runs out of memory is recorded as such and the run continues.
+The checks run first, then the cases (``plan`` says why and in which order). The JSON file
+is rewritten after every task, so a run cut short by the device window keeps what it
+measured; ``--budget-s`` skips what would start after it (``skipped: budget``),
+``--task-limit-s`` stops a task that runs long (a compile) and ``--limit-s`` keeps every
+task inside the wrapper's hard limit (both recorded as ``error: stopped at its time
+limit``), and ``--only`` reruns chosen names. An out-of-memory case is recorded and the run
+goes on.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
+import gc
+import importlib.metadata
+import importlib.util
 import json
+import math
+import os
+import platform
+import re
+import shutil
+import signal
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
+import warnings
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common, flops  # noqa: E402
-from bert import grad_sync  # noqa: E402
-from bert.config import GradSyncConfig, ModelConfig, OptimConfig, PrecisionConfig  # noqa: E402
-from bert.model import BertForPreTraining  # noqa: E402
-from bert.optim import build_optimizer, build_scheduler  # noqa: E402
-from bert.precision import build_precision, build_scaler  # noqa: E402
-from bert.train import Parts, train_step  # noqa: E402
+from bert import sampler, train  # noqa: E402
+from bert.config import Config, ConfigError, ModelConfig, build_config  # noqa: E402
+from bert.distributed import DistEnv  # noqa: E402
 
-LARGE = ModelConfig()  # the config defaults are BERT-Large (hidden 1024, 24 layers, 16 heads)
-SMOKE = ModelConfig(vocab_size=1000, hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128,
-                    max_position_embeddings=64)
+PKG = common.PKG
+SINGLE = DistEnv(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=29500, launcher="single")
+
+# The tiny model of --cpu-smoke (BERT-Large is the config's default and needs no override).
+SMOKE_MODEL = {"model.vocab_size": "1000", "model.hidden_size": "64", "model.num_layers": "2",
+               "model.num_heads": "4", "model.intermediate_size": "128", "model.max_position_embeddings": "64"}
+
+# The full fast stack of issue 14 (keys from parts A, B, C and E; a tree without one skips
+# the case): Triton varlen attention with dropout, static token budgets, compiled LAMB, the
+# step replayed as CUDA graphs after a warm-up before run_start, inductor per encoder layer.
+FAST = {"model.attention_backend": "triton", "data.token_budgets": "auto", "optim.impl": "compiled",
+        "run.cuda_graphs": "true", "run.warmup_steps": "1", "model.compile_layers": "true"}
+
+# The stack the 2026-11-29 run measured (207 seq/s at local batch 16): SDPA on the padded
+# grid, the config's LAMB (foreach without apex), eager. The "default_*" cases take whatever
+# the tree's defaults are (attention auto: Triton on CUDA once part A is in).
+BASELINE = {"model.attention_backend": "sdpa"}
 
 
 @dataclasses.dataclass
 class Case:
+    """A throughput case: dotted config overrides (``run.local_batch_size`` included) and
+    the script's own ``bench.*`` keys."""
+
     name: str
-    batch: int
-    unpad: bool = True
-    optim: str = "lamb"
-    impl: str = "auto"
-    compile: bool = False
+    overrides: dict[str, str]
+
+    @property
+    def batch(self) -> int:
+        return int(self.overrides["run.local_batch_size"])
 
 
-def cases(args) -> list[Case]:
-    ab = args.ablation_batch
-    out = [Case(f"sweep_b{b}", b) for b in args.batches]
-    out += [Case("padded", ab, unpad=False),
-            Case("adamw_fused", ab, optim="adamw", impl="auto"),
-            Case("adamw_foreach", ab, optim="adamw", impl="foreach"),
-            Case("lamb_foreach", ab, impl="torch"),
-            Case("compiled", ab, compile=True)]
+@dataclasses.dataclass
+class Check:
+    """One of the extra checks (``fp16``, ``demo``); results go under ``checks``."""
+
+    name: str
+
+
+def _case(name: str, batch: int, **groups: dict[str, str]) -> Case:
+    over: dict[str, str] = {}
+    for g in groups.values():
+        over.update(g)
+    over["run.local_batch_size"] = str(batch)
+    return Case(f"{name}_b{batch}", over)
+
+
+def without(base: dict[str, str], *keys: str, **changes: str) -> dict[str, str]:
+    out = {k: v for k, v in base.items() if k not in keys}
+    out.update({k.replace("__", "."): v for k, v in changes.items()})
     return out
 
 
-def build(case: Case, mcfg: ModelConfig, device: torch.device, batches: list[dict], compile_backend: str):
-    """The model, optimizer and loop parts of one case (a fresh model every time)."""
-    torch.manual_seed(0)
-    model = BertForPreTraining(dataclasses.replace(mcfg, unpad=case.unpad), device.type).to(device)
-    model.train()
-    ocfg = OptimConfig(name=case.optim, impl="torch" if case.impl == "foreach" else case.impl,
-                       lr=1e-4, warmup_steps=0, total_steps=10**9)
-    opt, impl = build_optimizer(model, ocfg, device.type)
-    if case.impl == "foreach":  # torch AdamW's multi-tensor path instead of its fused kernel
-        opt = torch.optim.AdamW(opt.param_groups, lr=ocfg.lr, betas=(ocfg.beta1, ocfg.beta2),
-                                eps=ocfg.eps, foreach=True)
-        impl = f"{case.optim}:torch-foreach"
-    train_model = model
-    if case.compile:
-        train_model = torch.compile(model, dynamic=True, backend=compile_backend)
-        impl += f" + compile({compile_backend})"
+def plan(small: int, big: int, old: int, fast_sweep: list[int], default_sweep: list[int]) -> list[Case | Check]:
+    """Everything the run does, in this order (a run cut short keeps the head): the two
+    checks first (about a minute together, and sure to run: the fast stack's first compile
+    -- inductor on 24 layers and on LAMB's 398 tensors, minutes by part C's CPU timings --
+    could otherwise crowd them out of the window); then the cases, most informative first:
+    the full fast stack at local batch ``small`` (16, the paper's regime) and ``big`` (96,
+    the best <= 96 the issue asks for), the 2026-11-29 stack at ``small`` as this run's
+    baseline (``BASELINE``), the AdamW pair (fused vs foreach, at ``old``), the ablations (the fast stack
+    with one feature off or swapped, and single features on the default stack, at ``big``),
+    the fast and default sweeps, and the remaining cases of the 2026-11-29 run at ``old``
+    (32), comparable with its table."""
+    head: list[Case | Check] = [Check("fp16"), Check("demo"), _case("fast", small, f=FAST), _case("fast", big, f=FAST),
+                                _case("baseline", small, a=BASELINE)]
+    adamw = [_case("adamw_fused", old, o={"optim.name": "adamw", "optim.impl": "fused"}),
+             _case("adamw_foreach", old, o={"optim.name": "adamw", "optim.impl": "foreach"})]
+    ablations = [
+        _case("fast_no_graphs", big, f=without(FAST, run__cuda_graphs="false")),
+        _case("fast_no_compile_layers", big, f=without(FAST, model__compile_layers="false")),
+        # The other varlen kernel with dropout (SDPA on nested jagged tensors), then the
+        # padded-grid SDPA fallback the 2026-11-29 run used.
+        _case("fast_nested", big, f=without(FAST, model__attention_backend="nested")),
+        _case("fast_sdpa", big, f=without(FAST, model__attention_backend="sdpa")),
+        _case("fast_no_compiled_lamb", big, f=without(FAST, optim__impl="auto")),
+        # CUDA graphs need static shapes: without budgets the graphs go too.
+        _case("fast_no_budget_no_graphs", big, f=without(FAST, data__token_budgets="", run__cuda_graphs="false")),
+        # One feature on the default stack: what a static budget costs or saves alone (its
+        # padded tokens, its warm-up), and LAMB compiled alone.
+        _case("default_budget", big, o={"data.token_budgets": "auto", "run.warmup_steps": "1"}),
+        _case("default_compiled_lamb", big, o={"optim.impl": "compiled"}),
+    ]
+    sweeps = [_case("fast", b, f=FAST) for b in fast_sweep] + [_case("default", b) for b in default_sweep]
+    old_cases = [_case("padded", old, m={"model.unpad": "false"}),
+                 _case("lamb_foreach", old, o={"optim.impl": "foreach"}),
+                 _case("compiled", old, b={"bench.compile": "inductor"})]
+    out: list[Case | Check] = []
+    seen: set[str] = set()
+    for task in head + adamw + ablations + sweeps + old_cases:
+        if task.name not in seen:  # the smoke's small batches repeat names: run each once
+            seen.add(task.name)
+            out.append(task)
+    return out
 
-    def feed():
-        k = 0
-        while True:
-            yield batches[k % len(batches)]
-            k += 1
 
-    # fp32 Precision (no-op autocast, disabled scaler): run_case wraps the step in bf16 itself.
-    pcfg = PrecisionConfig(dtype="fp32")
-    prec = build_precision(pcfg, device.type)
-    clip = grad_sync.build(GradSyncConfig(), None, model.parameters(), 1.0)  # global norm 1.0
-    parts = Parts(model, train_model, opt, build_scheduler(opt, ocfg), build_scaler(pcfg, prec, device.type), prec,
-                  clip, feed(), [], 0, device,
-                  case.batch, 1, 1)
-    return parts, impl
+def parse_case(text: str) -> Case:
+    """``NAME:key=value,key=value`` (``run.local_batch_size`` required) -> Case."""
+    name, sep, rest = text.partition(":")
+    over = dict(kv.split("=", 1) for kv in rest.split(",") if kv)
+    if not sep or not name or "run.local_batch_size" not in over:
+        raise argparse.ArgumentTypeError(f"--case {text!r}: expected NAME:run.local_batch_size=N[,key=value...]")
+    return Case(name, over)
 
 
-def run_case(case: Case, args, mcfg: ModelConfig, device: torch.device, peak: float) -> dict:
-    seq, max_pred = args.seq_len, args.max_pred
-    samples = common.make_batches(args.num_batches, case.batch, seq, max_pred, mcfg.vocab_size, args.seed)
-    unpadded, padded = common.collate_both(samples, seq)
-    on_dev = [{k: (v.to(device) if torch.is_tensor(v) else v) for k, v in b.items()}
-              for b in (unpadded if case.unpad else padded)]
-    shape = common.shape_of(mcfg)
+# ---------------------------------------------------------------- building a case
+
+
+def case_config(case: Case, args) -> tuple[Config, dict[str, str]]:
+    """The trainer's config of ``case`` (raises ConfigError for a key or value this tree
+    does not know) and the ``bench.*`` keys, apart."""
+    base = {"run.seed": str(args.seed), "run.device": args.device_type, "data.max_seq_length": str(args.seq_len),
+            "data.max_predictions_per_seq": str(args.max_pred)}
+    if args.cpu_smoke:
+        base.update(SMOKE_MODEL)
+    over = {**base, **{k: v for k, v in case.overrides.items() if not k.startswith("bench.")}}
+    own = {k: v for k, v in case.overrides.items() if k.startswith("bench.")}
+    unknown = set(own) - {"bench.compile"}
+    if unknown:
+        raise ValueError(f"case {case.name}: unknown bench key(s) {sorted(unknown)}")
+    return build_config(over), own
+
+
+def collate_for(cfg: Config) -> tuple[Callable[[list], dict], Any]:
+    """The trainer's training collate for ``cfg`` on one device, as ``bert.sampler.train_batches``
+    builds it: ``batch_collate(unpad, pack, max_seq_length, bert.budget.layout_for(cfg, 1))``
+    (the static token budget's collate when ``data.token_budgets`` is set), and the budget
+    layout (None when off). A tree without bert/budget.py collates as before, and refuses a
+    case that sets ``data.token_budgets`` (ConfigError)."""
+    m, d = cfg.model, cfg.data
+    try:
+        from bert.budget import layout_for
+    except ImportError:
+        if getattr(d, "token_budgets", ""):
+            raise ConfigError("data.token_budgets: bert/budget.py is not on this tree") from None
+        return sampler.batch_collate(m.unpad, m.pack, d.max_seq_length), None
+    layout = layout_for(cfg, 1)
+    return sampler.batch_collate(m.unpad, m.pack, d.max_seq_length, layout), layout
+
+
+def _flags(opt: torch.optim.Optimizer) -> dict[str, Any]:
+    """``fused`` / ``foreach`` / ``capturable`` of group 0 (torch's optimizers keep them
+    there); an optimizer that keeps one on itself (our Lamb's ``capturable``) is read there."""
+    g = opt.param_groups[0]
+    out = {}
+    for k in ("fused", "foreach", "capturable"):
+        v = g[k] if g.get(k) is not None else getattr(opt, k, None)
+        out[k] = None if v is None else bool(v)
+    return out
+
+
+def build_case(cfg: Config, own: dict[str, str], device: torch.device) -> tuple[Any, str, Callable, dict]:
+    """Model and loop parts of one case through the trainer's own builders, and the step the
+    trainer would call (prepared: warmed up and, with run.cuda_graphs, captured)."""
+    parts, impl = train.build_model(cfg, SINGLE, device)
+    return prepare_case(parts, impl, cfg, own, device)
+
+
+def prepare_case(parts: Any, impl: str, cfg: Config, own: dict[str, str],
+                 device: torch.device) -> tuple[Any, str, Callable, dict]:
+    """``bench.compile``, then the trainer's ``prepare_step`` (where the tree has it)."""
+    if own.get("bench.compile"):
+        parts = dataclasses.replace(parts, train_model=torch.compile(parts.model, dynamic=True,
+                                                                     backend=own["bench.compile"]))
+        impl += f" + compile({own['bench.compile']})"
+    info: dict[str, Any] = {}
+    prepare = getattr(train, "prepare_step", None)
+    needs_prepare = getattr(cfg.run, "warmup_steps", 0) or getattr(cfg.run, "cuda_graphs", False)
+    if prepare is None:
+        if needs_prepare:
+            raise ConfigError("run.warmup_steps / run.cuda_graphs: bert.train.prepare_step is not on this tree")
+        return parts, impl, train.train_step, info
+    notes: list[str] = []
+    t0 = time.perf_counter()
+    step = prepare(parts, cfg, notes.append)
+    common.sync(device)
+    info["prepare_s"] = time.perf_counter() - t0
+    if notes:
+        info["prepare_notes"] = notes
+    return parts, impl, step, info
+
+
+def time_optimizer(opt: torch.optim.Optimizer, device: torch.device, reps: int = 5) -> float:
+    """Median ms of ``opt.step()`` alone on random gradients (never zeros), after one
+    untimed step: CUDA events on a GPU (the GPU's time from the first kernel to the last,
+    launch gaps included), the host clock on a CPU. Writes the gradients in place when they
+    exist (a graphed step's persistent ones) and changes the weights: run it last."""
+    params = [p for g in opt.param_groups for p in g["params"]]
+    with torch.no_grad():
+        for p in params:
+            g = torch.randn_like(p).mul_(1e-3)
+            if p.grad is None:
+                p.grad = g
+            else:
+                p.grad.copy_(g)
+    times = []
+    for i in range(reps + 1):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            opt.step()
+            end.record()
+            end.synchronize()
+            ms = start.elapsed_time(end)
+        else:
+            t = time.perf_counter()
+            opt.step()
+            ms = 1000 * (time.perf_counter() - t)
+        if i:
+            times.append(ms)
+    return float(statistics.median(times))
+
+
+def step_kind(step: Callable) -> str:
+    """eager: bert.train.train_step; graphed: bert/step_graph.py's GraphedStep; else the name."""
+    if step is train.train_step:
+        return "eager"
+    return "graphed" if type(step).__name__ == "GraphedStep" else getattr(step, "__name__", type(step).__name__)
+
+
+def _to_device(batch: dict, device: torch.device) -> dict:
+    return {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in batch.items()}
+
+
+def _cycle(batches: list[dict]):
+    k = 0
+    while True:
+        yield batches[k % len(batches)]
+        k += 1
+
+
+def run_case(case: Case, args, device: torch.device, peak: float, samples_cache: dict) -> dict:
+    head = {"case": case.name, "local_batch": case.batch, "overrides": case.overrides}
+    try:
+        cfg, own = case_config(case, args)
+        collate, layout = collate_for(cfg)
+    except ConfigError as e:
+        return {**head, "status": f"skipped: {e}"}
+    if args.cpu_smoke and own.get("bench.compile"):
+        own["bench.compile"] = "eager"  # see smoke_compile
+    if case.batch not in samples_cache:
+        samples_cache[case.batch] = common.make_batches(args.num_batches, case.batch, args.seq_len, args.max_pred,
+                                                        cfg.model.vocab_size, args.seed)
+    samples = samples_cache[case.batch]
+    batches = [collate(b) for b in samples]
+    on_dev = [_to_device(b, device) for b in batches]
+    shape = common.shape_of(cfg.model)
     useful = [flops.useful_forward_flops(shape, *common.batch_stats(b)) for b in samples]
-    tokens = [sum(common.batch_stats(b)[0]) for b in samples]
+    real = [sum(common.batch_stats(b)[0]) for b in samples]
+    fed = [int(b["input_ids"].numel()) for b in batches]
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-    parts, impl = build(case, mcfg, device, on_dev, args.compile_backend)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16)
+    if not args.cpu_smoke:
+        torch._dynamo.reset()  # a fresh compile cache per case: no recompile limit carried over
     t0 = time.perf_counter()
-    for _ in range(args.warmup):
-        with autocast:
-            train_step(parts, 1)
+    try:
+        parts, impl = train.build_model(cfg, SINGLE, device)
+    except (ConfigError, ValueError) as e:  # the trainer's refusal (CUDA graphs or Triton on a CPU)
+        return {**head, "status": f"skipped: refused at build: {type(e).__name__}: {e}"}
+    parts, impl, step, info = prepare_case(parts, impl, cfg, own, device)
+    parts = dataclasses.replace(parts, batches=_cycle(on_dev))
+    # Every batch of the cycle once at least before the clock starts: a shape seen first
+    # inside the timed steps would put its compile (or its eager fallback) in the number.
+    warm = max(args.warmup, len(on_dev))
+    for _ in range(warm):
+        step(parts, 1)
     common.sync(device)
-    warmup_s = time.perf_counter() - t0
+    ready_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     for _ in range(args.steps):
-        with autocast:
-            loss = train_step(parts, 1)
+        loss, _skipped = step(parts, 1)
     common.sync(device)
     secs = time.perf_counter() - t0
-    done = range(args.warmup, args.warmup + args.steps)  # batch index k % num_batches
+    done = range(warm, warm + args.steps)  # batch index k % num_batches
     n = len(samples)
     fl = 3 * sum(useful[k % n] for k in done)
-    tok = sum(tokens[k % n] for k in done)
-    loss = loss[0] if isinstance(loss, tuple) else loss
-    return {**dataclasses.asdict(case), "status": "ok", "optimizer_impl": impl,
-            "attention": parts.model.attn_backend.name,
+    tok = sum(real[k % n] for k in done)
+    peak_mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    opt_ms = time_optimizer(parts.optimizer, device)
+    model = parts.model
+    return {**head, "status": "ok",
             "seq_per_s": case.batch * args.steps / secs, "tokens_per_s": tok / secs,
-            "step_ms": 1000 * secs / args.steps, "useful_tflops_per_s": fl / secs / 1e12,
-            "mfu": fl / secs / peak, "warmup_s": warmup_s, "final_loss": float(loss),
-            "max_memory_gb": (torch.cuda.max_memory_allocated(device) / 2**30
-                              if device.type == "cuda" else None)}
+            "step_ms": 1000 * secs / args.steps,
+            "useful_tflops_per_s": fl / secs / 1e12, "mfu": fl / secs / peak, "peak_mem_gb": peak_mem,
+            "optimizer_step_ms": opt_ms, "optimizer_impl": impl, "optimizer": type(parts.optimizer).__name__,
+            "param_groups": _flags(parts.optimizer),
+            "attention": getattr(getattr(model, "attn_backend", None), "name", None),
+            "precision": parts.precision.train, "step_kind": step_kind(step),
+            "graph_eager_shapes": len(getattr(step, "eager_shapes", ())),
+            "token_budget_rungs": list(getattr(layout, "rungs", ())) or None, "batch_shapes": sorted(set(fed)),
+            "tokens_real_per_batch": sum(real) / n,
+            "tokens_fed_per_batch": sum(fed) / n, "token_padding_frac": sum(fed) / sum(real) - 1,
+            "ready_s": ready_s, **info, "final_loss": float(loss)}
+
+
+# ---------------------------------------------------------------- the extra checks
+
+
+def check_fp16(args, device: torch.device, samples_cache: dict) -> dict:
+    """``args.fp16_steps`` steps of the trainer's own ``train_step`` with
+    ``precision.dtype=fp16`` (autocast fp16, dynamic loss scaling) on the default stack; per
+    step the loss, the scale, whether it was skipped and whether the weights moved (a
+    skipped step must leave them alone, every other step must move them). Should the default
+    attention fail in fp16, the steps are retried with ``model.attention_backend=sdpa`` and
+    both attempts are recorded."""
+    out: dict[str, Any] = {"attempts": []}
+    for extra in ({}, {"model.attention_backend": "sdpa"}):
+        try:
+            r = _fp16_steps(args, device, samples_cache, extra)
+        except Exception as e:  # noqa: BLE001 - record it, try the portable attention
+            out["attempts"].append({"overrides": extra, "error": f"{type(e).__name__}: {e}",
+                                    "traceback": traceback.format_exc(limit=6)})
+            continue
+        out["attempts"].append({"overrides": extra, "status": "ok"})
+        return {**r, **out}
+    return {"status": "error: every attempt failed", **out}
+
+
+def _fp16_steps(args, device: torch.device, samples_cache: dict, extra: dict[str, str]) -> dict:
+    case = _case("fp16", args.small, p={"precision.dtype": "fp16", **args.fp16_overrides, **extra})
+    cfg, _ = case_config(case, args)
+    if case.batch not in samples_cache:
+        samples_cache[case.batch] = common.make_batches(args.num_batches, case.batch, args.seq_len, args.max_pred,
+                                                        cfg.model.vocab_size, args.seed)
+    collate, _ = collate_for(cfg)
+    batches = [_to_device(collate(b), device) for b in samples_cache[case.batch]]
+    parts, impl = train.build_model(cfg, SINGLE, device)
+    parts = dataclasses.replace(parts, batches=_cycle(batches))
+    watched = [p for p in parts.model.parameters() if p.requires_grad][-4:]  # the MLM head's, among others
+    rows = []
+    for i in range(args.fp16_steps):
+        before = [p.detach().clone() for p in watched]
+        with warnings.catch_warnings():
+            # The trainer advances the schedule on a skipped step too (the samples were used);
+            # torch warns when the first optimizer step was the one skipped.
+            warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
+            loss, skipped = train.train_step(parts, 1)
+        moved = any(not torch.equal(a, p.detach()) for a, p in zip(before, watched))
+        # get_scale() syncs the host: fine in a check, never in the loop.
+        rows.append({"step": i + 1, "loss": float(loss), "skipped": int(skipped), "scale": parts.scaler.get_scale(),
+                     "weights_moved": moved})
+    return {"status": "ok", "device": device.type, "local_batch": case.batch, "precision": parts.precision.train,
+            "loss_scaling": parts.precision.hyperparameters(cfg.precision)["loss_scaling"],
+            "attention": getattr(getattr(parts.model, "attn_backend", None), "name", None),
+            "optimizer_impl": impl, "steps": rows, "skipped_total": sum(r["skipped"] for r in rows),
+            "finite_losses": sum(math.isfinite(r["loss"]) for r in rows), "final_scale": rows[-1]["scale"],
+            "skips_left_weights_alone": all(r["weights_moved"] != bool(r["skipped"]) for r in rows)}
+
+
+def source_config(name: str) -> dict[str, str]:
+    """The variables a config_*.sh exports (sourced by bash, as a user does)."""
+    out = subprocess.run(["bash", "-c", f"set -a; source ./{name} >/dev/null; env -0"], cwd=PKG, check=True,
+                         capture_output=True, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}).stdout
+    env = dict(item.split("=", 1) for item in out.decode().split("\0") if "=" in item)
+    return {k: v for k, v in env.items() if k not in ("PWD", "SHLVL", "_", "OLDPWD", "PATH")}
+
+
+def mllog_events(log: Path) -> list[dict]:
+    return [json.loads(line.split(":::MLLOG", 1)[1]) for line in log.read_text().splitlines() if ":::MLLOG" in line]
+
+
+def check_demo(workdir: Path, artifacts: Path, smoke: bool, data_dir: Path | None = None,
+               extra_env: dict[str, str] | None = None, timeout_s: float = 300.0) -> dict:
+    """config_CPU_1x2.sh's model and data, trained by ``run_and_time.sh`` in one process on
+    this machine's device (LAUNCHER=task; BATCHSIZE = the config's per-rank batch x its
+    ranks, so the global batch and the schedule are the config's), then the 5.0.0 checker
+    on its log. ``smoke``: 3 steps, eval on 64 samples after each (the target is not
+    expected). ``extra_env`` overrides the launcher's variables (the tests start from the
+    trained demo model). Copies the log, the trainer's output and the checker's output to
+    ``artifacts`` as demo_result_0.txt, demo_train.log, demo_compliance.txt."""
+    from bert import demo_data
+
+    conf = source_config("config_CPU_1x2.sh")
+    t0 = time.perf_counter()
+    if data_dir is None:
+        data_dir = workdir / "demo_data"
+        if not (data_dir / "demo_data.json").exists():
+            n_train, n_eval = (512, 128) if smoke else (int(conf["DEMO_TRAIN_SAMPLES"]), int(conf["DEMO_EVAL_SAMPLES"]))
+            demo_data.generate(data_dir, train_samples=n_train, eval_samples=n_eval, seed=1,
+                               seq_len=int(conf["DEMO_SEQ_LEN"]), max_pred=int(conf["DEMO_MAX_PRED"]),
+                               vocab=int(conf["DEMO_VOCAB"]))
+    data_s = time.perf_counter() - t0
+    logdir = workdir / "demo_logs"
+    shutil.rmtree(logdir, ignore_errors=True)
+    # run_and_time.sh calls `python`: make it this interpreter (the device's is python3). A
+    # script, not a symlink: a venv's python finds its pyvenv.cfg from the path it is run as.
+    shim = workdir / "bin"
+    shim.mkdir(parents=True, exist_ok=True)
+    (shim / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (shim / "python").chmod(0o755)
+    env = dict(os.environ, **conf)
+    env.update(PATH=f"{shim}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+               DGXNGPU="1", LAUNCHER="task", BATCHSIZE=str(int(conf["BATCHSIZE"]) * int(conf["DGXNGPU"])),
+               DATADIR=str(data_dir / "train"), EVALDIR=str(data_dir / "eval"), LOGDIR=str(logdir),
+               LOGFILE="result_0.txt", SEED="1")
+    if smoke:
+        env.update(EVAL_ITER_SAMPLES="64", EXTRA_PARAMS=conf["EXTRA_PARAMS"] + " run.max_steps=3 data.eval_samples=64")
+    env.update(extra_env or {})
+    t0 = time.perf_counter()
+    # Its own process group: run_and_time.sh starts the trainer in the background, so a stop
+    # (timeout, or this task's time limit) must end the group, not the shell alone.
+    proc = subprocess.Popen(["./run_and_time.sh"], cwd=PKG, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout_s)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        rc, output = None, f"{output}\n[timed out after {timeout_s:.0f} s]"
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+    wall_s = time.perf_counter() - t0
+    artifacts.mkdir(parents=True, exist_ok=True)
+    (artifacts / "demo_train.log").write_text(output)
+    status = ("ok" if rc in (0, 1) else f"error: timed out after {timeout_s:.0f} s" if rc is None
+              else f"error: run_and_time.sh exit {rc}")
+    out: dict[str, Any] = {"status": status,
+                           "smoke": smoke, "exit_code": rc, "wall_s": wall_s, "data_s": data_s,
+                           "local_batch": int(env["BATCHSIZE"]), "extra_params": env["EXTRA_PARAMS"]}
+    if smoke:
+        out["note"] = "--cpu-smoke: 3 steps only, the target is not expected (the suite trains the demo elsewhere)"
+    m = re.search(r"run_stop (\w+) after (\d+) steps, (\d+) samples", output)
+    if m:
+        out.update(run_stop=m.group(1), steps=int(m.group(2)), samples=int(m.group(3)))
+    m = re.search(r"bert: .* on (\S+); optimizer (\S+); precision (\S+)", output)
+    if m:
+        out.update(device=m.group(1), optimizer_impl=m.group(2), precision=m.group(3))
+    log = logdir / "result_0.txt"
+    if not log.exists():
+        out["checker"] = "not run: no log"
+        return out
+    shutil.copyfile(log, artifacts / "demo_result_0.txt")
+    events = mllog_events(log)
+    first = {e["key"]: e for e in reversed(events)}  # each key's first event
+    accs = [(e["metadata"].get("epoch_num"), e["value"]) for e in events if e["key"] == "eval_accuracy"]
+    out["eval_accuracy"] = accs
+    if "run_start" in first and "run_stop" in first:
+        out["run_s"] = (first["run_stop"]["time_ms"] - first["run_start"]["time_ms"]) / 1000
+        if first["run_stop"]["metadata"].get("status") == "success":
+            out["time_to_target_s"] = out["run_s"]
+    if importlib.util.find_spec("mlperf_logging") is None:  # h200.sh installs it: not on the device image
+        out["checker"] = "not run: mlperf_logging is not importable"
+        return out
+    report = workdir / "demo_compliance_detail.txt"
+    c = subprocess.run([sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "training",
+                        "--ruleset", "5.0.0", "--log_output", str(report), str(log)],
+                       capture_output=True, text=True, cwd=workdir, timeout=120)
+    text = c.stdout + c.stderr
+    (artifacts / "demo_compliance.txt").write_text(text)
+    out["checker"] = "PASS" if c.returncode == 0 and "SUCCESS" in text else "FAIL"
+    out["checker_exit_code"] = c.returncode
+    out["checker_failed_checks"] = re.findall(r"Failed checks for (\S+)", text)
+    out["checker_tail"] = text.strip().splitlines()[-3:]
+    return out
+
+
+# ---------------------------------------------------------------- the run
+
+
+def versions() -> dict[str, Any]:
+    try:
+        import triton
+        tv = triton.__version__
+    except Exception:  # noqa: BLE001 - missing, or broken on this machine: say which
+        tv = None
+    try:
+        mv = importlib.metadata.version("mlperf-logging")
+    except importlib.metadata.PackageNotFoundError:
+        mv = None
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": cudnn, "triton": tv,
+            "python": platform.python_version(), "mlperf_logging": mv}
+
+
+def git_commit() -> tuple[str, str]:
+    try:
+        r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PKG, capture_output=True, text=True, timeout=10)
+        if r.returncode == 0:
+            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=PKG,
+                                   capture_output=True, text=True, timeout=10).stdout.strip()
+            return r.stdout.strip() + ("-dirty" if dirty else ""), "git rev-parse HEAD"
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return "unknown", "none: no --commit and no git checkout"
+
+
+def table(result: dict) -> str:
+    """The markdown table of a result file (what BENCHMARKS.md shows)."""
+    lines = ["| case | local batch | seq/s | MFU | peak mem GB | step ms | optimizer ms | optimizer | attention "
+             "| step | status |",
+             "|---|---:|---:|---:|---:|---:|---:|---|---|---|---|"]
+    for c in result["cases"]:
+        if c["status"] == "ok":
+            mem = f"{c['peak_mem_gb']:.1f}" if c.get("peak_mem_gb") is not None else "-"
+            lines.append(f"| {c['case']} | {c['local_batch']} | {c['seq_per_s']:.1f} | {c['mfu']:.1%} | {mem} | "
+                         f"{c['step_ms']:.1f} | {c['optimizer_step_ms']:.2f} | {c['optimizer_impl']} | "
+                         f"{c['attention']} | {c['step_kind']} | ok |")
+        else:
+            lines.append(f"| {c['case']} | {c['local_batch']} | | | | | | | | | {c['status'][:80]} |")
+    checks = result.get("checks", {})
+    if "fp16" in checks:
+        f = checks["fp16"]
+        lines.append(f"\nfp16: {f.get('status')}; " + (
+            f"{len(f['steps'])} steps, {f['skipped_total']} skipped, scale {f['final_scale']:g} at the end, losses "
+            + ", ".join(f"{r['loss']:.3f}" for r in f["steps"]) if f.get("status") == "ok" else ""))
+    if "demo" in checks:
+        d = checks["demo"]
+        lines.append(f"demo: {d.get('status')}; run_stop {d.get('run_stop')} after {d.get('steps')} steps, "
+                     f"time to target {d.get('time_to_target_s')} s, checker {d.get('checker')}")
+    lines.append(f"\n{result.get('device_name')}, commit {result.get('commit')}, bf16 GEMM peak "
+                 f"{result.get('gemm_peak_tflops', 0):.1f} TFLOP/s, torch {result['versions']['torch']}")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="results/gpu_bert_large.json")
-    ap.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[16, 32, 48, 64],
-                    help="local batch sizes of the sweep, comma-separated")
-    ap.add_argument("--ablation-batch", type=int, default=32, help="local batch of the on/off cases")
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--artifacts", default="", help="where the demo check's logs go (default: beside --out)")
+    ap.add_argument("--commit", default="", help="the commit measured (the device gets no .git: bench/h200.sh "
+                                                 "passes .h200/commit); default: git rev-parse HEAD")
+    ap.add_argument("--small", type=int, default=16, help="the small local batch (fast stack, baseline, fp16)")
+    ap.add_argument("--big", type=int, default=96, help="the large local batch (fast stack, ablations)")
+    ap.add_argument("--old", type=int, default=32, help="local batch of the 2026-11-29 on/off cases")
+    ap.add_argument("--fast-sweep", type=lambda s: [int(x) for x in s.split(",") if x], default=[32, 48, 64])
+    ap.add_argument("--default-sweep", type=lambda s: [int(x) for x in s.split(",") if x], default=[32, 64, 96])
+    ap.add_argument("--case", type=parse_case, action="append", default=[],
+                    help="an extra case NAME:run.local_batch_size=N,key=value,... (run after the plan's)")
+    ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--fp16-steps", type=int, default=8)
     ap.add_argument("--num-batches", type=int, default=8, help="distinct batches cycled through")
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--max-pred", type=int, default=76)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--budget-s", type=float, default=480.0, help="start no case after this many seconds")
-    ap.add_argument("--compile-backend", default="inductor")
-    ap.add_argument("--only", default="", help="comma-separated case names to run (default all)")
+    ap.add_argument("--budget-s", type=float, default=300.0, help="start nothing after this many seconds")
+    ap.add_argument("--task-limit-s", type=float, default=240.0,
+                    help="stop a task (a case's compile, the demo) after this many seconds and go on")
+    ap.add_argument("--min-task-s", type=float, default=20.0,
+                    help="start no task with less than this many seconds left before --limit-s")
+    ap.add_argument("--limit-s", type=float, default=0.0,
+                    help="the whole run's hard limit (bench/h200.sh's): no task runs past it; 0 = none")
+    ap.add_argument("--only", default="", help="comma-separated names to run (cases, check_fp16, check_demo)")
+    ap.add_argument("--demo-data", default="", help="existing demo data (train/, eval/) instead of generating it")
+    ap.add_argument("--demo-timeout-s", type=float, default=240.0)
+    ap.add_argument("--table", metavar="JSON", help="print the markdown table of a result file and exit")
     ap.add_argument("--cpu-smoke", action="store_true",
-                    help="tiny model on the CPU, 1+1 steps per case, compile via the eager backend: "
-                         "exercises every path and the output file, measures nothing")
+                    help="tiny model on the CPU, 1+1 steps per case, torch.compile through dynamo's eager "
+                         "backend, the demo check 3 steps: exercises every path and the output file, measures nothing")
     args = ap.parse_args(argv)
+    if args.table:
+        print(table(json.loads(Path(args.table).read_text())))
+        return 0
     if args.cpu_smoke:
-        mcfg, device = SMOKE, torch.device("cpu")
-        args.batches, args.ablation_batch, args.steps, args.warmup = [2, 4], 2, 1, 1
+        device = torch.device("cpu")
+        args.small, args.big, args.old, args.fast_sweep, args.default_sweep = 2, 4, 3, [3], [3, 4]
+        args.steps, args.warmup, args.fp16_steps = 1, 1, 3
+        # A first scale that overflows and a backoff to 1: step 1 is skipped, 2 and 3 are not,
+        # so both paths of the check run (on the GPU the config's scale is used as it is).
+        args.fp16_overrides = {"precision.loss_scale_init": "1e30", "precision.loss_scale_backoff": "1e-30"}
         args.num_batches, args.seq_len, args.max_pred = 2, 64, 10
-        if args.compile_backend == "inductor":
-            args.compile_backend = "eager"
     else:
         if not torch.cuda.is_available():
             print("no CUDA device: use --cpu-smoke to check the script on a CPU", file=sys.stderr)
             return 2
-        mcfg, device = LARGE, torch.device("cuda")
+        device = torch.device("cuda", torch.cuda.current_device())
         torch.backends.cuda.matmul.allow_tf32 = True
+    args.device_type = device.type
+    args.fp16_overrides = getattr(args, "fp16_overrides", {})
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    artifacts = Path(args.artifacts) if args.artifacts else out.parent
+    commit, commit_source = (args.commit, "--commit") if args.commit else git_commit()
+    only = set(filter(None, args.only.split(",")))
+    tasks = plan(args.small, args.big, args.old, args.fast_sweep, args.default_sweep) + args.case
+    plan_names = [f"check_{t.name}" if isinstance(t, Check) else t.name for t in tasks]
+    if only - set(plan_names):  # a misspelt name would spend a device window on nothing
+        print(f"--only: not in the plan: {sorted(only - set(plan_names))}; the plan: {plan_names}", file=sys.stderr)
+        return 2
     start = time.perf_counter()
     peak = common.gemm_peak(torch.bfloat16, device, sizes=(512,) if args.cpu_smoke else (4096, 8192),
                             reps=3 if args.cpu_smoke else 10)
-    result = {"machine": common.machine(), "model": dataclasses.asdict(mcfg), "dtype": "bf16 autocast",
-              "seq_len": args.seq_len, "steps": args.steps, "warmup": args.warmup,
-              "gemm_peak_bf16_tflops": peak["flops_per_s"] / 1e12, "gemm_peak_n": peak["n"],
-              "cpu_smoke": args.cpu_smoke, "cases": []}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    only = set(filter(None, args.only.split(",")))
-    for case in cases(args):
-        if only and case.name not in only:
-            continue
-        if time.perf_counter() - start > args.budget_s:
-            result["cases"].append({**dataclasses.asdict(case), "status": "skipped: budget"})
-            continue
-        try:
-            r = run_case(case, args, mcfg, device, peak["flops_per_s"])
-        except torch.OutOfMemoryError:
-            r = {**dataclasses.asdict(case), "status": "oom"}
-        except Exception as e:  # noqa: BLE001 - keep the other cases' results; say what failed
-            r = {**dataclasses.asdict(case), "status": f"error: {type(e).__name__}: {e}",
-                 "traceback": traceback.format_exc(limit=4)}
-        result["cases"].append(r)
-        result["elapsed_s"] = time.perf_counter() - start
-        out.write_text(json.dumps(result, indent=2) + "\n")
-        if r["status"] == "ok":
-            print(f"{r['name']:14s} b={r['batch']:3d} {r['seq_per_s']:9.1f} seq/s "
-                  f"{r['tokens_per_s']:10.0f} tok/s  MFU {r['mfu']:6.1%}  "
-                  f"{r['step_ms']:8.1f} ms/step  mem {r['max_memory_gb'] or 0:6.1f} GB  {r['optimizer_impl']}",
-                  flush=True)
-        else:
-            print(f"{r['name']:14s} b={r['batch']:3d} {r['status']}", flush=True)
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    print(f"bf16 GEMM peak {result['gemm_peak_bf16_tflops']:.1f} TFLOP/s (n={peak['n']}); "
-          f"wrote {out}")
-    return 0
+    result: dict[str, Any] = {
+        "device_name": (torch.cuda.get_device_name(device) if device.type == "cuda"
+                        else f"cpu: {common.machine().get('cpu', '')}"),
+        "commit": commit, "commit_source": commit_source,
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "gemm_peak_tflops": peak["flops_per_s"] / 1e12, "gemm_peak_n": peak["n"], "gemm_dtype": "bf16",
+        "versions": versions(), "machine": common.machine(), "cpu_smoke": args.cpu_smoke,
+        "model": dataclasses.asdict(ModelConfig()) if not args.cpu_smoke else SMOKE_MODEL,
+        "seq_len": args.seq_len, "steps": args.steps, "warmup": args.warmup, "budget_s": args.budget_s,
+        "plan": plan_names, "only": sorted(only), "cases": [], "checks": {}}
+    saved_term = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        terminated = run_tasks(tasks, only, args, device, peak["flops_per_s"], result, out, artifacts, start)
+    finally:
+        signal.signal(signal.SIGTERM, saved_term)
+    print(f"bf16 GEMM peak {result['gemm_peak_tflops']:.1f} TFLOP/s (n={peak['n']}); wrote {out}")
+    return 128 + signal.SIGTERM if terminated else 0
+
+
+def run_tasks(tasks: list, only: set[str], args, device: torch.device, peak: float, result: dict, out: Path,
+              artifacts: Path, start: float) -> bool:
+    """Each task in turn, within the budget and the limits; the JSON rewritten after each.
+    Returns whether SIGTERM ended the run."""
+    samples_cache: dict[int, list] = {}
+    ctx = smoke_compile() if args.cpu_smoke else _nothing()
+    with ctx, tempfile.TemporaryDirectory(prefix="gpu_bert_large_") as tmp:
+        for task in tasks:
+            name = f"check_{task.name}" if isinstance(task, Check) else task.name
+            if only and name not in only:
+                continue
+            t0 = time.perf_counter()
+            # The task's time: its cap, and never past the whole run's limit (the JSON then
+            # records it, where the wrapper's hard kill would lose it).
+            left = args.limit_s - (t0 - start) - 10 if args.limit_s else math.inf
+            cap = min(args.task_limit_s, left)
+            if t0 - start > args.budget_s or left < args.min_task_s:
+                r: dict[str, Any] = {"status": "skipped: budget"}
+            else:
+                signal.signal(signal.SIGALRM, _raise_timeout)
+                signal.setitimer(signal.ITIMER_REAL, cap)
+                try:
+                    if isinstance(task, Check) and task.name == "fp16":
+                        r = check_fp16(args, device, samples_cache)
+                    elif isinstance(task, Check):
+                        r = check_demo(Path(tmp), artifacts, args.cpu_smoke, Path(args.demo_data) if args.demo_data
+                                       else None, timeout_s=args.demo_timeout_s)
+                    else:
+                        r = run_case(task, args, device, peak, samples_cache)
+                except TaskTimeout:
+                    r = {"status": f"error: stopped at its time limit ({cap:.0f} s)",
+                         "traceback": traceback.format_exc(limit=-8)}
+                except Terminated:
+                    r = {"status": "error: terminated (SIGTERM: the wrapper's time limit)", "terminated": True}
+                except torch.OutOfMemoryError:
+                    r = {"status": "oom"}
+                except Exception as e:  # noqa: BLE001 - keep the other results; say what failed
+                    r = {"status": f"error: {type(e).__name__}: {e}", "traceback": traceback.format_exc(limit=6)}
+                finally:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+            r["task_s"] = time.perf_counter() - t0
+            if isinstance(task, Check):
+                result["checks"][task.name] = r
+            else:
+                r = {"case": task.name, "local_batch": task.batch, "overrides": task.overrides, **r}
+                result["cases"].append(r)
+            result["elapsed_s"] = time.perf_counter() - start
+            out.write_text(json.dumps(result, indent=2) + "\n")
+            report(name, r)
+            if r.get("terminated"):
+                return True
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    return False
+
+
+def report(name: str, r: dict) -> None:
+    if r.get("status") == "ok" and "seq_per_s" in r:
+        print(f"{name:28s} b={r['local_batch']:3d} {r['seq_per_s']:8.1f} seq/s  MFU {r['mfu']:6.1%}  "
+              f"{r['step_ms']:8.1f} ms/step  opt {r['optimizer_step_ms']:7.2f} ms  "
+              f"mem {r['peak_mem_gb'] or 0:6.1f} GB  {r['optimizer_impl']}  {r['attention']}  {r['step_kind']}",
+              flush=True)
+    else:
+        keys = ("checker", "checker_failed_checks", "run_stop", "time_to_target_s", "skipped_total", "final_scale",
+                "skips_left_weights_alone")
+        summary = {k: v for k, v in r.items() if k in keys}
+        if isinstance(r.get("steps"), (int, list)):
+            summary["steps"] = r["steps"] if isinstance(r["steps"], int) else [s["loss"] for s in r["steps"]]
+        print(f"{name:28s} {r.get('status')}  {json.dumps(summary)}", flush=True)
+
+
+class TaskTimeout(BaseException):
+    """A task ran past its share of the device window (BaseException: no ``except
+    Exception`` inside torch or the trainer swallows it)."""
+
+
+def _raise_timeout(signum, frame):
+    raise TaskTimeout()
+
+
+class Terminated(BaseException):
+    """SIGTERM (the wrapper's ``timeout``): record the task in flight, end its children
+    (the demo's trainer runs in a session of its own, which the device would not end),
+    write the JSON, stop."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class smoke_compile:
+    """--cpu-smoke only: ``torch.compile`` uses dynamo's ``eager`` backend while the run
+    lasts, also where the caller names inductor (the project's compile calls are traced,
+    nothing is code-generated: inductor's C++ build takes minutes on a 2-core CPU). Restored
+    on exit (the tests call ``main``)."""
+
+    def __enter__(self):
+        self.saved = torch.compile
+
+        def compile_eager(*a, **kw):
+            kw["backend"] = "eager"  # also where the caller names inductor (compiled LAMB does)
+            return self.saved(*a, **kw)
+
+        torch.compile = compile_eager
+        return self
+
+    def __exit__(self, *exc):
+        torch.compile = self.saved
+        return False
 
 
 if __name__ == "__main__":

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The prepared device run of issue 14: bench/gpu_bert_large.py on one GPU, under a time limit,
+# its JSON and logs written to $OUT (BENCHMARKS.md section 3 has the exact `run` call).
+#
+#   bench/h200.sh prepare     # HERE, on the commit to measure, before the device call: the
+#                             # mlperf-logging wheel (not on the device image; pinned in
+#                             # constraints.txt) and that commit, into <repo>/.h200/ (ignored)
+#   bench/h200.sh [ARGS...]   # ON THE DEVICE: installs .h200/*.whl into /tmp/site, runs
+#                             # bench/gpu_bert_large.py [ARGS...] (e.g. --only a,b) for at most
+#                             # H200_LIMIT_S seconds (330), starting nothing after H200_BUDGET_S (300)
+#
+# The device gets a copy of the working tree without .git (tracked and untracked-not-ignored
+# files, and the carried paths), so the commit measured travels as .h200/commit, written by
+# `prepare` from `git rev-parse HEAD` (suffixed -dirty when tracked files differ from it).
+# Writes $OUT/gpu_bert_large_<UTC date>_<commit, 10 hex>[_$H200_TAG].json (the file to commit under
+# bench/results/), $OUT/gpu_bert_large.log (everything printed), and the demo check's
+# demo_result_0.txt, demo_train.log, demo_compliance.txt. Without $OUT: results/h200/.
+# Exit status: the script's (124 when the time limit cut it; the JSON keeps what finished).
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+pkg="$(dirname "${here}")"
+root="$(cd "${pkg}/../../../.." && pwd)"
+h200="${H200_DIR:-${root}/.h200}"
+py="${PYTHON:-python3}"
+site="${H200_SITE:-/tmp/site}"  # where the carried wheels are installed (the device README's recipe)
+
+if [[ "${1:-}" == prepare ]]; then
+  pin="$(grep -E '^mlperf-logging==' "${pkg}/constraints.txt")"
+  rm -rf "${h200}"
+  mkdir -p "${h200}"
+  # The device's python is CPython 3.12 on x86-64 (KINDS.md); the wheel is pure Python, and its
+  # needs (numpy, pandas, pyyaml, scipy) are on the device image.
+  "${py}" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d "${h200}" "${pin}"
+  commit="$(git -C "${root}" rev-parse HEAD)"
+  if [[ -n "$(git -C "${root}" status --porcelain --untracked-files=no)" ]]; then commit="${commit}-dirty"; fi
+  echo "${commit}" > "${h200}/commit"
+  echo "h200.sh prepare: ${h200}: $(cd "${h200}" && echo ./*.whl) and commit ${commit}"
+  exit 0
+fi
+
+out="${OUT:-${pkg}/results/h200}"
+mkdir -p "${out}"
+shopt -s nullglob
+wheels=("${h200}"/*.whl)
+if (( ${#wheels[@]} )); then
+  "${py}" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "${site}" "${wheels[@]}"
+  export PYTHONPATH="${site}${PYTHONPATH:+:${PYTHONPATH}}"
+else
+  echo "h200.sh: no wheels in ${h200} (run 'bench/h200.sh prepare' here and carry .h200): the demo check" \
+       "runs the MLPerf checker only if mlperf_logging is importable" >&2
+fi
+if [[ -f "${h200}/commit" ]]; then
+  commit="$(< "${h200}/commit")"
+else
+  commit="$(git -C "${root}" rev-parse HEAD 2>/dev/null || echo unknown)"
+fi
+short="${commit:0:10}"
+if [[ "${commit}" == *-dirty ]]; then short="${short}-dirty"; fi
+json="${out}/gpu_bert_large_$(date -u +%Y-%m-%d)_${short}${H200_TAG:+_${H200_TAG}}.json"
+log="${out}/gpu_bert_large.log"
+: > "${log}"
+if command -v nvidia-smi > /dev/null; then  # a reading only: clocks, power and modes stay as found
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,temperature.gpu \
+    --format=csv 2>&1 | tee -a "${log}" || true
+fi
+cd "${pkg}"
+rc=0
+limit="${H200_LIMIT_S:-330}"
+# The script stops its own task 10 s before --limit-s, so the hard kill rarely has to.
+PYTHONUNBUFFERED=1 timeout -k 10 "${limit}" "${py}" bench/gpu_bert_large.py --out "${json}" --artifacts "${out}" \
+  --commit "${commit}" --budget-s "${H200_BUDGET_S:-300}" --limit-s "$((limit - 5))" "$@" 2>&1 | tee -a "${log}" || rc=$?
+if [[ -f "${json}" ]]; then
+  "${py}" bench/gpu_bert_large.py --table "${json}" | tee -a "${log}" || true
+fi
+echo "h200.sh: exit ${rc}; wrote ${json}"
+exit "${rc}"
