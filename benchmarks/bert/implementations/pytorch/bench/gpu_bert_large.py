@@ -102,7 +102,8 @@ FAST = {"model.attention_backend": "triton", "data.token_budgets": "auto", "opti
 
 # The stack the 2026-11-29 run measured (207 seq/s at local batch 16): SDPA on the padded
 # grid, the config's LAMB (foreach without apex), eager. The "default_*" cases take whatever
-# the tree's defaults are (attention auto: Triton on CUDA once part A is in).
+# the tree's defaults are (attention auto: SDPA on CUDA without flash-attn; triton and
+# nested are asked for by name until this run's attention check has passed).
 BASELINE = {"model.attention_backend": "sdpa"}
 
 
@@ -151,7 +152,7 @@ def plan(small: int, big: int, old: int, fast_sweep: list[int], default_sweep: l
     with one feature off or swapped, and single features on the default stack, at ``big``),
     the fast and default sweeps, and the remaining cases of the 2026-11-29 run at ``old``
     (32), comparable with its table."""
-    head: list[Case | Check] = [Check("fp16"), Check("demo"), _case("fast", small, f=FAST), _case("fast", big, f=FAST),
+    head: list[Case | Check] = [Check("attention"), Check("fp16"), Check("demo"), _case("fast", small, f=FAST), _case("fast", big, f=FAST),
                                 _case("baseline", small, a=BASELINE)]
     adamw = [_case("adamw_fused", old, o={"optim.name": "adamw", "optim.impl": "fused"}),
              _case("adamw_foreach", old, o={"optim.name": "adamw", "optim.impl": "foreach"})]
@@ -261,7 +262,7 @@ def prepare_case(parts: Any, impl: str, cfg: Config, own: dict[str, str],
         return parts, impl, train.train_step, info
     notes: list[str] = []
     t0 = time.perf_counter()
-    step = prepare(parts, cfg, notes.append)
+    step = prepare(parts, cfg, 1, notes.append)
     common.sync(device)
     info["prepare_s"] = time.perf_counter() - t0
     if notes:
@@ -384,6 +385,75 @@ def run_case(case: Case, args, device: torch.device, peak: float, samples_cache:
 
 
 # ---------------------------------------------------------------- the extra checks
+
+
+def _attention_reference(q, k, v, cu: list[int], keep: torch.Tensor | None, p: float) -> torch.Tensor:
+    """Per-sequence softmax(Q K^T / sqrt(d)) V in float32, rows past the last sequence 0;
+    ``keep`` [B, H, S, S] applies a dropout mask (kept values scaled by 1/(1-p))."""
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    for b, (a, e) in enumerate(zip(cu[:-1], cu[1:])):
+        qs, ks, vs = (t[a:e].float().transpose(0, 1) for t in (q, k, v))  # [H, L, D]
+        probs = torch.softmax(qs @ ks.transpose(-1, -2) / math.sqrt(q.shape[-1]), dim=-1)
+        if keep is not None:
+            probs = probs * keep[b, :, : e - a, : e - a] / (1.0 - p)
+        out[a:e] = (probs @ vs).transpose(0, 1)
+    return out
+
+
+def check_attention(device: torch.device, smoke: bool) -> dict:
+    """The varlen kernels with dropout (``triton``, ``nested``) against a float32 per-sequence
+    reference, before any case is timed on them: ragged lengths (1 and 512 included), pad
+    rows past the last sequence, bf16 on a GPU (float32 in the CPU smoke, where triton is
+    refused). Dropout 0: output and q/k/v gradients; triton with dropout 0.1 too, against the
+    reference applying the kernel's own mask (``triton_attention.dropout_mask``). Records the
+    max abs errors and a pass flag (bf16: 0.03 of the reference's scale)."""
+    from bert.attention import build_attention
+
+    lengths, heads, dim, pad, max_len = ([9, 1, 5], 2, 16, 3, 16) if smoke else ([512, 1, 37, 300, 129], 16, 64, 64, 512)
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    gen = torch.Generator().manual_seed(0)
+    total = sum(lengths) + pad
+    bounds = [0]
+    for n in lengths:
+        bounds.append(bounds[-1] + n)
+    cu = torch.tensor(bounds, dtype=torch.int32, device=device)
+    base = [torch.randn(total, heads, dim, generator=gen).to(device, dtype) for _ in range(4)]
+    out: dict[str, Any] = {"lengths": lengths, "pad_rows": pad, "heads": heads, "head_dim": dim, "dtype": str(dtype)}
+    for name in ("triton", "nested"):
+        try:
+            backend = build_attention(name, device.type, 0.1)
+        except ValueError as e:
+            out[name] = {"status": f"skipped: {e}"}
+            continue
+        runs = [("dropout_0", 0.0, None)]
+        if name == "triton":
+            from bert import triton_attention
+            seed = torch.tensor([1234], dtype=torch.int64, device=device)
+            keep = triton_attention.dropout_mask(seed, len(lengths), heads, max_len, 0.1)
+            runs.append(("dropout_0.1_same_mask", 0.1, (seed, keep)))
+        rec: dict[str, Any] = {}
+        for label, p, fixed in runs:
+            q, k, v = (t.clone().requires_grad_(True) for t in base[:3])
+            rq, rk, rv = (t.detach().float().requires_grad_(True) for t in base[:3])
+            if fixed is None:
+                got = backend.varlen(q, k, v, cu, max_len, p)
+            else:
+                got = triton_attention.varlen(q, k, v, cu, max_len, p, seed=fixed[0])
+            want = _attention_reference(rq, rk, rv, bounds, None if fixed is None else fixed[1], p)
+            got.backward(base[3])
+            want.backward(base[3].float())
+            scale = max(float(want.detach().abs().max()), 1.0)
+            errs = {"out": float((got.float() - want).abs().max())}
+            for n_, a, b in (("dq", q, rq), ("dk", k, rk), ("dv", v, rv)):
+                errs[n_] = float((a.grad.float() - b.grad).abs().max())
+            pad_zero = bool((got[bounds[-1]:] == 0).all())
+            rec[label] = {"max_abs_err": errs, "ref_scale": scale, "pad_rows_zero": pad_zero,
+                          "pass": pad_zero and all(e <= tol * scale * (10 if n_ != "out" else 1)
+                                                   for n_, e in errs.items())}
+        out[name] = {"status": "ok", **rec, "pass": all(r["pass"] for r in rec.values())}
+    out["status"] = "ok"
+    return out
 
 
 def check_fp16(args, device: torch.device, samples_cache: dict) -> dict:
@@ -591,6 +661,11 @@ def table(result: dict) -> str:
         else:
             lines.append(f"| {c['case']} | {c['local_batch']} | | | | | | | | | {c['status'][:80]} |")
     checks = result.get("checks", {})
+    if "attention" in checks:
+        a = checks["attention"]
+        lines.append("\nattention check: " + "; ".join(
+            f"{n} {a[n].get('status')}" + (f", pass {a[n]['pass']}" if "pass" in a[n] else "")
+            for n in ("triton", "nested") if n in a))
     if "fp16" in checks:
         f = checks["fp16"]
         lines.append(f"\nfp16: {f.get('status')}; " + (
@@ -713,7 +788,9 @@ def run_tasks(tasks: list, only: set[str], args, device: torch.device, peak: flo
                 signal.signal(signal.SIGALRM, _raise_timeout)
                 signal.setitimer(signal.ITIMER_REAL, cap)
                 try:
-                    if isinstance(task, Check) and task.name == "fp16":
+                    if isinstance(task, Check) and task.name == "attention":
+                        r = check_attention(device, args.cpu_smoke)
+                    elif isinstance(task, Check) and task.name == "fp16":
                         r = check_fp16(args, device, samples_cache)
                     elif isinstance(task, Check):
                         r = check_demo(Path(tmp), artifacts, args.cpu_smoke, Path(args.demo_data) if args.demo_data

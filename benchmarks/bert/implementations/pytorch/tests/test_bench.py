@@ -86,7 +86,7 @@ def test_gpu_script_cpu_smoke_runs_every_case(tmp_path, capsys):
                      "fast_no_budget_no_graphs_b4", "default_budget_b4", "default_compiled_lamb_b4", "fast_b3",
                      "default_b3", "default_b4", "padded_b3",
                      "lamb_foreach_b3", "compiled_b3", "bogus_b2"]
-    assert r["plan"][:2] == ["check_fp16", "check_demo"] and r["plan"][-1] == "bogus_b2"
+    assert r["plan"][:3] == ["check_attention", "check_fp16", "check_demo"] and r["plan"][-1] == "bogus_b2"
     assert r["commit"] == "abc123" and r["cpu_smoke"] is True and r["gemm_peak_tflops"] > 0
     assert r["device_name"].startswith("cpu") and r["versions"]["torch"] == torch.__version__
     by = {c["case"]: c for c in r["cases"]}
@@ -111,6 +111,12 @@ def test_gpu_script_cpu_smoke_runs_every_case(tmp_path, capsys):
     assert "compile(eager)" in by["compiled_b3"]["optimizer_impl"]
     assert by["padded_b3"]["overrides"]["model.unpad"] == "false" and by["padded_b3"]["token_padding_frac"] > 0
     assert by["default_b3"]["token_padding_frac"] == 0  # unpadded: every token fed is real
+    # The attention check: triton is refused on a CPU (skipped, named); nested runs the
+    # reference comparison in float32 and passes, pad rows zero.
+    att = r["checks"]["attention"]
+    assert att["status"] == "ok" and att["triton"]["status"].startswith("skipped: attention backend 'triton'")
+    assert att["nested"]["pass"] is True and att["nested"]["dropout_0"]["pad_rows_zero"] is True
+    assert att["nested"]["dropout_0"]["max_abs_err"]["dq"] < 1e-4
     # The checks: fp16 steps through the trainer's step; the demo through run_and_time.sh and
     # the checker (3 steps: the log is compliant but for the accuracy it did not reach).
     fp16 = r["checks"]["fp16"]
