@@ -282,27 +282,34 @@ class Lamb(torch.optim.Optimizer):
                         state[key] = old[key]
 
 
+def _direction(grads: list, exp_avgs: list, exp_avg_sqs: list, beta1: float, beta2: float, eps: float,
+               corrections: tuple[list, list] | None) -> list[torch.Tensor]:
+    """Both variants' Adam part: the moments updated in place, then the new list
+    m_hat / (sqrt(v_hat) + eps). ``corrections`` = (1 - b1^t, 1 - b2^t) per tensor, as host
+    floats (plain) or 0-d device tensors (capturable), or None without bias correction.
+    Two transient param-sized buffers (allocates): the denominator and the result."""
+    torch._foreach_mul_(exp_avgs, beta1)
+    torch._foreach_add_(exp_avgs, grads, alpha=1.0 - beta1)
+    torch._foreach_mul_(exp_avg_sqs, beta2)
+    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
+    if corrections is not None:
+        denom = torch._foreach_div(exp_avg_sqs, corrections[1])
+        torch._foreach_sqrt_(denom)
+        updates = torch._foreach_div(exp_avgs, corrections[0])
+    else:
+        denom = torch._foreach_sqrt(exp_avg_sqs)
+        updates = torch._foreach_mul(exp_avgs, 1.0)
+    torch._foreach_add_(denom, eps)
+    torch._foreach_div_(updates, denom)
+    return updates
+
+
 def _update_plain(work: list[tuple[float, tuple, list]]) -> None:
     """The plain variant: host scalars (lr, Python-int steps) in scalar-list foreach ops."""
     for lr, (beta1, beta2, eps, wd, bias_correction), buckets in work:
         for params, grads, exp_avgs, exp_avg_sqs, steps in buckets:
-            torch._foreach_mul_(exp_avgs, beta1)
-            torch._foreach_add_(exp_avgs, grads, alpha=1.0 - beta1)
-            torch._foreach_mul_(exp_avg_sqs, beta2)
-            torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
-
-            # Two transient param-sized buffers (allocates): the denominator and the update.
-            if bias_correction:
-                denom = torch._foreach_div(exp_avg_sqs, [1.0 - beta2**t for t in steps])
-                torch._foreach_sqrt_(denom)
-                updates = torch._foreach_div(exp_avgs, [1.0 - beta1**t for t in steps])
-            else:
-                denom = torch._foreach_sqrt(exp_avg_sqs)
-                updates = torch._foreach_mul(exp_avgs, 1.0)
-            torch._foreach_add_(denom, eps)
-            torch._foreach_div_(updates, denom)
-            del denom
-
+            corrections = ([1.0 - beta1**t for t in steps], [1.0 - beta2**t for t in steps]) if bias_correction else None
+            updates = _direction(grads, exp_avgs, exp_avg_sqs, beta1, beta2, eps, corrections)
             if wd != 0.0:
                 torch._foreach_add_(updates, params, alpha=wd)
                 torch._foreach_mul_(updates, _trust_ratios(params, updates).unbind())
@@ -327,28 +334,14 @@ def _update_capturable(work: list[tuple[torch.Tensor, tuple, list]]) -> None:
     for lr, (beta1, beta2, eps, wd, bias_correction), buckets in work:
         for params, grads, exp_avgs, exp_avg_sqs, steps in buckets:
             torch._foreach_add_(steps, 1.0)
-            torch._foreach_mul_(exp_avgs, beta1)
-            torch._foreach_add_(exp_avgs, grads, alpha=1.0 - beta1)
-            torch._foreach_mul_(exp_avg_sqs, beta2)
-            torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
-
+            corrections = None
             if bias_correction:
                 # 1 - b^t per tensor on device, in float64 (a float32 b2^t = 0.999 is off by
                 # 6e-8, which moves 1 - b2^t = 1e-3 by 6e-5 relative). Each division by its
                 # own 0-dim tensor is a per-tensor kernel in eager; compiled, it fuses.
                 t = torch.stack(steps).to(torch.float64)
-                bc1 = (1.0 - torch.pow(beta1, t)).unbind()
-                bc2 = (1.0 - torch.pow(beta2, t)).unbind()
-                denom = torch._foreach_div(exp_avg_sqs, bc2)
-                torch._foreach_sqrt_(denom)
-                updates = torch._foreach_div(exp_avgs, bc1)
-            else:
-                denom = torch._foreach_sqrt(exp_avg_sqs)
-                updates = torch._foreach_mul(exp_avgs, 1.0)
-            torch._foreach_add_(denom, eps)
-            torch._foreach_div_(updates, denom)
-            del denom
-
+                corrections = ((1.0 - torch.pow(beta1, t)).unbind(), (1.0 - torch.pow(beta2, t)).unbind())
+            updates = _direction(grads, exp_avgs, exp_avg_sqs, beta1, beta2, eps, corrections)
             if wd != 0.0:
                 torch._foreach_add_(updates, params, alpha=wd)
                 scale = _trust_ratios(params, updates) * lr
