@@ -64,9 +64,10 @@ def end_worker() -> None:
     distributed.exit_process(0)
 
 
-def run_and_time_signalled(env: dict[str, str], at_step: int = 5, sig: int = signal.SIGUSR1) -> tuple[int, str]:
+def run_and_time_signalled(env: dict[str, str], at_step: int = 5, sig: int = signal.SIGUSR1,
+                           act=None) -> tuple[int, str]:
     """./run_and_time.sh with ``env``; ``sig`` to the script when its progress line for step
-    ``at_step`` appears. Returns (exit status, output)."""
+    ``at_step`` appears (or ``act(proc)``, when given, instead). Returns (exit status, output)."""
     proc = subprocess.Popen(["./run_and_time.sh"], cwd=PKG, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     lines = []
@@ -74,7 +75,7 @@ def run_and_time_signalled(env: dict[str, str], at_step: int = 5, sig: int = sig
         for line in proc.stdout:
             lines.append(line)
             if re.match(rf"step +{at_step} \|", line):
-                proc.send_signal(sig)
+                act(proc) if act else proc.send_signal(sig)
         rc = proc.wait(timeout=120)
     finally:
         if proc.poll() is None:

@@ -213,22 +213,14 @@ def test_run_and_time_exits_4_when_a_rank_dies_under_torchrun(trained, demo_data
     assert trained.returncode == 0, trained.stdout[-3000:]
     env = demo_run_env(trained, demo_data, tmp_path, EVAL_ITER_SAMPLES="64000", MAX_SAMPLES_TERMINATION="128000")
     env["EXTRA_PARAMS"] += " log.progress_interval_steps=5"
-    proc = subprocess.Popen(["./run_and_time.sh"], cwd=PKG, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    lines = []
-    try:
-        for line in proc.stdout:
-            lines.append(line)
-            if re.match(r"step +5 \|", line):
-                workers = [w for torchrun in _children(proc.pid) for w in _children(torchrun)]
-                for worker in workers:
-                    if b"RANK=1" in Path(f"/proc/{worker}/environ").read_bytes().split(b"\0"):
-                        os.kill(worker, signal.SIGKILL)
-        rc = proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    out = "".join(lines)
+
+    def kill_rank_1(proc):
+        workers = [w for torchrun in _children(proc.pid) for w in _children(torchrun)]
+        for worker in workers:
+            if b"RANK=1" in Path(f"/proc/{worker}/environ").read_bytes().split(b"\0"):
+                os.kill(worker, signal.SIGKILL)
+
+    rc, out = run_and_time_signalled(env, at_step=5, act=kill_rank_1)
     assert rc == 4 and "error: rank 0 of 2: a collective failed" in out, out[-3000:]
     assert "RESULT," not in out
 
