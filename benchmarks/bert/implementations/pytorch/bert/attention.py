@@ -224,6 +224,9 @@ class NestedAttention(SdpaAttention):
         extra = -(-total // max_seqlen)
         tail = torch.arange(1, extra + 1, device=q.device) * max_seqlen + cu_seqlens[-1].long()
         offsets = torch.cat([cu_seqlens.long(), tail.clamp(max=total)])
+        # SDPA refuses jagged tensors over strided values (model.fused_qkv's q, k, v are views
+        # of one [T, 3, H, D] output): a copy of each then, a no-op for contiguous inputs.
+        q, k, v = (t.contiguous() for t in (q, k, v))
         # min_seqlen given (1: some pad segments are empty, real ones are not), so no kernel
         # check reads it back from the device.
         nested = [torch.nested.nested_tensor_from_jagged(t, offsets, min_seqlen=1, max_seqlen=max_seqlen)

@@ -63,6 +63,22 @@ class ModelConfig:
     # bert.train.build so the module stays plain eager code. Costs compile time at the
     # first steps (and a recompile when a new batch shape appears); off = eager.
     compile_layers: bool = False
+    # Q, K and V projected by one [3 * hidden, hidden] GEMM instead of three [hidden, hidden]
+    # ones (the input read once, one kernel). The parameters stay HF's query/key/value
+    # (names, checkpoints and LAMB's per-tensor trust ratios unchanged), so the result is
+    # the unfused one up to float rounding; costs a concatenation of the three weights per
+    # forward (3 * hidden^2 floats a layer; under compile_layers inductor fuses it into
+    # autocast's cast). On because it is exact and no slower on the CPU (bench/model_levers.py,
+    # BENCHMARKS.md); the GPU run's fast_no_fused_qkv case measures it there.
+    fused_qkv: bool = True
+    # Word-embedding / MLM-decoder rows inside the model padded up to a multiple of this
+    # (30,522 -> 30,528 at 64, as NVIDIA pads): whole GEMM tiles and 16-byte aligned rows for
+    # the decoder's three GEMMs. The pad rows are zero, never looked up and never trained;
+    # the logits are sliced back to vocab_size before the loss and the argmax, and state
+    # dicts hold vocab_size rows (checkpoints, HF exports, TF imports): exact (the same loss
+    # to the bit in bench/model_levers.py), and no slower on the CPU within its noise; the GPU
+    # run's fast_vocab_unpadded case measures it there. 1 = no padding.
+    vocab_pad_multiple: int = 64
 
 
 @dataclass
@@ -358,6 +374,12 @@ def max_samples(cfg: Config, world_size: int) -> int:
     return min(cap, cfg.run.max_steps * gbs) if cfg.run.max_steps > 0 else cap
 
 
+def padded_vocab_size(m: ModelConfig) -> int:
+    """Rows of the model's word embedding and MLM decoder: vocab_size rounded up to a
+    multiple of model.vocab_pad_multiple."""
+    return -(-m.vocab_size // m.vocab_pad_multiple) * m.vocab_pad_multiple
+
+
 def lr_decay_end(o: OptimConfig) -> int:
     """The step at which the learning-rate decay reaches ``end_lr``."""
     return o.lr_max_steps if o.lr_max_steps > 0 else o.total_steps
@@ -528,6 +550,7 @@ def validate(cfg: Config) -> None:
     for name in ("hidden_dropout", "attention_dropout"):
         need(0.0 <= getattr(m, name) < 1.0, f"model.{name}", "must be in [0, 1)")
     need(not (m.pack and m.unpad), "model.pack", "packed rows need model.unpad=false")
+    need(m.vocab_pad_multiple > 0, "model.vocab_pad_multiple", "must be positive (1 = no padding)")
     d = cfg.data
     need(0 < d.max_seq_length <= m.max_position_embeddings, "data.max_seq_length",
          f"must be in [1, model.max_position_embeddings={m.max_position_embeddings}]")
