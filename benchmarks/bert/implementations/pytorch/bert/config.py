@@ -181,6 +181,13 @@ class PrecisionConfig:
     loss_scale_growth: float = 2.0
     loss_scale_backoff: float = 0.5
     loss_scale_growth_interval: int = 2000
+    # FP8 GEMMs in the encoder's linear layers (bert/fp8.py: torchao's float8 training, the
+    # master weights, gradients and optimizer staying float32): "tensorwise" = one dynamic
+    # scale per tensor (cuBLAS' FP8 GEMM, the fastest), "rowwise" = one per row (more
+    # accurate, a slower kernel). Needs torchao and, on CUDA, compute capability >= 8.9 and
+    # GEMM shapes on multiples of 16 (unpadded: data.token_budgets); on a CPU torchao's
+    # emulation runs (tests). Not with fp16. off = every GEMM in precision.dtype.
+    fp8: Literal["off", "tensorwise", "rowwise"] = "off"
 
 
 @dataclass

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import budget, distributed, grad_sync, pretrain, resume, sampler, step_graph
+from . import budget, distributed, fp8, grad_sync, pretrain, resume, sampler, step_graph
 from .config import (Config, ConfigError, build_config, dump, eval_interval_samples, global_batch_size,
                      is_benchmark_model, max_samples, parse_overrides, timed_run_problems)
 from .checkpoint import load_weights, tf_tensor_names
@@ -202,10 +202,14 @@ def build_model(cfg: Config, denv: distributed.DistEnv, device: torch.device) ->
     """Everything but the data: model (and the phase-1 checkpoint), precision, DDP, gradient
     sync, optimizer, schedule. Touches no training or eval file, so it runs before
     run_start; ``open_data`` fills in the batches after it (MLPerf's clock rule)."""
+    fp8.check(cfg, device.type)  # what FP8 GEMMs cannot do, refused by name
     model = BertForPreTraining(cfg.model, device.type).to(device)
     if cfg.run.init_checkpoint:
         # TF phase-1 checkpoint, HF weights or ours; names and shapes checked against cfg.model.
         model.load_state_dict(load_weights(cfg.run.init_checkpoint, cfg.model))
+    if cfg.precision.fp8 != "off":
+        # Module swap in place, same parameters: before compile and DDP see the layers.
+        fp8.convert(model, cfg.precision.fp8, device.type)
     # Before DDP: a comm hook that sees scaled gradients reads precision.loss_scale(scaler).
     precision = build_precision(cfg.precision, device.type)
     scaler = build_scaler(cfg.precision, precision, device.type)
