@@ -144,13 +144,27 @@ def without(base: dict[str, str], *keys: str, **changes: str) -> dict[str, str]:
     return out
 
 
+def levers(big: int) -> list[Case]:
+    """Issue 26 part 2's levers on the fast stack at ``big``: FP8 GEMMs in the encoder
+    (bert/fp8.py; torchao, carried by h200.sh prepare) with each scaling, and what decides
+    the defaults of ``model.fused_qkv`` (on: the case turns it off) and
+    ``model.vocab_pad_multiple`` (64: the case runs the unpadded 30,522 rows). The FP8 cases
+    come last among them: torchao's conversion patches inductor's Triton min/max codegen for
+    the rest of the process (numerically the same; bert/fp8.py)."""
+    return [_case("fast_no_fused_qkv", big, f=without(FAST, model__fused_qkv="false")),
+            _case("fast_vocab_unpadded", big, f=without(FAST, model__vocab_pad_multiple="1")),
+            _case("fast_fp8_tensorwise", big, f=without(FAST, precision__fp8="tensorwise")),
+            _case("fast_fp8_rowwise", big, f=without(FAST, precision__fp8="rowwise"))]
+
+
 def plan(small: int, big: int, old: int, fast_sweep: list[int], default_sweep: list[int]) -> list[Case | Check]:
     """Everything the run does, in this order (a run cut short keeps the head): the three
     checks first (about a minute together, and sure to run: the fast stack's first compile
     -- inductor on 24 layers -- could otherwise crowd them out of the window); then the
     cases, most informative first: the fast stack (``FAST``) at local batch ``small`` (16,
     the paper's regime) and ``big`` (96, the best <= 96 the issue asks for), the 2026-11-29
-    stack at ``small`` as this run's baseline (``BASELINE``), the AdamW pair (fused vs
+    stack at ``small`` as this run's baseline (``BASELINE``), issue 26's levers (``levers``:
+    fused QKV, vocabulary padding, FP8 GEMMs, at ``big``), the AdamW pair (fused vs
     foreach, at ``old``), the ablations (compiled LAMB first, then the fast stack with one
     feature off or swapped, and single features on the default stack, at ``big``),
     the fast and default sweeps, and the remaining cases of the 2026-11-29 run at ``old``
@@ -180,7 +194,7 @@ def plan(small: int, big: int, old: int, fast_sweep: list[int], default_sweep: l
                  _case("compiled", old, b={"bench.compile": "inductor"})]
     out: list[Case | Check] = []
     seen: set[str] = set()
-    for task in head + adamw + ablations + sweeps + old_cases:
+    for task in head + levers(big) + adamw + ablations + sweeps + old_cases:
         if task.name not in seen:  # the smoke's small batches repeat names: run each once
             seen.add(task.name)
             out.append(task)
@@ -379,12 +393,21 @@ def run_case(case: Case, args, device: torch.device, peak: float, samples_cache:
             "optimizer_step_ms": opt_ms, "optimizer_impl": impl, "optimizer": type(parts.optimizer).__name__,
             "param_groups": _flags(parts.optimizer),
             "attention": getattr(getattr(model, "attn_backend", None), "name", None),
-            "precision": parts.precision.train, "step_kind": step_kind(step),
+            "precision": parts.precision.train, **fp8_label(cfg), "step_kind": step_kind(step),
             "graph_eager_shapes": len(getattr(step, "eager_shapes", ())),
             "token_budget_rungs": list(getattr(layout, "rungs", ())) or None, "batch_shapes": sorted(set(fed)),
             "tokens_real_per_batch": sum(real) / n,
             "tokens_fed_per_batch": sum(fed) / n, "token_padding_frac": sum(fed) / sum(real) - 1,
             "ready_s": ready_s, **info, "final_loss": float(loss)}
+
+
+def fp8_label(cfg: Config) -> dict[str, str]:
+    """What a case's GEMMs ran in, and what its MFU is against: FP8 cases are labelled (the
+    peak measured is bf16's; FP8 tensor cores peak at about twice that)."""
+    recipe = getattr(cfg.precision, "fp8", "off")  # a tree before bert/fp8.py has no key
+    if recipe == "off":
+        return {"fp8": "off"}
+    return {"fp8": recipe, "mfu_note": f"FP8 {recipe} GEMMs in the encoder; MFU against the bf16 GEMM peak"}
 
 
 # ---------------------------------------------------------------- the extra checks
@@ -658,7 +681,8 @@ def table(result: dict) -> str:
     for c in result["cases"]:
         if c["status"] == "ok":
             mem = f"{c['peak_mem_gb']:.1f}" if c.get("peak_mem_gb") is not None else "-"
-            lines.append(f"| {c['case']} | {c['local_batch']} | {c['seq_per_s']:.1f} | {c['mfu']:.1%} | {mem} | "
+            mfu = f"{c['mfu']:.1%}" + (" (FP8 vs bf16 peak)" if c.get("fp8", "off") != "off" else "")
+            lines.append(f"| {c['case']} | {c['local_batch']} | {c['seq_per_s']:.1f} | {mfu} | {mem} | "
                          f"{c['step_ms']:.1f} | {c['optimizer_step_ms']:.2f} | {c['optimizer_impl']} | "
                          f"{c['attention']} | {c['step_kind']} | ok |")
         else:

@@ -15,7 +15,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from bench import common, flops, gpu_bert_large, vs_hf
-from bert.config import ModelConfig
+from bert.config import ModelConfig, build_config
 from bert.model import BertForPreTraining
 from conftest import PKG
 
@@ -81,7 +81,8 @@ def test_gpu_script_cpu_smoke_runs_every_case(tmp_path, capsys):
                                 "--case", "bogus_b2:run.local_batch_size=2,model.no_such_key=1"]) == 0
     r = json.loads(out.read_text())
     names = [c["case"] for c in r["cases"]]
-    assert names == ["fast_b2", "fast_b4", "baseline_b2", "adamw_fused_b3", "adamw_foreach_b3",
+    assert names == ["fast_b2", "fast_b4", "baseline_b2", "fast_no_fused_qkv_b4", "fast_vocab_unpadded_b4",
+                     "fast_fp8_tensorwise_b4", "fast_fp8_rowwise_b4", "adamw_fused_b3", "adamw_foreach_b3",
                      "fast_compiled_lamb_b4", "fast_no_graphs_b4",
                      "fast_no_compile_layers_b4", "fast_nested_b4", "fast_sdpa_b4",
                      "fast_no_budget_no_graphs_b4", "default_budget_b4", "default_compiled_lamb_b4", "fast_b3",
@@ -163,6 +164,26 @@ def test_gpu_script_skips_what_the_trainer_refuses_and_what_the_budget_leaves(tm
     r = json.loads(out.read_text())
     assert r["checks"]["demo"]["status"] == "error: stopped at its time limit (1 s)", r["checks"]["demo"]
     assert [c["case"] for c in r["cases"]] == ["baseline_b2"]
+
+
+def test_gpu_script_labels_fp8_cases(tmp_path, capsys):
+    """An FP8 case (torchao's emulation on the CPU) says so in its JSON and its table row:
+    its MFU is against the bf16 GEMM peak; a bf16 case says fp8 off."""
+    pytest.importorskip("torchao.float8")
+    out = tmp_path / "gpu.json"
+    assert gpu_bert_large.main(["--cpu-smoke", "--out", str(out), "--only", "fp8_b2",
+                                "--case", "fp8_b2:run.local_batch_size=2,precision.fp8=tensorwise"]) == 0
+    result = json.loads(out.read_text())
+    (c,) = result["cases"]
+    assert c["status"] == "ok" and c["fp8"] == "tensorwise" and "MFU against the bf16 GEMM peak" in c["mfu_note"], c
+    assert gpu_bert_large.fp8_label(build_config({})) == {"fp8": "off"}
+    capsys.readouterr()
+    assert gpu_bert_large.main(["--table", str(out)]) == 0
+    assert "| fp8_b2 | 2 |" in capsys.readouterr().out
+    plain = dict(c, case="plain_b2", fp8="off")
+    result["cases"].append(plain)
+    rows = {line.split(" | ")[0]: line for line in gpu_bert_large.table(result).splitlines() if line.startswith("| ")}
+    assert "(FP8 vs bf16 peak)" in rows["| fp8_b2"] and "FP8" not in rows["| plain_b2"]
 
 
 def test_gpu_script_demo_check_passes_the_checker(trained, demo_data, tmp_path):
