@@ -36,6 +36,15 @@ of the real tokens. README.md ("Static token budgets") gives the rule and its nu
 
 The warm-up before ``run_start`` (bert/step_graph.py) fills each rung exactly with
 synthetic samples, so every shape the loader can produce is compiled and captured there.
+
+Evaluation gets static shapes too (``eval_layout_for``), so it compiles (and, with CUDA
+graphs, is captured) once per rung before run_start and never inside the timed run: its
+ladder is the ``auto`` one for ``eval.batch_size`` samples under random sampling (the eval
+set is a random draw of the same Wikipedia lengths), and a rank's last, short batch is
+filled up to ``eval.batch_size`` samples with one-token samples that hold no prediction
+(``BudgetCollate(..., samples=N)``), so ``cu_seqlens`` keeps one shape. Accuracy is
+exact: the filler and the pad slots are never labelled, and the model's outputs for real
+rows do not depend on them.
 """
 
 from __future__ import annotations
@@ -296,11 +305,31 @@ def pad_batch(batch: dict[str, Any], layout: Layout) -> dict[str, Any]:
     return out
 
 
-class BudgetCollate:
-    """The loaders' collate in budget mode: unpadded collate, then ``pad_batch``."""
+def eval_layout_for(cfg: Any, world_size: int) -> Layout | None:
+    """The evaluation's budget layout when ``data.token_budgets`` is set (None otherwise, and
+    for ``run.mode=pretrain``, whose evaluation also scores next-sentence prediction, which
+    a filler sample would join): the ``auto`` ladder for ``eval.batch_size`` samples drawn at
+    random, ``eval.batch_size * max_predictions_per_seq`` masked slots. Touches no data."""
+    if not cfg.data.token_budgets.strip() or cfg.run.mode == "pretrain":
+        return None
+    n, s = cfg.eval.batch_size, cfg.data.max_seq_length
+    rungs = auto_ladder(random_token_pmf(length_pmf(s), n), n * s)
+    return Layout(rungs, n * cfg.data.max_predictions_per_seq, s)
 
-    def __init__(self, layout: Layout):
-        self.layout = layout
+
+FILLER = Sample(np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64),
+                np.zeros(0, dtype=np.int64), 0)  # one pad token, no prediction
+
+
+class BudgetCollate:
+    """The loaders' collate in budget mode: unpadded collate, then ``pad_batch``. With
+    ``samples``, a batch of fewer samples is first filled up to that many with ``FILLER``
+    (evaluation's last batch: one ``cu_seqlens`` shape for every batch)."""
+
+    def __init__(self, layout: Layout, samples: int | None = None):
+        self.layout, self.samples = layout, samples
 
     def __call__(self, samples: Sequence[Sample]) -> dict[str, Any]:
+        if self.samples is not None and len(samples) < self.samples:
+            samples = [*samples, *[FILLER] * (self.samples - len(samples))]
         return pad_batch(collate(samples, True, self.layout.max_seq_length), self.layout)
