@@ -53,7 +53,8 @@ import h5py
 import numpy as np
 
 from .config import ConfigError  # a ValueError: callers catching ValueError still do
-from .data import DataError, Sample, Shard, _row_offsets, collate, list_shards, read_shard
+from .budget import BudgetCollate, Layout
+from .data import DataError, Sample, Shard, TrainLoader, _row_offsets, collate, list_shards, read_shard
 
 MANIFEST_FORMAT = "mlperf-bert-strata/1"
 DEALS = ("none", "snake", "greedy", "cost")
@@ -603,32 +604,29 @@ def collate_packed(samples: Sequence[Sample], max_seq_length: int, max_per_row: 
 
 
 def batch_collate(unpad: bool, pack: bool, max_seq_length: int,
-                  budget: Any = None) -> Callable[[Sequence[Sample]], dict]:
+                  budget: Layout | None = None) -> Callable[[Sequence[Sample]], dict]:
     """The collate of the model's layout, chosen once: packed rows, unpadded (padded to a
     static token budget when ``budget``, a ``bert.budget.Layout``, is given), or padded."""
     if budget is not None:
-        from .budget import BudgetCollate
-
         return BudgetCollate(budget)
     if pack:
         return lambda b: collate_packed(b, max_seq_length)
     return lambda b: collate(b, unpad, max_seq_length)
 
 
-def train_batches(cfg: Any, rank: int, world_size: int) -> Any:
-    """The training batch iterator for ``cfg`` (a ``Config``), chosen once.
+def train_batches(cfg: Any, rank: int, world_size: int, budget: Layout | None = None) -> Any:
+    """The training batch iterator for ``cfg`` (a ``Config``), chosen once; ``budget`` is the
+    static token budget layout (``bert.ladder.layout_for``; None when data.token_budgets is
+    off).
 
     Closed-division sampling (random, no deal) on a plain directory keeps
     ``bert.data.TrainLoader`` (each rank reads its own shards). Everything else -- a strata
     manifest, a deal, packed rows -- goes through the id-based ``IndexLoader``; its
     ``random`` is a uniform permutation of all samples per epoch.
     """
-    from .budget import layout_for
-    from .data import TrainLoader
-
     d, sm, m = cfg.data, cfg.sampler, cfg.model
     # Static token budgets (data.token_budgets): training batches only; eval stays exact.
-    fn = batch_collate(m.unpad, m.pack, d.max_seq_length, layout_for(cfg, world_size))
+    fn = batch_collate(m.unpad, m.pack, d.max_seq_length, budget)
     stratified_dir = (Path(d.train_dir) / "manifest.json").exists() if d.train_dir else False
     if sm.mode == "random" and sm.deal == "none" and not stratified_dir and not m.pack:
         return TrainLoader(d.train_dir, rank, world_size, cfg.run.local_batch_size, cfg.run.seed,

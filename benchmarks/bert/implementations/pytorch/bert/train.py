@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import budget, distributed, grad_sync, pretrain, resume, sampler, step_graph
+from . import distributed, grad_sync, ladder, pretrain, resume, sampler, step_graph
 from .config import (Config, ConfigError, build_config, dump, eval_interval_samples, global_batch_size,
                      is_benchmark_model, max_samples, parse_overrides, timed_run_problems)
 from .checkpoint import load_weights, tf_tensor_names
@@ -239,7 +239,8 @@ def open_data(parts: Parts, cfg: Config, denv: distributed.DistEnv, timed: bool 
     manifest, length index, hdf5 opens), so called only after run_start. Reading and
     collating the eval set (10,000 samples, ~1 s) is therefore timed, as the rules want."""
     d = cfg.data
-    batches = sampler.train_batches(cfg, denv.rank, denv.world_size)  # picks the mode once
+    batches = sampler.train_batches(cfg, denv.rank, denv.world_size,  # picks the mode once
+                                    ladder.layout_for(cfg, denv.world_size))
     check_eval_dir(d.train_dir, d.eval_dir)  # never evaluate on training samples
     eval_set = EvalSet(d.eval_dir, denv.rank, denv.world_size, d.eval_samples, d.max_seq_length)
     if timed and is_benchmark_model(cfg) and cfg.run.division == "closed" and eval_set.total_samples != 10000:
@@ -259,7 +260,7 @@ def prepare_step(parts: Parts, cfg: Config, world_size: int, say: Callable[[str]
     r, d, m = cfg.run, cfg.data, cfg.model
     if r.warmup_steps == 0:
         return train_step
-    layout = budget.layout_for(cfg, world_size)  # the shapes the loader will produce
+    layout = ladder.layout_for(cfg, world_size)  # the shapes the loader will produce
     batches = step_graph.synthetic_batches(
         sampler.batch_collate(m.unpad, m.pack, d.max_seq_length, layout), step_graph.warmup_token_counts(cfg, layout),
         r.local_batch_size, d.max_seq_length, d.max_predictions_per_seq, m.vocab_size, seed=r.seed)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from bert import budget, sampler, step_graph, train
+from bert import ladder, sampler, step_graph, train
 from bert.config import ConfigError, build_config
 from bert.optim import build_optimizer, build_scheduler
 from bert.distributed import DistEnv
@@ -236,7 +236,7 @@ def test_warm_up_captures_every_shape_the_loader_makes(demo_data, tmp_path, monk
     parts = dataclasses.replace(parts, optimizer=opt, scheduler=build_scheduler(opt, cfg.optim))
     step = train.prepare_step(parts, graphed_cfg, 1, print)
     assert isinstance(step, step_graph.GraphedStep)
-    layout = budget.layout_for(cfg, 1)
+    layout = ladder.layout_for(cfg, 1)
     assert len(step.micro) == len(layout.rungs) > 1
     tokens = [next(shape for name, shape, *_ in key if name == "input_ids")[0] for key in step.micro]
     assert sorted(tokens) == list(layout.rungs)
