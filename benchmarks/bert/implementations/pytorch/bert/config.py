@@ -79,7 +79,7 @@ class DataConfig:
     # count); "auto" = a ladder from the local batch, max_seq_length, the sampler and the
     # shipped Wikipedia length histogram; "N,N,..." = increasing budgets in tokens. The full
     # grid local_batch_size * max_seq_length is always the top budget, so a batch is padded,
-    # never cut. Needs model.unpad=true. Costs the padded tokens' compute (README).
+    # never cut. Needs model.unpad=true. Costs the padded tokens' compute (docs/performance.md).
     token_budgets: str = ""
 
 
@@ -193,7 +193,7 @@ class GradSyncConfig:
     compression: Literal["none", "fp16", "bf16", "powersgd"] = "none"
     # Each rank's bucket is multiplied by this before the sum-allreduce; 0 = 1/world size (the
     # mean). The published recipe scaled by a constant: sqrt(22)/4908.98 = 1/1046.6 per rank,
-    # 0.978 x the mean at 1,024 ranks (Adam sees it only through epsilon; README).
+    # 0.978 x the mean at 1,024 ranks (Adam sees it only through epsilon; docs/published_recipe.md).
     reduce_scale: float = 0.0
     # PowerSGD: factor rank r (bytes per n x m matrix: r(n+m) instead of nm) and the number of
     # optimizer steps reduced exactly (plain allreduce) before compressing starts.

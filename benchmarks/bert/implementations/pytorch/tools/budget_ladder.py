@@ -18,7 +18,7 @@ over a synthetic population drawn from the histogram. Columns:
   count (local_batch x max_predictions_per_seq head rows instead of the real ones).
 
 Modes: ``random`` (closed division), ``stratified`` (the stratify step's 4 strata, counts
-6/3/2/5 of 16, per rank, no deal), ``stratified+best`` (README's measured best: strata of 8
+6/3/2/5 of 16, per rank, no deal), ``stratified+best`` (docs/load_balance.md's measured best: strata of 8
 tokens, drawn per group of 8 ranks with carried rounding, greedy deal).
 
     python tools/budget_ladder.py                      # the table (BENCHMARKS.md)
