@@ -77,7 +77,7 @@ def triton_varlen_func():
 
     Imported here, on first ask, so that importing this module never imports triton.
     """
-    from bert import triton_attention
+    from bert import triton_attention  # lazy: importing it imports triton (seconds; a GPU-only dependency)
 
     return triton_attention.varlen if triton_attention.AVAILABLE else None
 

@@ -54,7 +54,8 @@ import numpy as np
 import torch
 
 from .config import ConfigError  # a ValueError: callers catching ValueError still do
-from .data import DataError, Sample, Shard, _row_offsets, collate, list_shards, read_shard
+from .budget import BudgetCollate, Layout
+from .data import DataError, Sample, Shard, TrainLoader, _row_offsets, collate, list_shards, read_shard
 
 MANIFEST_FORMAT = "mlperf-bert-strata/1"
 DEALS = ("none", "snake", "greedy", "cost")
@@ -607,15 +608,13 @@ def pinned(batch: dict) -> dict:
     return {k: (v.pin_memory() if torch.is_tensor(v) else v) for k, v in batch.items()}
 
 
-def batch_collate(unpad: bool, pack: bool, max_seq_length: int, budget: Any = None, *,
+def batch_collate(unpad: bool, pack: bool, max_seq_length: int, budget: Layout | None = None, *,
                   samples: int | None = None, pin: bool = False) -> Callable[[Sequence[Sample]], dict]:
     """The collate of the model's layout, chosen once: packed rows, unpadded (padded to a
     static token budget when ``budget``, a ``bert.budget.Layout``, is given; with
     ``samples``, short batches filled up to that many samples), or padded. ``pin``: the
     batches come in pinned host memory (``pinned``; for a CUDA device)."""
     if budget is not None:
-        from .budget import BudgetCollate
-
         fn: Callable[[Sequence[Sample]], dict] = BudgetCollate(budget, samples)
     elif pack:
         fn = lambda b: collate_packed(b, max_seq_length)  # noqa: E731
@@ -624,8 +623,10 @@ def batch_collate(unpad: bool, pack: bool, max_seq_length: int, budget: Any = No
     return (lambda b: pinned(fn(b))) if pin else fn
 
 
-def train_batches(cfg: Any, rank: int, world_size: int, pin: bool = False) -> Any:
-    """The training batch iterator for ``cfg`` (a ``Config``), chosen once.
+def train_batches(cfg: Any, rank: int, world_size: int, budget: Layout | None = None, pin: bool = False) -> Any:
+    """The training batch iterator for ``cfg`` (a ``Config``), chosen once; ``budget`` is the
+    static token budget layout (``bert.ladder.layout_for``; None when data.token_budgets is
+    off).
 
     Closed-division sampling (random, no deal) on a plain directory keeps
     ``bert.data.TrainLoader`` (each rank reads its own shards). Everything else -- a strata
@@ -633,12 +634,9 @@ def train_batches(cfg: Any, rank: int, world_size: int, pin: bool = False) -> An
     ``random`` is a uniform permutation of all samples per epoch. ``pin``: batches in pinned
     host memory (a CUDA run).
     """
-    from .budget import layout_for
-    from .data import TrainLoader
-
     d, sm, m = cfg.data, cfg.sampler, cfg.model
     # Static token budgets (data.token_budgets): training batches only; eval stays exact.
-    fn = batch_collate(m.unpad, m.pack, d.max_seq_length, layout_for(cfg, world_size), pin=pin)
+    fn = batch_collate(m.unpad, m.pack, d.max_seq_length, budget, pin=pin)
     stratified_dir = (Path(d.train_dir) / "manifest.json").exists() if d.train_dir else False
     if sm.mode == "random" and sm.deal == "none" and not stratified_dir and not m.pack:
         return TrainLoader(d.train_dir, rank, world_size, cfg.run.local_batch_size, cfg.run.seed,
@@ -652,7 +650,7 @@ def train_batches(cfg: Any, rank: int, world_size: int, pin: bool = False) -> An
 def eval_batches(eval_set: Any, batch_size: int, unpad: bool, pack: bool, max_seq_length: int,
                  layout: Any = None, pin: bool = False) -> list[dict]:
     """The eval set's batches in the model's layout (collated once at start-up); with
-    ``layout`` (``bert.budget.eval_layout_for``) each padded to a static token budget and the
+    ``layout`` (``bert.ladder.eval_layout_for``) each padded to a static token budget and the
     last one filled up to ``batch_size`` samples, so every batch has a captured shape."""
     fn = batch_collate(unpad, pack, max_seq_length, layout, samples=batch_size if layout is not None else None,
                        pin=pin)

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import budget, distributed, grad_sync, pretrain, resume, sampler, step_graph
+from . import distributed, grad_sync, ladder, pretrain, resume, sampler, step_graph
 from .config import (Config, ConfigError, build_config, dump, eval_interval_samples, global_batch_size,
                      is_benchmark_model, max_samples, parse_overrides, timed_run_problems)
 from .checkpoint import load_weights, tf_tensor_names
@@ -255,14 +255,15 @@ def open_data(parts: Parts, cfg: Config, denv: distributed.DistEnv, timed: bool 
     collating the eval set (10,000 samples, ~1 s) is therefore timed, as the rules want."""
     d = cfg.data
     pin = parts.device.type == "cuda"  # pinned host batches: the copies to the device are asynchronous
-    batches = sampler.train_batches(cfg, denv.rank, denv.world_size, pin=pin)  # picks the mode once
+    batches = sampler.train_batches(cfg, denv.rank, denv.world_size,  # picks the mode once
+                                    ladder.layout_for(cfg, denv.world_size), pin=pin)
     check_eval_dir(d.train_dir, d.eval_dir)  # never evaluate on training samples
     eval_set = EvalSet(d.eval_dir, denv.rank, denv.world_size, d.eval_samples, d.max_seq_length)
     if timed and is_benchmark_model(cfg) and cfg.run.division == "closed" and eval_set.total_samples != 10000:
         raise DataError(f"data.eval_dir={d.eval_dir} holds {eval_set.total_samples} samples; a closed BERT-Large "
                         "run evaluates on the full 10,000-sample eval set: point data.eval_dir (EVALDIR) at it")
     eval_batches = sampler.eval_batches(eval_set, cfg.eval.batch_size, cfg.model.unpad, cfg.model.pack,
-                                        d.max_seq_length, budget.eval_layout_for(cfg, denv.world_size), pin=pin)
+                                        d.max_seq_length, ladder.eval_layout_for(cfg, denv.world_size), pin=pin)
     return dataclasses.replace(parts, batches=iter(batches), eval_batches=eval_batches,
                                eval_samples=eval_set.total_samples)
 
@@ -275,7 +276,7 @@ def prepare_step(parts: Parts, cfg: Config, world_size: int, say: Callable[[str]
     r, d, m = cfg.run, cfg.data, cfg.model
     if r.warmup_steps == 0:
         return train_step
-    layout = budget.layout_for(cfg, world_size)  # the shapes the loader will produce
+    layout = ladder.layout_for(cfg, world_size)  # the shapes the loader will produce
     batches = step_graph.synthetic_batches(
         sampler.batch_collate(m.unpad, m.pack, d.max_seq_length, layout), step_graph.warmup_token_counts(cfg, layout),
         r.local_batch_size, d.max_seq_length, d.max_predictions_per_seq, m.vocab_size, seed=r.seed)
@@ -294,10 +295,10 @@ def prepare_step(parts: Parts, cfg: Config, world_size: int, say: Callable[[str]
 
 def eval_warmup_batches(cfg: Config, world_size: int) -> list[dict]:
     """Synthetic eval batches, one per shape evaluation will see: each eval budget rung filled
-    exactly (``budget.eval_layout_for``), or one typical batch (half the grid) without
+    exactly (``ladder.eval_layout_for``), or one typical batch (half the grid) without
     budgets, where every eval batch has its own shape."""
     d, m, e = cfg.data, cfg.model, cfg.eval
-    layout = budget.eval_layout_for(cfg, world_size)
+    layout = ladder.eval_layout_for(cfg, world_size)
     counts = list(layout.rungs) if layout is not None else [e.batch_size * d.max_seq_length // 2]
     collate = sampler.batch_collate(m.unpad, m.pack, d.max_seq_length, layout)
     return step_graph.synthetic_batches(collate, counts, e.batch_size, d.max_seq_length, d.max_predictions_per_seq,

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from bert import budget, sampler, step_graph, train
+from bert import ladder, sampler, step_graph, train
 from bert.config import ConfigError, build_config
 from bert.optim import build_optimizer, build_scheduler
 from bert.distributed import DistEnv
@@ -234,7 +234,7 @@ def test_warm_up_captures_every_shape_the_loader_makes(demo_data, tmp_path, monk
     parts = dataclasses.replace(parts, optimizer=opt, scheduler=build_scheduler(opt, cfg.optim))
     step = train.prepare_step(parts, graphed_cfg, 1, print)
     assert isinstance(step, step_graph.GraphedStep)
-    layout = budget.layout_for(cfg, 1)
+    layout = ladder.layout_for(cfg, 1)
     assert len(step.micro) == len(layout.rungs) > 1
     tokens = [next(shape for name, shape, *_ in key if name == "input_ids")[0] for key in step.micro]
     assert sorted(tokens) == list(layout.rungs)
@@ -280,12 +280,12 @@ def test_no_compile_after_the_warm_ups_for_budgets_graphs_and_eval(demo_data, tm
     frames = step_graph.compiled_frames
     f0 = frames()
     step = train.prepare_step(parts, graphed_cfg, 1, print)
-    assert isinstance(step, step_graph.GraphedStep) and len(step.micro) == len(budget.layout_for(cfg, 1).rungs) > 1
+    assert isinstance(step, step_graph.GraphedStep) and len(step.micro) == len(ladder.layout_for(cfg, 1).rungs) > 1
     assert frames() - f0 == 1, "training: one compile for every rung, none at capture"
     f1 = frames()
     parts = train.prepare_eval(parts, graphed_cfg, 1, print)
     assert isinstance(parts.eval_counts, step_graph.GraphedEval)
-    assert len(parts.eval_counts.captured) == len(budget.eval_layout_for(cfg, 1).rungs) > 1
+    assert len(parts.eval_counts.captured) == len(ladder.eval_layout_for(cfg, 1).rungs) > 1
     assert frames() - f1 == 1, "evaluation: one no-grad compile for every eval rung"
     out = capsys.readouterr().out
     assert "eval warm-up before run_start" in out and "compile" in out
