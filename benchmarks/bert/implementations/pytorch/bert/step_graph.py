@@ -229,6 +229,18 @@ class CudaGraphs:
         return graph.replay
 
 
+def _note_uncaptured(seen: set[tuple], key: tuple, what: str, runs: str) -> None:
+    """Say once per shape that it was not captured (it then runs eagerly)."""
+    if key not in seen:
+        seen.add(key)
+        print(f"note: {what} {dict((k[0], k[1]) for k in key)} was not captured in the warm-up: "
+              f"{runs} eagerly (correct, slower)")
+
+
+def _on(batch: dict, device: torch.device) -> dict:
+    return {k: (v.to(device, non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}
+
+
 class GraphedStep:
     """``bert.train.train_step`` as CUDA graphs (see the module docstring); same signature,
     same result: ``(mean loss over the micro-batches, skipped)`` with skipped always 0
@@ -292,13 +304,9 @@ class GraphedStep:
             key = shape_key(batch)
             entry = self.micro.get(key)
             if entry is None:
-                if key not in self.eager_shapes:
-                    self.eager_shapes.add(key)
-                    print(f"note: batch shape {dict((k[0], k[1]) for k in key)} was not captured "
-                          "in the warm-up: its forward + backward run eagerly (correct, slower)")
+                _note_uncaptured(self.eager_shapes, key, "batch shape", "its forward + backward run")
                 loss = torch.zeros((), device=p.device)
-                self._forward_backward({k: (v.to(p.device, non_blocking=True) if torch.is_tensor(v) else v)
-                                        for k, v in batch.items()}, loss)
+                self._forward_backward(_on(batch, p.device), loss)
             else:
                 replay, static, loss = entry
                 for k, v in batch.items():
@@ -455,12 +463,8 @@ class GraphedEval:
         key = shape_key(batch)
         entry = self.captured.get(key)
         if entry is None:
-            if key not in self.eager_shapes:
-                self.eager_shapes.add(key)
-                print(f"note: eval batch shape {dict((k[0], k[1]) for k in key)} was not captured "
-                      "in the warm-up: it runs eagerly (correct, slower)")
-            return eval_counts(self.model, {k: (v.to(self.device, non_blocking=True) if torch.is_tensor(v) else v)
-                                            for k, v in batch.items()}, self.autocast)
+            _note_uncaptured(self.eager_shapes, key, "eval batch shape", "it runs")
+            return eval_counts(self.model, _on(batch, self.device), self.autocast)
         replay, static, out = entry
         for k, v in batch.items():
             if torch.is_tensor(v):
