@@ -307,3 +307,23 @@ def data_eval_set(cfg):
     from bert.data import EvalSet
 
     return EvalSet(cfg.data.eval_dir, 0, 1, cfg.data.eval_samples, cfg.data.max_seq_length)
+
+
+def test_pinned_batches_for_training_and_eval(demo_data, tmp_path, monkeypatch):
+    """pin=True (what open_data asks on CUDA): every tensor of a training batch (budget
+    collate) and of an eval batch comes through Tensor.pin_memory (a stand-in here: a CPU
+    build of torch cannot pin); pin=False leaves them as collate made them."""
+    pinned = []
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda t: pinned.append(t) or t.clone())
+    cfg = _cfg(demo_data, tmp_path, "data.token_budgets=auto", "eval.batch_size=16", "data.eval_samples=50")
+    loader = sampler.train_batches(cfg, 0, 1, ladder.layout_for(cfg, 1), pin=True)
+    batch = next(loader)
+    loader.close()
+    assert len(pinned) == sum(torch.is_tensor(v) for v in batch.values()) > 0
+    pinned.clear()
+    evals = sampler.eval_batches(data_eval_set(cfg), 16, True, False, cfg.data.max_seq_length,
+                                 ladder.eval_layout_for(cfg, 1), pin=True)
+    assert len(pinned) == sum(torch.is_tensor(v) for b in evals for v in b.values())
+    pinned.clear()
+    sampler.eval_batches(data_eval_set(cfg), 16, True, False, cfg.data.max_seq_length)
+    assert not pinned
