@@ -22,6 +22,12 @@ Masked count: fixed at ``local_batch * max_predictions_per_seq`` (the most the d
 hold: one graph key per rung, not per (rung, count)). Wikipedia samples carry ~38.5 of the
 76 slots on average, so the MLM head runs on ~2x its rows: +1.47% of a BERT-Large training
 step's FLOPs at any local batch (tools/budget_ladder.py prints it; BENCHMARKS.md).
+
+Evaluation gets static shapes too (``bert.ladder.eval_layout_for``): a ladder for
+``eval.batch_size`` samples, and a rank's last, short batch filled up to that many with
+one-token samples that hold no prediction (``BudgetCollate(..., samples=N)``, ``FILLER``),
+so evaluation compiles (and, with CUDA graphs, is captured) once per rung before run_start.
+Accuracy is exact: the filler and the pad slots are never labelled.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import bisect
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
 from .data import IGNORE_INDEX, Sample, collate
@@ -74,11 +81,19 @@ def pad_batch(batch: dict[str, Any], layout: Layout) -> dict[str, Any]:
     return out
 
 
-class BudgetCollate:
-    """The loaders' collate in budget mode: unpadded collate, then ``pad_batch``."""
+FILLER = Sample(np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64),
+                np.zeros(0, dtype=np.int64), 0)  # one pad token, no prediction
 
-    def __init__(self, layout: Layout):
-        self.layout = layout
+
+class BudgetCollate:
+    """The loaders' collate in budget mode: unpadded collate, then ``pad_batch``. With
+    ``samples``, a batch of fewer samples is first filled up to that many with ``FILLER``
+    (evaluation's last batch: one ``cu_seqlens`` shape for every batch)."""
+
+    def __init__(self, layout: Layout, samples: int | None = None):
+        self.layout, self.samples = layout, samples
 
     def __call__(self, samples: Sequence[Sample]) -> dict[str, Any]:
+        if self.samples is not None and len(samples) < self.samples:
+            samples = [*samples, *[FILLER] * (self.samples - len(samples))]
         return pad_batch(collate(samples, True, self.layout.max_seq_length), self.layout)

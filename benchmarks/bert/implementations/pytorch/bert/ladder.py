@@ -50,6 +50,19 @@ def layout_for(cfg: Any, world_size: int) -> Layout | None:
     return Layout(rungs, local_batch * d.max_predictions_per_seq, d.max_seq_length)
 
 
+def eval_layout_for(cfg: Any, world_size: int) -> Layout | None:
+    """The evaluation's budget layout when ``data.token_budgets`` is set (None otherwise, and
+    for ``run.mode=pretrain``, whose evaluation also scores next-sentence prediction, which
+    a filler sample would join): the ``auto`` ladder for ``eval.batch_size`` samples drawn at
+    random, ``eval.batch_size * max_predictions_per_seq`` masked slots. Touches no data."""
+    if not cfg.data.token_budgets.strip() or cfg.run.mode == "pretrain":
+        return None
+    n, s = cfg.eval.batch_size, cfg.data.max_seq_length
+    rungs = auto_ladder(random_token_pmf(length_pmf(s), n), n * s)
+    return Layout(rungs, n * cfg.data.max_predictions_per_seq, s)
+
+
+
 # ---------------------------------------------------------------- the distribution of T
 
 
