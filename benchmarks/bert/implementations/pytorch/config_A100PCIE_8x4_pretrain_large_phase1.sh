@@ -5,7 +5,7 @@
 # Recipe: NVIDIA DeepLearningExamples' two-phase LAMB (phase 1: seq 128, 20 predictions,
 # batch 65,536, 7,038 steps, lr 6e-3, warmup 28.43%; phase 2: seq 512, 80 predictions,
 # batch 32,768, 1,563 steps, lr 4e-3, warmup 12.8%), the big batches reached by gradient
-# accumulation: global batch = 64 per GPU x 32 micro-steps x 32 GPUs. README.md
+# accumulation: global batch = 64 per GPU x 32 micro-steps x 32 GPUs. docs/pretraining.md
 # ("Pretraining from scratch") says where this differs from Lin et al. (2020) and Izsak et
 # al. (2021). Predicted time: python tools/plan.py --configs <phase 1> <phase 2> --throughput ...
 # Expected: the step count reached (no accuracy target); held-out MLM/NSP curves in

@@ -12,7 +12,7 @@
 # inside each 8-GPU node. Bucket-wise clipping before the allreduce at 1.0/sqrt(22) per
 # bucket (22 as published: its fp16 buckets at 25 MB; 50 MB of our fp32 gradients with a
 # 2 MB first bucket give the same element counts), the global clip off.
-# Precision (README "The paper's recipe, as published"): PRECISION=bf16 (default,
+# Precision (docs/published_recipe.md): PRECISION=bf16 (default,
 # recommended: no loss scaling, bf16 buckets on the wire) or PRECISION=fp16 (as published:
 # dynamic loss scale from 2^17, fp16 buckets on the wire), set before sourcing this file.
 # Expected: 0.720 after ~179-199 steps (2.9-3.3M samples), ~22-25 s time to train as

@@ -91,8 +91,15 @@ PKG = common.PKG
 SINGLE = DistEnv(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=29500, launcher="single")
 
 # The tiny model of --cpu-smoke (BERT-Large is the config's default and needs no override).
-SMOKE_MODEL = {"model.vocab_size": "1000", "model.hidden_size": "64", "model.num_layers": "2",
-               "model.num_heads": "4", "model.intermediate_size": "128", "model.max_position_embeddings": "64"}
+# Hidden 96 and intermediate 160 are no budget rung (multiples of 64): a token count equal
+# to a static size would share its symbol in dynamo's shape analysis and be specialised.
+SMOKE_MODEL = {"model.vocab_size": "1000", "model.hidden_size": "96", "model.num_layers": "2",
+               "model.num_heads": "4", "model.intermediate_size": "160", "model.max_position_embeddings": "64",
+               "eval.batch_size": "8"}
+# --cpu-smoke: what stands in for a CUDA-only value (the case records the swap): the math
+# backend for Triton's kernel (varlen without a host read, like Triton's), eager steps for
+# CUDA graphs. The rest of the fast stack -- budgets, warm-ups, the compiled layers -- runs.
+SMOKE_STAND_INS = {("model.attention_backend", "triton"): "math", ("run.cuda_graphs", "true"): "false"}
 
 # The fast stack of issue 14 (keys from parts A, B, C and E; a tree without one skips the
 # case): Triton varlen attention with dropout, static token budgets, the step replayed as CUDA
@@ -113,10 +120,12 @@ BASELINE = {"model.attention_backend": "sdpa"}
 @dataclasses.dataclass
 class Case:
     """A throughput case: dotted config overrides (``run.local_batch_size`` included) and
-    the script's own ``bench.*`` keys."""
+    the script's own ``bench.*`` keys; ``est_s`` = its expected seconds (cold compile
+    caches, warm ones) for the plan's time table."""
 
     name: str
     overrides: dict[str, str]
+    est_s: tuple[float, float] = (40.0, 30.0)
 
     @property
     def batch(self) -> int:
@@ -125,17 +134,19 @@ class Case:
 
 @dataclasses.dataclass
 class Check:
-    """One of the extra checks (``fp16``, ``demo``); results go under ``checks``."""
+    """One of the extra checks (``attention``, ``attention_blocks``, ``fp16``, ``demo``);
+    results go under ``checks``."""
 
     name: str
+    est_s: tuple[float, float] = (20.0, 15.0)
 
 
-def _case(name: str, batch: int, **groups: dict[str, str]) -> Case:
+def _case(name: str, batch: int, est: tuple[float, float] = (40.0, 30.0), **groups: dict[str, str]) -> Case:
     over: dict[str, str] = {}
     for g in groups.values():
         over.update(g)
     over["run.local_batch_size"] = str(batch)
-    return Case(f"{name}_b{batch}", over)
+    return Case(f"{name}_b{batch}", over, est)
 
 
 def without(base: dict[str, str], *keys: str, **changes: str) -> dict[str, str]:
@@ -144,61 +155,123 @@ def without(base: dict[str, str], *keys: str, **changes: str) -> dict[str, str]:
     return out
 
 
+# Expected seconds per task (cold caches, warm caches), H200 host, for the time table the
+# run prints before it starts. From what the pieces cost where measured and what the
+# device's CUDA/Triton/inductor compiles are known to cost (bench/results/ records each
+# task's true seconds, ``task_s``, so the next run's table can be corrected):
+# - a case on eager BERT-Large at b16: building the model on the GPU (~2 s), 8 untimed +
+#   20 timed steps (~0.1 s each), the optimizer timing: ~15 s;
+# - the fast stack's first case: inductor on one encoder layer, forward and backward, and
+#   its no-grad twin for evaluation (dynamic shapes: once for every rung), plus one graph
+#   capture per rung (3 side-stream passes + the capture): ~150 s cold, ~40 s with the
+#   carried inductor/Triton caches (dynamo and AOT still trace; inductor loads);
+# - a further case of the same attention backend reuses the compiled layer: its graphs
+#   and steps only (~40 s at b96); another backend compiles its own layer (~90 s cold);
+# - compiled LAMB: inductor over BERT-Large's 398 tensors, 153 s cold on the 2-core CPU
+#   (bench/lamb_step.py): ~150 s cold on the device's host, ~45 s warm.
+EST_EAGER_SMALL = (15.0, 15.0)
+EST_FAST_FIRST = (150.0, 40.0)
+EST_SAME_COMPILE_BIG = (45.0, 40.0)
+EST_NEW_COMPILE_BIG = (90.0, 45.0)
+EST_COMPILED_LAMB = (150.0, 50.0)
+
+
 def levers(big: int) -> list[Case]:
-    """Issue 26 part 2's levers on the fast stack at ``big``: FP8 GEMMs in the encoder
-    (bert/fp8.py; torchao, carried by h200.sh prepare) with each scaling, and what decides
-    the defaults of ``model.fused_qkv`` (on: the case turns it off) and
-    ``model.vocab_pad_multiple`` (64: the case runs the unpadded 30,522 rows). The FP8 cases
-    come last among them: torchao's conversion patches inductor's Triton min/max codegen for
-    the rest of the process (numerically the same; bert/fp8.py)."""
-    return [_case("fast_no_fused_qkv", big, f=without(FAST, model__fused_qkv="false")),
-            _case("fast_vocab_unpadded", big, f=without(FAST, model__vocab_pad_multiple="1")),
-            _case("fast_fp8_tensorwise", big, f=without(FAST, precision__fp8="tensorwise")),
-            _case("fast_fp8_rowwise", big, f=without(FAST, precision__fp8="rowwise"))]
+    """Issue 26 part 2's levers on the fast stack at ``big``, for the ``decide`` list: what
+    decides the defaults of ``model.fused_qkv`` (on: the case turns it off; the layer
+    compiles anew) and ``model.vocab_pad_multiple`` (64: the case runs the 30,522 rows
+    unpadded; the compiled layer is reused), then FP8 GEMMs in the encoder (bert/fp8.py;
+    torchao, carried by ``h200.sh prepare``) with each scaling, a layer compile each. The
+    FP8 cases come last: torchao's conversion patches inductor's Triton min/max codegen
+    for the rest of the process (numerically the same; bert/fp8.py)."""
+    return [_case("fast_no_fused_qkv", big, EST_NEW_COMPILE_BIG, f=without(FAST, model__fused_qkv="false")),
+            _case("fast_vocab_unpadded", big, EST_SAME_COMPILE_BIG, f=without(FAST, model__vocab_pad_multiple="1")),
+            _case("fast_fp8_tensorwise", big, EST_NEW_COMPILE_BIG, f=without(FAST, precision__fp8="tensorwise")),
+            _case("fast_fp8_rowwise", big, EST_NEW_COMPILE_BIG, f=without(FAST, precision__fp8="rowwise"))]
 
 
 def plan(small: int, big: int, old: int, fast_sweep: list[int], default_sweep: list[int]) -> list[Case | Check]:
-    """Everything the run does, in this order (a run cut short keeps the head): the three
-    checks first (about a minute together, and sure to run: the fast stack's first compile
-    -- inductor on 24 layers -- could otherwise crowd them out of the window); then the
-    cases, most informative first: the fast stack (``FAST``) at local batch ``small`` (16,
-    the paper's regime) and ``big`` (96, the best <= 96 the issue asks for), the 2026-11-29
-    stack at ``small`` as this run's baseline (``BASELINE``), issue 26's levers (``levers``:
-    fused QKV, vocabulary padding, FP8 GEMMs, at ``big``), the AdamW pair (fused vs
-    foreach, at ``old``), the ablations (compiled LAMB first, then the fast stack with one
-    feature off or swapped, and single features on the default stack, at ``big``),
-    the fast and default sweeps, and the remaining cases of the 2026-11-29 run at ``old``
-    (32), comparable with its table."""
-    head: list[Case | Check] = [Check("attention"), Check("fp16"), Check("demo"), _case("fast", small, f=FAST), _case("fast", big, f=FAST),
-                                _case("baseline", small, a=BASELINE)]
-    adamw = [_case("adamw_fused", old, o={"optim.name": "adamw", "optim.impl": "fused"}),
-             _case("adamw_foreach", old, o={"optim.name": "adamw", "optim.impl": "foreach"})]
-    ablations = [
-        _case("fast_compiled_lamb", big, f=without(FAST, optim__impl="compiled")),
-        _case("fast_no_graphs", big, f=without(FAST, run__cuda_graphs="false")),
-        _case("fast_no_compile_layers", big, f=without(FAST, model__compile_layers="false")),
-        # The other varlen kernel with dropout (SDPA on nested jagged tensors), then the
-        # padded-grid SDPA fallback the 2026-11-29 run used.
-        _case("fast_nested", big, f=without(FAST, model__attention_backend="nested")),
-        _case("fast_sdpa", big, f=without(FAST, model__attention_backend="sdpa")),
+    """Everything the run does, in this order (a run cut short keeps the head):
+
+    1. ``attention``: the Triton and nested kernels against a float32 reference, each in
+       its own try, at a ladder rung's token count (the kernels compiled here are the ones
+       the cases reuse);
+    2. ``baseline`` at ``small``: the 2026-11-29 stack, this run's own baseline;
+    3. ``fast`` (``FAST``) at ``small`` (16) and ``big`` (96, the best <= 96 the issue asks);
+    4. the cases that decide the GPU defaults (``decide``): the attention kernels' block
+       sizes (``attention_blocks``), CUDA graphs, the attention backend, LAMB's variant,
+       the per-layer compile, then issue 26's levers (``levers``: the fused QKV projection,
+       the padded vocabulary, FP8 GEMMs), at ``big``. **A new lever is a new entry here** (a
+       ``_case`` with its overrides and expected seconds), ordered by what a default depends on;
+    5. ``fp16`` and ``demo``, the checks that decide no default;
+    6. the rest, run when time is left (a rerun with ``--only`` picks them): the other
+       ablations, the AdamW pair, the sweeps, the 2026-11-29 cases at ``old`` (32).
+    """
+    head: list[Case | Check] = [
+        Check("attention", (30.0, 10.0)),
+        _case("baseline", small, EST_EAGER_SMALL, a=BASELINE),
+        _case("fast", small, EST_FAST_FIRST, f=FAST),
+        _case("fast", big, EST_SAME_COMPILE_BIG, f=FAST)]
+    decide: list[Case | Check] = [
+        Check("attention_blocks", (30.0, 12.0)),
+        _case("fast_no_graphs", big, EST_SAME_COMPILE_BIG, f=without(FAST, run__cuda_graphs="false")),
+        # The other varlen kernel with dropout (SDPA on nested jagged tensors).
+        _case("fast_nested", big, EST_NEW_COMPILE_BIG, f=without(FAST, model__attention_backend="nested")),
+        _case("fast_compiled_lamb", big, EST_COMPILED_LAMB, f=without(FAST, optim__impl="compiled")),
+        _case("fast_no_compile_layers", big, (40.0, 40.0), f=without(FAST, model__compile_layers="false")),
+        *levers(big),
+    ]
+    checks: list[Case | Check] = [Check("fp16", (20.0, 15.0)), Check("demo", (60.0, 50.0))]
+    rest: list[Case | Check] = [
+        # The padded-grid SDPA fallback the 2026-11-29 run used, inside the fast stack.
+        _case("fast_sdpa", big, EST_NEW_COMPILE_BIG, f=without(FAST, model__attention_backend="sdpa")),
         # CUDA graphs need static shapes: without budgets the graphs go too.
-        _case("fast_no_budget_no_graphs", big, f=without(FAST, data__token_budgets="", run__cuda_graphs="false")),
+        _case("fast_no_budget_no_graphs", big, EST_SAME_COMPILE_BIG,
+              f=without(FAST, data__token_budgets="", run__cuda_graphs="false")),
         # One feature on the default stack: what a static budget costs or saves alone (its
         # padded tokens, its warm-up), and LAMB compiled alone.
-        _case("default_budget", big, o={"data.token_budgets": "auto", "run.warmup_steps": "1"}),
-        _case("default_compiled_lamb", big, o={"optim.impl": "compiled"}),
+        _case("default_budget", big, (30.0, 30.0), o={"data.token_budgets": "auto", "run.warmup_steps": "1"}),
+        _case("default_compiled_lamb", big, EST_COMPILED_LAMB, o={"optim.impl": "compiled"}),
+        _case("adamw_fused", old, EST_EAGER_SMALL, o={"optim.name": "adamw", "optim.impl": "fused"}),
+        _case("adamw_foreach", old, EST_EAGER_SMALL, o={"optim.name": "adamw", "optim.impl": "foreach"}),
+        *[_case("fast", b, EST_SAME_COMPILE_BIG, f=FAST) for b in fast_sweep],
+        *[_case("default", b, (20.0, 20.0)) for b in default_sweep],
+        _case("padded", old, (20.0, 20.0), m={"model.unpad": "false"}),
+        _case("lamb_foreach", old, EST_EAGER_SMALL, o={"optim.impl": "foreach"}),
+        _case("compiled", old, EST_NEW_COMPILE_BIG, b={"bench.compile": "inductor"}),
     ]
-    sweeps = [_case("fast", b, f=FAST) for b in fast_sweep] + [_case("default", b) for b in default_sweep]
-    old_cases = [_case("padded", old, m={"model.unpad": "false"}),
-                 _case("lamb_foreach", old, o={"optim.impl": "foreach"}),
-                 _case("compiled", old, b={"bench.compile": "inductor"})]
     out: list[Case | Check] = []
     seen: set[str] = set()
-    for task in head + levers(big) + adamw + ablations + sweeps + old_cases:
+    for task in head + decide + checks + rest:
         if task.name not in seen:  # the smoke's small batches repeat names: run each once
             seen.add(task.name)
             out.append(task)
     return out
+
+
+def task_name(task: Case | Check) -> str:
+    return f"check_{task.name}" if isinstance(task, Check) else task.name
+
+
+def time_table(tasks: list[Case | Check], warm: bool, budget_s: float, limit_s: float) -> tuple[str, list[str]]:
+    """The plan's expected seconds, task by task and summed, for this cache state, and the
+    tasks expected to start after ``budget_s`` (or to end past ``limit_s``): printed before
+    the run starts, so a reader knows what the window will hold."""
+    col = 1 if warm else 0
+    lines = [f"plan ({'warm' if warm else 'cold'} compile caches): expected seconds per task, and summed",
+             f"  {'task':34s} {'est':>6s} {'sum':>7s}"]
+    t, late = 0.0, []
+    for task in tasks:
+        est = task.est_s[col]
+        starts = t
+        t += est
+        over = starts > budget_s or (limit_s and t > limit_s)
+        if over:
+            late.append(task_name(task))
+        lines.append(f"  {task_name(task):34s} {est:6.0f} {t:7.0f}{'  (past the window)' if over else ''}")
+    lines.append(f"  expected in all: {t:.0f} s; the window: start nothing after {budget_s:.0f} s"
+                 + (f", stop at {limit_s:.0f} s" if limit_s else "") + f"; {len(late)} task(s) expected past it")
+    return "\n".join(lines), late
 
 
 def parse_case(text: str) -> Case:
@@ -221,6 +294,8 @@ def case_config(case: Case, args) -> tuple[Config, dict[str, str]]:
     if args.cpu_smoke:
         base.update(SMOKE_MODEL)
     over = {**base, **{k: v for k, v in case.overrides.items() if not k.startswith("bench.")}}
+    if args.cpu_smoke:  # the CUDA-only keys' CPU stand-ins, so the smoke runs the rest of the path
+        over.update({k: SMOKE_STAND_INS[(k, v)] for k, v in over.items() if (k, v) in SMOKE_STAND_INS})
     own = {k: v for k, v in case.overrides.items() if k.startswith("bench.")}
     unknown = set(own) - {"bench.compile"}
     if unknown:
@@ -230,14 +305,22 @@ def case_config(case: Case, args) -> tuple[Config, dict[str, str]]:
 
 def collate_for(cfg: Config) -> tuple[Callable[[list], dict], Any]:
     """The trainer's training collate for ``cfg`` on one device, as ``bert.sampler.train_batches``
-    builds it: ``batch_collate(unpad, pack, max_seq_length, bert.budget.layout_for(cfg, 1))``
+    builds it: ``batch_collate(unpad, pack, max_seq_length, bert.ladder.layout_for(cfg, 1))``
     (the static token budget's collate when ``data.token_budgets`` is set), and the budget
-    layout (None when off). A tree without bert/budget.py collates as before, and refuses a
-    case that sets ``data.token_budgets`` (ConfigError)."""
+    layout (None when off). A tree from before bert/ladder.py (2026-12-01) finds it in
+    bert/budget.py; one without either collates as before, and refuses a case that sets
+    ``data.token_budgets`` (ConfigError)."""
     m, d = cfg.model, cfg.data
-    try:
-        from bert.budget import layout_for
+    try:  # imported here: the bench runs on older trees too (the baseline's checkout)
+        from bert.ladder import layout_for
     except ImportError:
+        layout_for = None
+    if layout_for is None:
+        try:
+            from bert.budget import layout_for
+        except ImportError:
+            layout_for = None
+    if layout_for is None:
         if getattr(d, "token_budgets", ""):
             raise ConfigError("data.token_budgets: bert/budget.py is not on this tree") from None
         return sampler.batch_collate(m.unpad, m.pack, d.max_seq_length), None
@@ -278,13 +361,38 @@ def prepare_case(parts: Any, impl: str, cfg: Config, own: dict[str, str],
             raise ConfigError("run.warmup_steps / run.cuda_graphs: bert.train.prepare_step is not on this tree")
         return parts, impl, train.train_step, info
     notes: list[str] = []
-    t0 = time.perf_counter()
+    t0, f0 = time.perf_counter(), _frames()
     step = prepare(parts, cfg, 1, notes.append)
+    prepare_eval = getattr(train, "prepare_eval", None)
+    if prepare_eval is not None:
+        parts = prepare_eval(parts, cfg, 1, notes.append)
     common.sync(device)
     info["prepare_s"] = time.perf_counter() - t0
+    info["compiles_in_prepare"] = _frames() - f0
+    info.update(_timings(notes))
     if notes:
         info["prepare_notes"] = notes
     return parts, impl, step, info
+
+
+def _frames() -> int:
+    """Frames torch.compile has compiled in this process (a recompile is one more)."""
+    return int(torch._dynamo.utils.counters["frames"]["ok"])
+
+
+def _timings(notes: list[str]) -> dict[str, float]:
+    """compile / warm-up / capture seconds from the trainer's warm-up lines (bert.train's
+    prepare_step and prepare_eval print them; a tree without them prints none)."""
+    out: dict[str, float] = {}
+    for line in notes:
+        m = re.search(r"^(eval )?warm-up before run_start: .* ([\d.]+) s \(compile ([\d.]+) s(?:, capture ([\d.]+) s)?\)",
+                      line)
+        if m:
+            pre = "eval_" if m.group(1) else ""
+            out[f"{pre}warmup_s"], out[f"{pre}compile_s"] = float(m.group(2)), float(m.group(3))
+            if m.group(4) is not None:
+                out[f"{pre}capture_s"] = float(m.group(4))
+    return out
 
 
 def time_optimizer(opt: torch.optim.Optimizer, device: torch.device, reps: int = 5) -> float:
@@ -337,7 +445,10 @@ def _cycle(batches: list[dict]):
 
 
 def run_case(case: Case, args, device: torch.device, peak: float, samples_cache: dict) -> dict:
-    head = {"case": case.name, "local_batch": case.batch, "overrides": case.overrides}
+    head: dict[str, Any] = {"case": case.name, "local_batch": case.batch, "overrides": case.overrides}
+    if args.cpu_smoke:
+        head["smoke_stand_ins"] = {k: SMOKE_STAND_INS[(k, v)] for k, v in case.overrides.items()
+                                   if (k, v) in SMOKE_STAND_INS}
     try:
         cfg, own = case_config(case, args)
         collate, layout = collate_for(cfg)
@@ -358,14 +469,18 @@ def run_case(case: Case, args, device: torch.device, peak: float, samples_cache:
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-    if not args.cpu_smoke:
-        torch._dynamo.reset()  # a fresh compile cache per case: no recompile limit carried over
+    # No torch._dynamo.reset() between cases: a case whose compiled layer another case
+    # already compiled (same code and guards: parameters are inputs) reuses it, so the
+    # plan compiles each variant once (main raises dynamo's recompile limit to hold them).
     t0 = time.perf_counter()
     try:
         parts, impl = train.build_model(cfg, SINGLE, device)
     except (ConfigError, ValueError) as e:  # the trainer's refusal (CUDA graphs or Triton on a CPU)
         return {**head, "status": f"skipped: refused at build: {type(e).__name__}: {e}"}
+    common.sync(device)
+    build_s = time.perf_counter() - t0
     parts, impl, step, info = prepare_case(parts, impl, cfg, own, device)
+    f_ready = _frames()
     parts = dataclasses.replace(parts, batches=_cycle(on_dev))
     # Every batch of the cycle once at least before the clock starts: a shape seen first
     # inside the timed steps would put its compile (or its eager fallback) in the number.
@@ -379,6 +494,8 @@ def run_case(case: Case, args, device: torch.device, peak: float, samples_cache:
         loss, _skipped = step(parts, 1)
     common.sync(device)
     secs = time.perf_counter() - t0
+    compiles_timed = _frames() - f_ready  # in the untimed and the timed steps: 0 after a warm-up
+    evaluation = time_eval(parts, cfg, device)
     done = range(warm, warm + args.steps)  # batch index k % num_batches
     n = len(samples)
     fl = 3 * sum(useful[k % n] for k in done)
@@ -398,7 +515,31 @@ def run_case(case: Case, args, device: torch.device, peak: float, samples_cache:
             "token_budget_rungs": list(getattr(layout, "rungs", ())) or None, "batch_shapes": sorted(set(fed)),
             "tokens_real_per_batch": sum(real) / n,
             "tokens_fed_per_batch": sum(fed) / n, "token_padding_frac": sum(fed) / sum(real) - 1,
-            "ready_s": ready_s, **info, "final_loss": float(loss)}
+            "ready_s": ready_s, "build_s": build_s, **info, "compiles_after_prepare": compiles_timed,
+            **evaluation, "final_loss": float(loss)}
+
+
+def time_eval(parts: Any, cfg: Config, device: torch.device, reps: int = 2) -> dict[str, Any]:
+    """The trainer's evaluation (``bert.train.evaluate``, graphed where ``prepare_eval``
+    captured it) over synthetic eval batches of the shapes a run evaluates (one per eval
+    budget rung; ``bert.train.eval_warmup_batches``), timed after one untimed pass: ms per
+    batch of ``eval.batch_size`` samples. Empty on a tree without those functions."""
+    batches_for = getattr(train, "eval_warmup_batches", None)
+    if batches_for is None:
+        return {}
+    batches = batches_for(cfg, 1)
+    args = (parts.model, batches, device, parts.precision.eval_autocast, getattr(parts, "eval_counts", None))
+    f0 = _frames()
+    train.evaluate(*args)
+    common.sync(device)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        train.evaluate(*args)
+    common.sync(device)
+    ms = 1000 * (time.perf_counter() - t0) / (reps * len(batches))
+    return {"eval_ms_per_batch": ms, "eval_seq_per_s": cfg.eval.batch_size * 1000 / ms,
+            "eval_batch_shapes": len(batches), "eval_step_kind": type(args[-1]).__name__ if args[-1] else "eager",
+            "eval_compiles": _frames() - f0}
 
 
 def fp8_label(cfg: Config) -> dict[str, str]:
@@ -426,60 +567,155 @@ def _attention_reference(q, k, v, cu: list[int], keep: torch.Tensor | None, p: f
     return out
 
 
+# Ragged lengths (1 and 512 included) and pad rows up to 1024 tokens: a multiple of 64 like
+# every budget rung, so Triton specialises n_tokens as the runs' shapes do and the kernels
+# compiled here are the ones the cases reuse (an odd token count compiles them again).
+CHECK_LENGTHS, CHECK_TOKENS = [512, 1, 37, 300, 129], 1024
+
+
 def check_attention(device: torch.device, smoke: bool) -> dict:
     """The varlen kernels with dropout (``triton``, ``nested``) against a float32 per-sequence
-    reference, before any case is timed on them: ragged lengths (1 and 512 included), pad
-    rows past the last sequence, bf16 on a GPU (float32 in the CPU smoke, where triton is
-    refused). Dropout 0: output and q/k/v gradients; triton with dropout 0.1 too, against the
-    reference applying the kernel's own mask (``triton_attention.dropout_mask``). Records the
-    max abs errors and a pass flag (bf16: 0.03 of the reference's scale)."""
+    reference, before any case is timed on them, each in its own try (one failing keeps the
+    other's verdict): ragged lengths, pad rows past the last sequence, bf16 on a GPU (float32
+    in the CPU smoke, where triton is refused). Triton runs what training and evaluation run:
+    the forward at dropout 0 (evaluation), and forward and backward at dropout 0.1 against
+    the reference applying the kernel's own mask (``triton_attention.dropout_mask``); nested
+    its forward and backward at dropout 0. Records the max abs errors, a pass flag (bf16:
+    0.03 of the reference's scale, 10x that for gradients) and, for triton, the compiled
+    kernels' registers and spills (``kernel_stats``)."""
+    lengths, heads, dim, total, max_len = (([9, 1, 5], 2, 16, 18, 16) if smoke
+                                           else (CHECK_LENGTHS, 16, 64, CHECK_TOKENS, 512))
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    out: dict[str, Any] = {"lengths": lengths, "tokens": total, "pad_rows": total - sum(lengths), "heads": heads,
+                           "head_dim": dim, "dtype": str(dtype)}
+    for name in ("triton", "nested"):
+        try:
+            out[name] = _check_backend(name, device, lengths, heads, dim, total, max_len, dtype)
+        except Exception as e:  # noqa: BLE001 - this backend's verdict; the other keeps its own
+            out[name] = {"status": f"error: {type(e).__name__}: {e}", "pass": False,
+                         "traceback": traceback.format_exc(limit=6)}
+    out["status"] = "ok"
+    return out
+
+
+def _check_backend(name: str, device: torch.device, lengths: list[int], heads: int, dim: int, total: int,
+                   max_len: int, dtype: torch.dtype) -> dict:
     from bert.attention import build_attention
 
-    lengths, heads, dim, pad, max_len = ([9, 1, 5], 2, 16, 3, 16) if smoke else ([512, 1, 37, 300, 129], 16, 64, 64, 512)
-    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     tol = 1e-4 if dtype == torch.float32 else 3e-2
+    try:
+        backend = build_attention(name, device.type, 0.1)
+    except ValueError as e:
+        return {"status": f"skipped: {e}"}
     gen = torch.Generator().manual_seed(0)
-    total = sum(lengths) + pad
     bounds = [0]
     for n in lengths:
         bounds.append(bounds[-1] + n)
     cu = torch.tensor(bounds, dtype=torch.int32, device=device)
     base = [torch.randn(total, heads, dim, generator=gen).to(device, dtype) for _ in range(4)]
-    out: dict[str, Any] = {"lengths": lengths, "pad_rows": pad, "heads": heads, "head_dim": dim, "dtype": str(dtype)}
-    for name in ("triton", "nested"):
-        try:
-            backend = build_attention(name, device.type, 0.1)
-        except ValueError as e:
-            out[name] = {"status": f"skipped: {e}"}
-            continue
-        runs = [("dropout_0", 0.0, None)]
-        if name == "triton":
-            from bert import triton_attention
-            seed = torch.tensor([1234], dtype=torch.int64, device=device)
-            keep = triton_attention.dropout_mask(seed, len(lengths), heads, max_len, 0.1)
-            runs.append(("dropout_0.1_same_mask", 0.1, (seed, keep)))
-        rec: dict[str, Any] = {}
-        for label, p, fixed in runs:
-            q, k, v = (t.clone().requires_grad_(True) for t in base[:3])
-            rq, rk, rv = (t.detach().float().requires_grad_(True) for t in base[:3])
-            if fixed is None:
-                got = backend.varlen(q, k, v, cu, max_len, p)
-            else:
-                got = triton_attention.varlen(q, k, v, cu, max_len, p, seed=fixed[0])
-            want = _attention_reference(rq, rk, rv, bounds, None if fixed is None else fixed[1], p)
+    # (label, dropout, the kernel's own mask or None, whether the backward is checked)
+    runs: list[tuple[str, float, Any, bool]] = [("dropout_0", 0.0, None, name != "triton")]
+    if name == "triton":
+        from bert import triton_attention
+        seed = torch.tensor([1234], dtype=torch.int64, device=device)
+        keep = triton_attention.dropout_mask(seed, len(lengths), heads, max_len, 0.1)
+        runs.append(("dropout_0.1_same_mask", 0.1, (seed, keep), True))
+    rec: dict[str, Any] = {}
+    for label, p, fixed, grads in runs:
+        q, k, v = (t.clone().requires_grad_(grads) for t in base[:3])
+        rq, rk, rv = (t.detach().float().requires_grad_(grads) for t in base[:3])
+        if fixed is None:
+            got = backend.varlen(q, k, v, cu, max_len, p)
+        else:
+            got = triton_attention.varlen(q, k, v, cu, max_len, p, seed=fixed[0])
+        applied = triton_attention.applied_dropout(p) if fixed is not None else p
+        want = _attention_reference(rq, rk, rv, bounds, None if fixed is None else fixed[1], applied)
+        scale = max(float(want.detach().abs().max()), 1.0)
+        errs = {"out": float((got.detach().float() - want.detach()).abs().max())}
+        if grads:
             got.backward(base[3])
             want.backward(base[3].float())
-            scale = max(float(want.detach().abs().max()), 1.0)
-            errs = {"out": float((got.float() - want).abs().max())}
             for n_, a, b in (("dq", q, rq), ("dk", k, rk), ("dv", v, rv)):
                 errs[n_] = float((a.grad.float() - b.grad).abs().max())
-            pad_zero = bool((got[bounds[-1]:] == 0).all())
-            rec[label] = {"max_abs_err": errs, "ref_scale": scale, "pad_rows_zero": pad_zero,
-                          "pass": pad_zero and all(e <= tol * scale * (10 if n_ != "out" else 1)
-                                                   for n_, e in errs.items())}
-        out[name] = {"status": "ok", **rec, "pass": all(r["pass"] for r in rec.values())}
-    out["status"] = "ok"
+        pad_zero = bool((got[bounds[-1]:] == 0).all())
+        rec[label] = {"max_abs_err": errs, "ref_scale": scale, "pad_rows_zero": pad_zero,
+                      "pass": pad_zero and all(e <= tol * scale * (10 if n_ != "out" else 1)
+                                               for n_, e in errs.items())}
+    result = {"status": "ok", **rec, "pass": all(r["pass"] for r in rec.values())}
+    if name == "triton":
+        result["kernels"] = triton_attention.kernel_stats()
+    return result
+
+
+# The block-size sweep: (forward blocks, backward blocks), each (BLOCK_M, BLOCK_N, warps,
+# stages); the first is the module's default. Each pair compiles its own kernels.
+BLOCK_CONFIGS = [((64, 64, 4, 2), (64, 64, 4, 2)),
+                 ((128, 64, 4, 3), (64, 128, 8, 2)),
+                 ((128, 64, 8, 2), (128, 64, 8, 2))]
+
+
+def check_attention_blocks(args, device: torch.device, samples_cache: dict, reps: int = 10) -> dict:
+    """A small block-size sweep of the Triton kernels (``BLOCK_CONFIGS``) on a training
+    micro-batch of the small local batch (the Wikipedia lengths, padded to its budget rung,
+    16 heads of 64, bf16, dropout 0.1): per config the forward and backward ms (CUDA
+    events, median of ``reps`` after two untimed), the max difference from the default
+    config's output and gradients (the dropout mask depends on no block size, so only
+    rounding differs), and each compiled kernel's registers and spills."""
+    if device.type != "cuda":
+        return {"status": "skipped: the Triton kernels run on CUDA only"}
+    from bert import budget, ladder, triton_attention
+
+    cfg, _ = case_config(_case("blocks", args.small, f=FAST), args)
+    layout = ladder.layout_for(cfg, 1)
+    if args.small not in samples_cache:
+        samples_cache[args.small] = common.make_batches(args.num_batches, args.small, args.seq_len, args.max_pred,
+                                                        cfg.model.vocab_size, args.seed)
+    batch = budget.BudgetCollate(layout)(samples_cache[args.small][0])
+    cu, total = batch["cu_seqlens"].to(device), int(batch["input_ids"].numel())
+    heads, dim = cfg.model.num_heads, cfg.model.hidden_size // cfg.model.num_heads
+    gen = torch.Generator().manual_seed(1)
+    q, k, v, do = (torch.randn(total, heads, dim, generator=gen).to(device, torch.bfloat16) for _ in range(4))
+    seed = torch.tensor([99], dtype=torch.int64, device=device)
+    p, s = 0.1, cfg.data.max_seq_length
+    out: dict[str, Any] = {"status": "ok", "tokens": total, "real_tokens": int(cu[-1]), "configs": []}
+    ref = None
+    for fwd_blocks, bwd_blocks in BLOCK_CONFIGS:
+        row: dict[str, Any] = {"forward_blocks": fwd_blocks, "backward_blocks": bwd_blocks}
+        try:
+            def fwd():
+                return triton_attention.forward(q, k, v, cu, s, p, seed, fwd_blocks)
+
+            o, lse = fwd()
+
+            def bwd():
+                return triton_attention.backward(do, q, k, v, o, lse, cu, s, p, seed, bwd_blocks)
+
+            grads = bwd()
+            row["forward_ms"], row["backward_ms"] = _cuda_ms(fwd, reps), _cuda_ms(bwd, reps)
+            if ref is None:
+                ref = (o, *grads)
+            row["max_diff_from_default"] = max(float((a.float() - b.float()).abs().max())
+                                               for a, b in zip((o, *grads), ref))
+            row["status"] = "ok"
+        except Exception as e:  # noqa: BLE001 - a config that does not fit (shared memory): say so, go on
+            row["status"] = f"error: {type(e).__name__}: {e}"
+        out["configs"].append(row)
+    out["kernels"] = triton_attention.kernel_stats()
     return out
+
+
+def _cuda_ms(fn: Callable[[], Any], reps: int) -> float:
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return float(statistics.median(times))
 
 
 def check_fp16(args, device: torch.device, samples_cache: dict) -> dict:
@@ -676,23 +912,33 @@ def git_commit() -> tuple[str, str]:
 def table(result: dict) -> str:
     """The markdown table of a result file (what BENCHMARKS.md shows)."""
     lines = ["| case | local batch | seq/s | MFU | peak mem GB | step ms | optimizer ms | optimizer | attention "
-             "| step | status |",
-             "|---|---:|---:|---:|---:|---:|---:|---|---|---|---|"]
+             "| step | eval ms/batch | compile / warm-up / capture s | status |",
+             "|---|---:|---:|---:|---:|---:|---:|---|---|---|---:|---|---|"]
+
+    def num(c, key, fmt="{:.1f}"):
+        return fmt.format(c[key]) if c.get(key) is not None else "-"
+
     for c in result["cases"]:
         if c["status"] == "ok":
-            mem = f"{c['peak_mem_gb']:.1f}" if c.get("peak_mem_gb") is not None else "-"
+            prep = f"{num(c, 'compile_s')} / {num(c, 'warmup_s')} / {num(c, 'capture_s')}"
             mfu = f"{c['mfu']:.1%}" + (" (FP8 vs bf16 peak)" if c.get("fp8", "off") != "off" else "")
-            lines.append(f"| {c['case']} | {c['local_batch']} | {c['seq_per_s']:.1f} | {mfu} | {mem} | "
-                         f"{c['step_ms']:.1f} | {c['optimizer_step_ms']:.2f} | {c['optimizer_impl']} | "
-                         f"{c['attention']} | {c['step_kind']} | ok |")
+            lines.append(f"| {c['case']} | {c['local_batch']} | {c['seq_per_s']:.1f} | {mfu} | "
+                         f"{num(c, 'peak_mem_gb')} | {c['step_ms']:.1f} | {c['optimizer_step_ms']:.2f} | "
+                         f"{c['optimizer_impl']} | {c['attention']} | {c['step_kind']} | {num(c, 'eval_ms_per_batch')} | "
+                         f"{prep} | ok |")
         else:
-            lines.append(f"| {c['case']} | {c['local_batch']} | | | | | | | | | {c['status'][:80]} |")
+            lines.append(f"| {c['case']} | {c['local_batch']} | | | | | | | | | | | {c['status'][:80]} |")
     checks = result.get("checks", {})
     if "attention" in checks:
         a = checks["attention"]
         lines.append("\nattention check: " + "; ".join(
             f"{n} {a[n].get('status')}" + (f", pass {a[n]['pass']}" if "pass" in a[n] else "")
             for n in ("triton", "nested") if n in a))
+    if checks.get("attention_blocks", {}).get("status") == "ok":
+        lines.append("\nattention blocks (forward / backward ms): " + "; ".join(
+            f"{r['forward_blocks']} / {r['backward_blocks']}: "
+            + (f"{r['forward_ms']:.2f} / {r['backward_ms']:.2f}" if r["status"] == "ok" else r["status"][:60])
+            for r in checks["attention_blocks"]["configs"]))
     if "fp16" in checks:
         f = checks["fp16"]
         lines.append(f"\nfp16: {f.get('status')}; " + (
@@ -737,6 +983,9 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default="", help="comma-separated names to run (cases, check_fp16, check_demo)")
     ap.add_argument("--demo-data", default="", help="existing demo data (train/, eval/) instead of generating it")
     ap.add_argument("--demo-timeout-s", type=float, default=240.0)
+    ap.add_argument("--compile-cache", choices=("cold", "warm"), default="cold",
+                    help="whether inductor's and Triton's caches were carried in (bench/h200.sh says): "
+                         "which column of the plan's expected seconds to print")
     ap.add_argument("--table", metavar="JSON", help="print the markdown table of a result file and exit")
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="tiny model on the CPU, 1+1 steps per case, torch.compile through dynamo's eager "
@@ -767,10 +1016,16 @@ def main(argv=None) -> int:
     commit, commit_source = (args.commit, "--commit") if args.commit else git_commit()
     only = set(filter(None, args.only.split(",")))
     tasks = plan(args.small, args.big, args.old, args.fast_sweep, args.default_sweep) + args.case
-    plan_names = [f"check_{t.name}" if isinstance(t, Check) else t.name for t in tasks]
+    plan_names = [task_name(t) for t in tasks]
     if only - set(plan_names):  # a misspelt name would spend a device window on nothing
         print(f"--only: not in the plan: {sorted(only - set(plan_names))}; the plan: {plan_names}", file=sys.stderr)
         return 2
+    selected = [t for t in tasks if not only or task_name(t) in only]
+    text, late = time_table(selected, args.compile_cache == "warm", args.budget_s, args.limit_s)
+    print(text, flush=True)
+    # One compiled layer per variant the plan runs (attention backend, autocast cache, grad
+    # mode): more than dynamo's default limit of 8 entries per frame across the run.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     start = time.perf_counter()
     peak = common.gemm_peak(torch.bfloat16, device, sizes=(512,) if args.cpu_smoke else (4096, 8192),
                             reps=3 if args.cpu_smoke else 10)
@@ -783,7 +1038,9 @@ def main(argv=None) -> int:
         "versions": versions(), "machine": common.machine(), "cpu_smoke": args.cpu_smoke,
         "model": dataclasses.asdict(ModelConfig()) if not args.cpu_smoke else SMOKE_MODEL,
         "seq_len": args.seq_len, "steps": args.steps, "warmup": args.warmup, "budget_s": args.budget_s,
-        "plan": plan_names, "only": sorted(only), "cases": [], "checks": {}}
+        "plan": plan_names, "only": sorted(only), "compile_cache": args.compile_cache,
+        "expected_s": {task_name(t): t.est_s[args.compile_cache == "warm"] for t in selected},
+        "expected_past_window": late, "cases": [], "checks": {}}
     saved_term = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         terminated = run_tasks(tasks, only, args, device, peak["flops_per_s"], result, out, artifacts, start)
@@ -801,7 +1058,7 @@ def run_tasks(tasks: list, only: set[str], args, device: torch.device, peak: flo
     ctx = smoke_compile() if args.cpu_smoke else _nothing()
     with ctx, tempfile.TemporaryDirectory(prefix="gpu_bert_large_") as tmp:
         for task in tasks:
-            name = f"check_{task.name}" if isinstance(task, Check) else task.name
+            name = task_name(task)
             if only and name not in only:
                 continue
             t0 = time.perf_counter()
@@ -817,6 +1074,8 @@ def run_tasks(tasks: list, only: set[str], args, device: torch.device, peak: flo
                 try:
                     if isinstance(task, Check) and task.name == "attention":
                         r = check_attention(device, args.cpu_smoke)
+                    elif isinstance(task, Check) and task.name == "attention_blocks":
+                        r = check_attention_blocks(args, device, samples_cache)
                     elif isinstance(task, Check) and task.name == "fp16":
                         r = check_fp16(args, device, samples_cache)
                     elif isinstance(task, Check):

@@ -2,19 +2,25 @@
 # The prepared device run of issue 14: bench/gpu_bert_large.py on one GPU, under a time limit,
 # its JSON and logs written to $OUT (BENCHMARKS.md section 3 has the exact `run` call).
 #
-#   bench/h200.sh prepare     # HERE, on the commit to measure, before the device call: the
+#   bench/h200.sh prepare [DIR]  # HERE, on the commit to measure, before the device call: the
 #                             # mlperf-logging and torchao wheels (not on the device image;
-#                             # pinned in constraints.txt) and that commit, into <repo>/.h200/ (ignored)
-#   bench/h200.sh [ARGS...]   # ON THE DEVICE: installs .h200/*.whl into /tmp/site, runs
-#                             # bench/gpu_bert_large.py [ARGS...] (e.g. --only a,b) for at most
-#                             # H200_LIMIT_S seconds (330), starting nothing after H200_BUDGET_S (300)
+#                             # pinned in constraints.txt) and that commit, into <repo>/.h200/ (ignored);
+#                             # with DIR (an earlier call's returned files), its compile-cache
+#                             # parts too, so the next call starts with warm caches
+#   bench/h200.sh [ARGS...]   # ON THE DEVICE: installs .h200/*.whl into /tmp/site, unpacks a
+#                             # carried compile cache, runs bench/gpu_bert_large.py [ARGS...]
+#                             # (e.g. --only a,b) for at most H200_LIMIT_S seconds (420), starting
+#                             # nothing after H200_BUDGET_S (390), then packs inductor's and
+#                             # Triton's caches into $OUT (compile_cache.tar.gz.partNN)
 #
 # The device gets a copy of the working tree without .git (tracked and untracked-not-ignored
 # files, and the carried paths), so the commit measured travels as .h200/commit, written by
 # `prepare` from `git rev-parse HEAD` (suffixed -dirty when tracked files differ from it).
 # Writes $OUT/gpu_bert_large_<UTC date>_<commit, 10 hex>[_$H200_TAG].json (the file to commit under
-# bench/results/), $OUT/gpu_bert_large.log (everything printed), and the demo check's
-# demo_result_0.txt, demo_train.log, demo_compliance.txt. Without $OUT: results/h200/.
+# bench/results/), $OUT/gpu_bert_large.log (everything printed), the demo check's
+# demo_result_0.txt, demo_train.log, demo_compliance.txt, and at most 3 cache parts of at most
+# 15 MiB (the device returns at most 8 files, 16 MiB each, 64 MiB in all; a cache larger than
+# 45 MiB compressed is left out, and the log says so). Without $OUT: results/h200/.
 # Exit status: the script's (124 when the time limit cut it; the JSON keeps what finished).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -24,12 +30,24 @@ h200="${H200_DIR:-${root}/.h200}"
 py="${PYTHON:-python3}"
 site="${H200_SITE:-/tmp/site}"  # where the carried wheels are installed (the device README's recipe)
 
+cache_parts=3            # files: json, log, 3 demo files, and these: the device's 8
+cache_part_mib=15
 if [[ "${1:-}" == prepare ]]; then
   rm -rf "${h200}"
   mkdir -p "${h200}"
+  if [[ -n "${2:-}" ]]; then  # an earlier call's returned files: carry its compile cache
+    shopt -s nullglob
+    parts=("${2}"/compile_cache.tar.gz.part*)
+    if (( ${#parts[@]} )); then
+      cp "${parts[@]}" "${h200}/"
+      echo "h200.sh prepare: carrying ${#parts[@]} compile-cache part(s) from ${2}"
+    else
+      echo "h200.sh prepare: no compile_cache.tar.gz.part* in ${2}: the next call starts cold" >&2
+    fi
+  fi
   # The device's python is CPython 3.12 on x86-64 (KINDS.md). mlperf-logging is pure Python, its
-  # needs (numpy, pandas, pyyaml, scipy) on the device image; torchao (precision.fp8, bert/fp8.py)
-  # is an abi3 wheel with no dependencies, its float8 training pure Python over the device's torch.
+  # needs (numpy, pandas, pyyaml, scipy) on the device image; torchao (precision.fp8, bert/fp8.py;
+  # 3.4 MB) is an abi3 wheel without dependencies, its float8 training pure Python over torch.
   for name in mlperf-logging torchao; do
     pin="$(grep -E "^${name}==" "${pkg}/constraints.txt")"
     "${py}" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -59,6 +77,16 @@ if [[ -f "${h200}/commit" ]]; then
 else
   commit="$(git -C "${root}" rev-parse HEAD 2>/dev/null || echo unknown)"
 fi
+# Inductor's and Triton's caches in one folder: unpacked from the carried parts, packed
+# into $OUT after the run (a rerun then loads its kernels instead of compiling them).
+cache="${H200_CACHE:-/tmp/bert_compile_cache}"
+mkdir -p "${cache}"
+export TORCHINDUCTOR_CACHE_DIR="${cache}/inductor" TRITON_CACHE_DIR="${cache}/triton"
+warm=cold
+parts=("${h200}"/compile_cache.tar.gz.part*)
+if (( ${#parts[@]} )); then
+  if cat "${parts[@]}" | tar -xzf - -C "${cache}"; then warm=warm; else echo "h200.sh: the carried cache did not unpack" >&2; fi
+fi
 short="${commit:0:10}"
 if [[ "${commit}" == *-dirty ]]; then short="${short}-dirty"; fi
 json="${out}/gpu_bert_large_$(date -u +%Y-%m-%d)_${short}${H200_TAG:+_${H200_TAG}}.json"
@@ -70,12 +98,27 @@ if command -v nvidia-smi > /dev/null; then  # a reading only: clocks, power and 
 fi
 cd "${pkg}"
 rc=0
-limit="${H200_LIMIT_S:-330}"
+limit="${H200_LIMIT_S:-420}"
 # The script stops its own task 10 s before --limit-s, so the hard kill rarely has to.
 PYTHONUNBUFFERED=1 timeout -k 10 "${limit}" "${py}" bench/gpu_bert_large.py --out "${json}" --artifacts "${out}" \
-  --commit "${commit}" --budget-s "${H200_BUDGET_S:-300}" --limit-s "$((limit - 5))" "$@" 2>&1 | tee -a "${log}" || rc=$?
+  --commit "${commit}" --budget-s "${H200_BUDGET_S:-390}" --limit-s "$((limit - 5))" --compile-cache "${warm}" \
+  "$@" 2>&1 | tee -a "${log}" || rc=$?
 if [[ -f "${json}" ]]; then
   "${py}" bench/gpu_bert_large.py --table "${json}" | tee -a "${log}" || true
+fi
+rm -f "${out}"/compile_cache.tar.gz.part*
+if [[ -n "$(ls -A "${cache}")" ]]; then
+  packed="$(mktemp)"
+  tar -czf "${packed}" -C "${cache}" .
+  mib=$(( ($(stat -c %s "${packed}") + 1048575) / 1048576 ))
+  if (( mib <= cache_parts * cache_part_mib )); then
+    split -b "${cache_part_mib}m" -d -a 2 "${packed}" "${out}/compile_cache.tar.gz.part"
+    returned=("${out}"/compile_cache.tar.gz.part*)
+    echo "h200.sh: compile cache ${mib} MiB in ${#returned[@]} part(s)" | tee -a "${log}"
+  else
+    echo "h200.sh: compile cache ${mib} MiB > ${cache_parts} x ${cache_part_mib} MiB: not returned" | tee -a "${log}"
+  fi
+  rm -f "${packed}"
 fi
 echo "h200.sh: exit ${rc}; wrote ${json}"
 exit "${rc}"

@@ -77,7 +77,7 @@ def triton_varlen_func():
 
     Imported here, on first ask, so that importing this module never imports triton.
     """
-    from bert import triton_attention
+    from bert import triton_attention  # lazy: importing it imports triton (seconds; a GPU-only dependency)
 
     return triton_attention.varlen if triton_attention.AVAILABLE else None
 
@@ -210,30 +210,47 @@ class NestedAttention(SdpaAttention):
     the flash kernel takes bf16/fp16 NJT inputs with dropout; on the CPU it is the math
     kernel per sequence). No package beyond torch.
 
-    Rows past ``cu_seqlens[-1]`` (a static token budget's padding) become
-    ceil(T / max_seqlen) extra segments of at most ``max_seqlen`` rows (some empty), so the
-    kernel's grid stays (max_seqlen blocks) x (B + that many) x heads and no host sync is
-    needed to find where the padding starts; their output is set to exactly 0. Costs one
-    [T, H, D] select for that, and the NJT wrapping (metadata only, no copy).
+    Rows past ``cu_seqlens[-1]`` (a static token budget's padding) become extra segments
+    of 1 to ``max_seqlen`` rows (``pad_segments``), so the kernel's grid stays (max_seqlen
+    blocks) x (B + that many) x heads, no host sync is needed to find where the padding
+    starts, and their output is set to exactly 0. No segment is ever empty, so the
+    ``min_seqlen=1`` the kernel is told is true (SDPA's fused NJT kernels refuse a
+    min_seqlen of 0 and would fall back to the math path; an empty segment under a claimed
+    1 would break their stated precondition). To guarantee that, ``pad_segments`` appends
+    as many zero rows as there are pad segments: a copy of q, k and v ([T + n, H, D]) per
+    call, the price of the true hint. Plus one [T, H, D] select for the zeroing, and the
+    NJT wrapping (metadata only, no copy).
     """
 
     name = "nested"
 
     def varlen(self, q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0):
         total = q.shape[0]
-        extra = -(-total // max_seqlen)
-        tail = torch.arange(1, extra + 1, device=q.device) * max_seqlen + cu_seqlens[-1].long()
-        offsets = torch.cat([cu_seqlens.long(), tail.clamp(max=total)])
-        # SDPA refuses jagged tensors over strided values (model.fused_qkv's q, k, v are views
-        # of one [T, 3, H, D] output): a copy of each then, a no-op for contiguous inputs.
-        q, k, v = (t.contiguous() for t in (q, k, v))
-        # min_seqlen given (1: some pad segments are empty, real ones are not), so no kernel
-        # check reads it back from the device.
-        nested = [torch.nested.nested_tensor_from_jagged(t, offsets, min_seqlen=1, max_seqlen=max_seqlen)
-                  .transpose(1, 2) for t in (q, k, v)]
-        out = F.scaled_dot_product_attention(*nested, dropout_p=dropout_p).transpose(1, 2).values()
+        offsets, extra = pad_segments(cu_seqlens, total, max_seqlen)
+        grown = [torch.cat([t, t.new_zeros(extra, *t.shape[1:])]) for t in (q, k, v)]
+        nested = [torch.nested.nested_tensor_from_jagged(t, offsets, min_seqlen=1, max_seqlen=max(max_seqlen, 2))
+                  .transpose(1, 2) for t in grown]
+        out = F.scaled_dot_product_attention(*nested, dropout_p=dropout_p).transpose(1, 2).values()[:total]
         real = torch.arange(total, device=q.device) < cu_seqlens[-1]
         return torch.where(real[:, None, None], out, 0.0)
+
+
+def pad_segments(cu_seqlens: torch.Tensor, total: int, max_seqlen: int) -> tuple[torch.Tensor, int]:
+    """Offsets (int64, on the device) of the B real sequences followed by ``n`` pad segments
+    that cover rows ``cu_seqlens[-1]`` .. ``total + n`` (the T - cu_seqlens[-1] pad rows plus
+    ``n`` appended ones), each of 1 to max(max_seqlen, 2) rows, and ``n``. ``n`` depends
+    only on ``total`` and ``max_seqlen`` (static shapes, no host read of cu_seqlens): it is
+    the least count with n * (S - 1) >= total, so the pad rows (at most T) fit n segments
+    of at most S rows even after one row of each is set aside to keep it non-empty.
+    Segment i ends at end + min(i * S, P - n + i), P the rows to cover, end the last real
+    offset: steps of S while there are rows to spare, then steps of 1."""
+    s = max(max_seqlen, 2)
+    n = max(1, -(-total // (s - 1)))
+    end = cu_seqlens[-1].long()
+    rows = total + n - end  # P: pad rows plus the n appended
+    i = torch.arange(1, n + 1, device=cu_seqlens.device)
+    ends = end + torch.minimum(i * s, rows - n + i)
+    return torch.cat([cu_seqlens.long(), ends]), n
 
 
 def varlen_via_padded(padded, q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0):

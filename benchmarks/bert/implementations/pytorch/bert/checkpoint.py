@@ -27,6 +27,8 @@ import numpy as np
 import torch
 
 from .config import ModelConfig
+from .model import BertForPreTraining
+from .tf_bundle import BundleError, read_bundle
 
 
 class CheckpointError(ValueError):
@@ -118,9 +120,7 @@ def _check_shape(source: str, name: str, got: tuple[int, ...], want: tuple[int, 
 
 
 def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    from .model import BertForPreTraining  # on the meta device: shapes only, no memory
-
-    with torch.device("meta"):
+    with torch.device("meta"):  # shapes only, no memory
         model = BertForPreTraining(cfg)
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
@@ -167,8 +167,6 @@ def read_tf_checkpoint(prefix: str | Path) -> dict[str, np.ndarray]:
     Read by ``bert/tf_bundle.py`` (no TensorFlow needed); a checkpoint feature it does not
     decode (compressed index, sliced tensors) falls back to TensorFlow when installed.
     """
-    from .tf_bundle import BundleError, read_bundle
-
     prefix = str(prefix)
     if not Path(prefix + ".index").is_file():
         raise CheckpointError(f"{prefix}: no TensorFlow checkpoint here ({prefix}.index does not exist; "

@@ -95,7 +95,7 @@ class DataConfig:
     # count); "auto" = a ladder from the local batch, max_seq_length, the sampler and the
     # shipped Wikipedia length histogram; "N,N,..." = increasing budgets in tokens. The full
     # grid local_batch_size * max_seq_length is always the top budget, so a batch is padded,
-    # never cut. Needs model.unpad=true. Costs the padded tokens' compute (README).
+    # never cut. Needs model.unpad=true. Costs the padded tokens' compute (docs/performance.md).
     token_budgets: str = ""
 
 
@@ -216,7 +216,7 @@ class GradSyncConfig:
     compression: Literal["none", "fp16", "bf16", "powersgd"] = "none"
     # Each rank's bucket is multiplied by this before the sum-allreduce; 0 = 1/world size (the
     # mean). The published recipe scaled by a constant: sqrt(22)/4908.98 = 1/1046.6 per rank,
-    # 0.978 x the mean at 1,024 ranks (Adam sees it only through epsilon; README).
+    # 0.978 x the mean at 1,024 ranks (Adam sees it only through epsilon; docs/published_recipe.md).
     reduce_scale: float = 0.0
     # PowerSGD: factor rank r (bytes per n x m matrix: r(n+m) instead of nm) and the number of
     # optimizer steps reduced exactly (plain allreduce) before compressing starts.
@@ -541,6 +541,29 @@ def build_config(overrides: dict[str, Any] | None = None, config_file: str | Non
     return cfg
 
 
+def parse_budgets(spec: str, local_batch: int, max_seq_length: int) -> tuple[int, ...] | None:
+    """``data.token_budgets`` -> None (off), "auto", or increasing explicit rungs with the
+    full grid appended when the list stops short of it. Raises ConfigError naming the key."""
+    spec = spec.strip()
+    if spec in ("", "auto"):
+        return None
+    full = local_batch * max_seq_length
+    try:
+        rungs = [int(x) for x in spec.split(",")]
+    except ValueError:
+        raise ConfigError(f"data.token_budgets={spec!r}: expected '', 'auto' or increasing token counts "
+                          "'N,N,...'") from None
+    if any(r < 1 for r in rungs):
+        raise ConfigError(f"data.token_budgets={spec!r}: every budget must be >= 1 token")
+    if any(b <= a for a, b in zip(rungs, rungs[1:])):
+        raise ConfigError(f"data.token_budgets={spec!r}: budgets must be strictly increasing")
+    if rungs[-1] > full:
+        raise ConfigError(f"data.token_budgets={spec!r}: {rungs[-1]} exceeds the full grid run.local_batch_size "
+                          f"x data.max_seq_length = {full}, which is always the top budget")
+    # A batch above every listed budget goes to the full grid: padded, never cut.
+    return tuple(rungs) if rungs[-1] == full else (*rungs, full)
+
+
 def validate(cfg: Config) -> None:
     """Cross-field rules; each failure names the key."""
     m = cfg.model
@@ -564,10 +587,12 @@ def validate(cfg: Config) -> None:
     need(0 < d.max_predictions_per_seq <= d.max_seq_length, "data.max_predictions_per_seq",
          "must be in [1, data.max_seq_length]")
     need(d.eval_samples >= 0, "data.eval_samples", "must be >= 0")
-    if d.token_budgets.strip():
-        from .budget import check_config  # imported here: bert.budget imports this module
-
-        check_config(cfg)
+    if d.token_budgets.strip():  # budgets pad the unpadded layout (bert/budget.py)
+        if not m.unpad or m.pack:
+            raise ConfigError(f"data.token_budgets={d.token_budgets!r}: budgets pad the unpadded layout; they "
+                              "need model.unpad=true and model.pack=false")
+        if cfg.run.local_batch_size > 0:  # else the run.local_batch_size rule names it
+            parse_budgets(d.token_budgets, cfg.run.local_batch_size, d.max_seq_length)
     o = cfg.optim
     need(o.lr > 0, "optim.lr", "must be positive")
     need(0 <= o.beta1 < 1, "optim.beta1", "must be in [0, 1)")

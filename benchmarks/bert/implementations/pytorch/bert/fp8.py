@@ -49,8 +49,7 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from .budget import parse_budgets
-from .config import Config, ConfigError
+from .config import Config, ConfigError, parse_budgets
 
 MIN_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada, Hopper and later
 ALIGN = 16  # torch._scaled_mm: both dimensions of the second operand are multiples of 16

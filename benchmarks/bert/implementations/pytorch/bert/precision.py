@@ -50,10 +50,10 @@ def resolve(name: str, device_type: str) -> str:
     return name
 
 
-def _autocast_factory(name: str, device_type: str) -> Callable[[], ContextManager]:
+def _autocast_factory(name: str, device_type: str, cache: bool = True) -> Callable[[], ContextManager]:
     if name == "fp32":
         return contextlib.nullcontext
-    return functools.partial(torch.autocast, device_type=device_type, dtype=DTYPES[name])
+    return functools.partial(torch.autocast, device_type=device_type, dtype=DTYPES[name], cache_enabled=cache)
 
 
 def loss_scale(scaler: torch.amp.GradScaler) -> torch.Tensor | None:
@@ -115,10 +115,17 @@ class Precision:
         }
 
 
-def build_precision(cfg: PrecisionConfig, device_type: str) -> Precision:
+def build_precision(cfg: PrecisionConfig, device_type: str, autocast_cache: bool = True) -> Precision:
+    """``autocast_cache=False`` turns off autocast's cache of casted weights in both
+    contexts: CUDA graphs need it off (a cast cached in one replay would be stale in the
+    next), and every step of such a run -- the eager warm-up, the capture, evaluation --
+    must run under the same setting, since torch.compile guards on it (a change is a
+    recompile). Costs nothing measurable for BERT: each weight is cast once per forward
+    either way (the cache only saves repeated casts of one weight inside one region)."""
     train = resolve(cfg.dtype, device_type)
     ev = train if cfg.eval_dtype == "train" else cfg.eval_dtype
-    return Precision(train, ev, _autocast_factory(train, device_type), _autocast_factory(ev, device_type),
+    return Precision(train, ev, _autocast_factory(train, device_type, autocast_cache),
+                     _autocast_factory(ev, device_type, autocast_cache),
                      _step_scaled if train == "fp16" else _step_plain)
 
 

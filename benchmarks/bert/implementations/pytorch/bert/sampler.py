@@ -51,9 +51,11 @@ from typing import Any, Callable, Sequence
 
 import h5py
 import numpy as np
+import torch
 
 from .config import ConfigError  # a ValueError: callers catching ValueError still do
-from .data import DataError, Sample, Shard, _row_offsets, collate, list_shards, read_shard
+from .budget import BudgetCollate, Layout
+from .data import DataError, Sample, Shard, TrainLoader, _row_offsets, collate, list_shards, read_shard
 
 MANIFEST_FORMAT = "mlperf-bert-strata/1"
 DEALS = ("none", "snake", "greedy", "cost")
@@ -473,8 +475,6 @@ class GatherLengths:
                 self.pg = pg
 
     def ids(self, step: int) -> tuple[np.ndarray, dict[int, Sample]]:
-        import torch
-
         s = self.sampler
         if s.draw != "rank":
             raise ValueError("sampler.lengths=gather needs sampler.draw=rank (each rank draws its own)")
@@ -565,8 +565,6 @@ def collate_packed(samples: Sequence[Sample], max_seq_length: int, max_per_row: 
     each sample's [CLS]; labels ``mlm_labels`` [M], ``nsp_labels`` [B] as in the unpadded
     collate, so the two layouts give the same outputs in the same order.
     """
-    import torch
-
     flat = collate(samples, True, max_seq_length)  # the unpadded batch, in batch order
     lengths = np.array([len(s.input_ids) for s in samples], dtype=np.int64)
     rows = pack_ffd(lengths, max_seq_length, max_per_row)
@@ -602,33 +600,43 @@ def collate_packed(samples: Sequence[Sample], max_seq_length: int, max_per_row: 
 # ---------------------------------------------------------------- what train.py builds
 
 
-def batch_collate(unpad: bool, pack: bool, max_seq_length: int,
-                  budget: Any = None) -> Callable[[Sequence[Sample]], dict]:
+def pinned(batch: dict) -> dict:
+    """The batch with its tensors in page-locked host memory, so the loop's
+    ``to(device, non_blocking=True)`` is a true asynchronous copy (from pageable memory CUDA
+    stages it through a pinned bounce buffer and the host waits). Costs one host copy per
+    batch, from torch's caching host allocator (no cudaHostAlloc per batch). CUDA only."""
+    return {k: (v.pin_memory() if torch.is_tensor(v) else v) for k, v in batch.items()}
+
+
+def batch_collate(unpad: bool, pack: bool, max_seq_length: int, budget: Layout | None = None, *,
+                  samples: int | None = None, pin: bool = False) -> Callable[[Sequence[Sample]], dict]:
     """The collate of the model's layout, chosen once: packed rows, unpadded (padded to a
-    static token budget when ``budget``, a ``bert.budget.Layout``, is given), or padded."""
+    static token budget when ``budget``, a ``bert.budget.Layout``, is given; with
+    ``samples``, short batches filled up to that many samples), or padded. ``pin``: the
+    batches come in pinned host memory (``pinned``; for a CUDA device)."""
     if budget is not None:
-        from .budget import BudgetCollate
+        fn: Callable[[Sequence[Sample]], dict] = BudgetCollate(budget, samples)
+    elif pack:
+        fn = lambda b: collate_packed(b, max_seq_length)  # noqa: E731
+    else:
+        fn = lambda b: collate(b, unpad, max_seq_length)  # noqa: E731
+    return (lambda b: pinned(fn(b))) if pin else fn
 
-        return BudgetCollate(budget)
-    if pack:
-        return lambda b: collate_packed(b, max_seq_length)
-    return lambda b: collate(b, unpad, max_seq_length)
 
-
-def train_batches(cfg: Any, rank: int, world_size: int) -> Any:
-    """The training batch iterator for ``cfg`` (a ``Config``), chosen once.
+def train_batches(cfg: Any, rank: int, world_size: int, budget: Layout | None = None, pin: bool = False) -> Any:
+    """The training batch iterator for ``cfg`` (a ``Config``), chosen once; ``budget`` is the
+    static token budget layout (``bert.ladder.layout_for``; None when data.token_budgets is
+    off).
 
     Closed-division sampling (random, no deal) on a plain directory keeps
     ``bert.data.TrainLoader`` (each rank reads its own shards). Everything else -- a strata
     manifest, a deal, packed rows -- goes through the id-based ``IndexLoader``; its
-    ``random`` is a uniform permutation of all samples per epoch.
+    ``random`` is a uniform permutation of all samples per epoch. ``pin``: batches in pinned
+    host memory (a CUDA run).
     """
-    from .budget import layout_for
-    from .data import TrainLoader
-
     d, sm, m = cfg.data, cfg.sampler, cfg.model
     # Static token budgets (data.token_budgets): training batches only; eval stays exact.
-    fn = batch_collate(m.unpad, m.pack, d.max_seq_length, layout_for(cfg, world_size))
+    fn = batch_collate(m.unpad, m.pack, d.max_seq_length, budget, pin=pin)
     stratified_dir = (Path(d.train_dir) / "manifest.json").exists() if d.train_dir else False
     if sm.mode == "random" and sm.deal == "none" and not stratified_dir and not m.pack:
         return TrainLoader(d.train_dir, rank, world_size, cfg.run.local_batch_size, cfg.run.seed,
@@ -639,9 +647,13 @@ def train_batches(cfg: Any, rank: int, world_size: int) -> Any:
     return IndexLoader(sampler, IdReader(index), fn, gather=sm.lengths == "gather")
 
 
-def eval_batches(eval_set: Any, batch_size: int, unpad: bool, pack: bool, max_seq_length: int) -> list[dict]:
-    """The eval set's batches in the model's layout (collated once at start-up)."""
-    fn = batch_collate(unpad, pack, max_seq_length)
+def eval_batches(eval_set: Any, batch_size: int, unpad: bool, pack: bool, max_seq_length: int,
+                 layout: Any = None, pin: bool = False) -> list[dict]:
+    """The eval set's batches in the model's layout (collated once at start-up); with
+    ``layout`` (``bert.ladder.eval_layout_for``) each padded to a static token budget and the
+    last one filled up to ``batch_size`` samples, so every batch has a captured shape."""
+    fn = batch_collate(unpad, pack, max_seq_length, layout, samples=batch_size if layout is not None else None,
+                       pin=pin)
     shard = eval_set.shard
     return [fn([shard[i] for i in range(a, min(a + batch_size, len(shard)))])
             for a in range(0, len(shard), batch_size)]

@@ -7,10 +7,13 @@ Two costs the timed run should not pay, and what this module does about them:
   first allocations and CUDA graph capture all happen the first time a shape is seen.
   ``warm_up`` runs ``run.warmup_steps`` full training steps per batch shape on *synthetic*
   batches (random tokens, made here: no training or eval file is touched, which MLPerf
-  allows before run_start), plus one evaluation forward, then puts the model, optimizer,
+  allows before run_start), then puts the model, optimizer,
   scheduler, loss scaler, gradient-sync state and every RNG back exactly as they were
   (``snapshot``/``restore``), so the timed run starts from the true initial state. The
-  caller prints the time it took, outside the timed region.
+  caller prints the time it took, outside the timed region. ``warm_up_eval`` does the same
+  for evaluation: one no-grad forward per evaluation shape (each eval budget rung, or one
+  typical batch without budgets), under the evaluation's own autocast, so its compile
+  (torch.compile guards on grad mode: a compile of its own) is paid here too.
 - **Launch overhead.** An eager BERT-Large step issues thousands of small kernels; at local
   batch 16 on an H200 the GPU waits on the host. ``GraphedStep`` replays the step as CUDA
   graphs: one graph of forward + backward per batch shape (a micro-batch), and one of the
@@ -30,12 +33,18 @@ Gradients are persistent in graph mode: allocated once before capture (outside t
 memory pool), accumulated in place by backward (AccumulateGrad adds into an existing
 ``.grad``), read by the optimizer graph and zeroed in place at its end. A batch whose shape
 was not captured runs its forward + backward eagerly into the same gradients (correct,
-slower; noted once per shape).
+slower; noted once per shape). ``GraphedEval`` captures evaluation's forward and its
+(correct, labelled) counts per eval shape the same way (no backward, no optimizer; the
+model's weights are read in place, so each replay sees the trained weights).
+
+Compiles: with ``model.compile_layers`` (one ``dynamic=True`` compile of the encoder
+layer, shared by its 24 instances) a run compiles the training step once and evaluation
+once, both during these warm-ups; ``compile_seconds`` reads dynamo's own clock, so the
+caller can report the compile apart from the warm-up and the capture.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import random
@@ -47,8 +56,7 @@ import torch
 
 from .config import Config, ConfigError
 from .data import Sample
-from .model import pretraining_loss
-from .precision import DTYPES
+from .model import mlm_correct_and_count, pretraining_loss
 
 # Eager forward + backward passes on a side stream before each capture: the first use of
 # a cuBLAS handle, of autograd's engine and of each allocation size must not be recorded
@@ -221,6 +229,18 @@ class CudaGraphs:
         return graph.replay
 
 
+def _note_uncaptured(seen: set[tuple], key: tuple, what: str, runs: str) -> None:
+    """Say once per shape that it was not captured (it then runs eagerly)."""
+    if key not in seen:
+        seen.add(key)
+        print(f"note: {what} {dict((k[0], k[1]) for k in key)} was not captured in the warm-up: "
+              f"{runs} eagerly (correct, slower)")
+
+
+def _on(batch: dict, device: torch.device) -> dict:
+    return {k: (v.to(device, non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}
+
+
 class GraphedStep:
     """``bert.train.train_step`` as CUDA graphs (see the module docstring); same signature,
     same result: ``(mean loss over the micro-batches, skipped)`` with skipped always 0
@@ -230,11 +250,14 @@ class GraphedStep:
 
     def __init__(self, parts: Any, accum: int, precision: str, graphs: Any) -> None:
         self.parts, self.accum, self.graphs = parts, accum, graphs
-        device = parts.device
         # Autocast's weight-cast cache must be off under capture: a cached cast made in one
-        # replay would be stale in the next (torch's rule for autocast + graphs).
-        self.autocast = (contextlib.nullcontext if precision == "fp32" else
-                         lambda: torch.autocast(device.type, dtype=DTYPES[precision], cache_enabled=False))
+        # replay would be stale in the next (torch's rule for autocast + graphs). The same
+        # factory as the eager warm-up steps' (build_model makes it uncached for a graphed
+        # run): a different cache setting there would be a recompile at capture.
+        self.autocast = parts.precision.train_autocast
+        if uncached_autocast_required(precision) and _autocast_cache(self.autocast) is not False:
+            raise ConfigError("run.cuda_graphs: the training autocast caches weight casts; build the precision "
+                              "with build_precision(..., autocast_cache=False) (bert.train.build_model does)")
         self.params = [p for p in parts.model.parameters() if p.requires_grad]
         with torch.no_grad():
             for p in self.params:  # persistent, outside any graph pool; zeroed in place
@@ -281,13 +304,9 @@ class GraphedStep:
             key = shape_key(batch)
             entry = self.micro.get(key)
             if entry is None:
-                if key not in self.eager_shapes:
-                    self.eager_shapes.add(key)
-                    print(f"note: batch shape {dict((k[0], k[1]) for k in key)} was not captured "
-                          "in the warm-up: its forward + backward run eagerly (correct, slower)")
+                _note_uncaptured(self.eager_shapes, key, "batch shape", "its forward + backward run")
                 loss = torch.zeros((), device=p.device)
-                self._forward_backward({k: (v.to(p.device, non_blocking=True) if torch.is_tensor(v) else v)
-                                        for k, v in batch.items()}, loss)
+                self._forward_backward(_on(batch, p.device), loss)
             else:
                 replay, static, loss = entry
                 for k, v in batch.items():
@@ -334,44 +353,147 @@ def capturable(optimizer: torch.optim.Optimizer) -> bool:
     return all(g.get("capturable") and torch.is_tensor(g["lr"]) for g in optimizer.param_groups)
 
 
-def warm_up(parts: Any, cfg: Config, train_batches: list[dict], eval_batch: dict | None,
-            step: Callable[[Any, int], Any], eval_autocast: Callable[[], Any],
+def uncached_autocast_required(precision: str) -> bool:
+    """Whether a graphed step in ``precision`` runs under autocast (fp32 runs under none)."""
+    return precision != "fp32"
+
+
+def _autocast_cache(factory: Callable[[], Any]) -> bool | None:
+    """The ``cache_enabled`` a ``bert.precision`` autocast factory passes (None: not one)."""
+    return getattr(factory, "keywords", {}).get("cache_enabled")
+
+
+def compile_seconds() -> float:
+    """Seconds torch.compile has spent compiling in this process so far (dynamo's own
+    clock: tracing, AOT autograd and the backend's compile of each frame; a lazily compiled
+    backward is counted where dynamo's clock sees it)."""
+    metrics = getattr(torch._dynamo.utils, "compilation_time_metrics", {})
+    return float(sum(metrics.get("_compile.compile_inner", ())))
+
+
+def compiled_frames() -> int:
+    """Frames torch.compile has compiled in this process so far (a recompile is one more)."""
+    return int(torch._dynamo.utils.counters["frames"]["ok"])
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def warm_up(parts: Any, cfg: Config, train_batches: list[dict], step: Callable[[Any, int], Any],
             graphs: Any = None) -> tuple[Callable[[Any, int], Any], dict[str, Any]]:
     """Run ``cfg.run.warmup_steps`` eager steps on each batch of ``train_batches`` (one per
-    shape), then, with ``graphs``, build the ``GraphedStep`` and capture each shape, run
-    one evaluation forward, and restore the state exactly.
+    shape), then, with ``graphs``, build the ``GraphedStep`` and capture each shape, and
+    restore the state exactly.
 
     ``step`` is the eager ``bert.train.train_step``. The eager steps come first: they
-    create the optimizer state that the optimizer graph captures. Returns the step the loop
-    should call (the graphed one, or ``step``) and what happened, for the caller to print.
+    create the optimizer state that the optimizer graph captures (and compile what
+    torch.compile compiles). Returns the step the loop should call (the graphed one, or
+    ``step``) and what happened, for the caller to print: ``seconds`` in all, of which
+    ``warmup_s`` the eager steps (``compile_s`` of them compiling) and ``capture_s`` the
+    captures; ``compiled_frames`` the compiles it caused.
     """
-    t0 = time.perf_counter()
+    t0, c0, f0 = time.perf_counter(), compile_seconds(), compiled_frames()
     snap = snapshot(parts)
     accum, n = cfg.run.grad_accum_steps, cfg.run.warmup_steps
     for batch in train_batches:
         feed = dataclasses.replace(parts, batches=iter([batch] * n * accum))
         for _ in range(n):
             step(feed, accum)
+    _sync(parts.device)
+    t1 = time.perf_counter()
     graphed = None
     if graphs is not None:
         graphed = GraphedStep(parts, accum, parts.precision.train, graphs)
         for batch in train_batches:
             graphed.capture(batch)
-    if eval_batch is not None:
-        was = parts.model.training
-        parts.model.eval()
-        with torch.no_grad(), eval_autocast():
-            parts.model(**{k: (v.to(parts.device) if torch.is_tensor(v) else v)
-                           for k, v in eval_batch.items() if k not in LABEL_KEYS})
-        parts.model.train(was)
-    if parts.device.type == "cuda":
-        torch.cuda.synchronize(parts.device)
+    _sync(parts.device)
+    t2 = time.perf_counter()
     restore(parts, snap)
     if graphed is not None:
         torch._foreach_zero_(graphed.grads)  # the capture warm-ups added into them
     else:
         parts.optimizer.zero_grad()
-    info = {"seconds": time.perf_counter() - t0, "steps": n * len(train_batches),
-            "shapes": len({shape_key(b) for b in train_batches}),
+    info = {"seconds": time.perf_counter() - t0, "warmup_s": t1 - t0, "capture_s": t2 - t1,
+            "compile_s": compile_seconds() - c0, "compiled_frames": compiled_frames() - f0,
+            "steps": n * len(train_batches), "shapes": len({shape_key(b) for b in train_batches}),
             "graphs": len(graphed.micro) + 1 if graphed is not None else 0}
     return (graphed if graphed is not None else step), info
+
+
+# ---------------------------------------------------------------- evaluation
+
+
+def eval_counts(model: torch.nn.Module, batch: dict, autocast: Callable[[], Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(correct, labelled) masked-LM predictions of one eval batch already on the device, as
+    0-d int64 tensors (no host sync): the eager evaluation step. Call under no_grad, with
+    the model in eval mode."""
+    inputs = {k: v for k, v in batch.items() if k not in LABEL_KEYS}
+    with autocast():
+        mlm_logits, _ = model(**inputs)
+    return mlm_correct_and_count(mlm_logits, batch["mlm_labels"])
+
+
+class GraphedEval:
+    """``eval_counts`` as CUDA graphs, one per eval batch shape (see the module docstring);
+    ``graphs`` does the capturing (``CudaGraphs``, or the tests' stand-in). Call under
+    no_grad with the model in eval mode, as ``bert.train.evaluate`` does; a shape that
+    was not captured runs eagerly (noted once)."""
+
+    def __init__(self, model: torch.nn.Module, autocast: Callable[[], Any], device: torch.device, graphs: Any) -> None:
+        self.model, self.autocast, self.device, self.graphs = model, autocast, device, graphs
+        self.captured: dict[tuple, tuple[Callable[[], None], dict, torch.Tensor]] = {}
+        self.eager_shapes: set[tuple] = set()
+
+    def _counts_into(self, static: dict, out: torch.Tensor) -> None:
+        correct, count = eval_counts(self.model, static, self.autocast)
+        out[0].copy_(correct)
+        out[1].copy_(count)
+
+    def capture(self, batch: dict) -> tuple:
+        key = shape_key(batch)
+        if key not in self.captured:
+            static = {k: (v.to(self.device).clone() if torch.is_tensor(v) else v) for k, v in batch.items()}
+            out = torch.zeros(2, dtype=torch.int64, device=self.device)
+            self.captured[key] = (self.graphs.capture(lambda: self._counts_into(static, out)), static, out)
+        return key
+
+    def __call__(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        key = shape_key(batch)
+        entry = self.captured.get(key)
+        if entry is None:
+            _note_uncaptured(self.eager_shapes, key, "eval batch shape", "it runs")
+            return eval_counts(self.model, _on(batch, self.device), self.autocast)
+        replay, static, out = entry
+        for k, v in batch.items():
+            if torch.is_tensor(v):
+                static[k].copy_(v, non_blocking=True)
+        replay()
+        return out[0].clone(), out[1].clone()  # the next replay overwrites out
+
+
+def warm_up_eval(parts: Any, eval_batches: list[dict], graphs: Any = None
+                 ) -> tuple[Callable[[dict], tuple[torch.Tensor, torch.Tensor]] | None, dict[str, Any]]:
+    """One no-grad evaluation forward per batch of ``eval_batches`` (one per eval shape),
+    under the evaluation's autocast, and with ``graphs`` a ``GraphedEval`` capturing each.
+    Changes no state (no gradient, no optimizer, no dropout: the model is in eval mode).
+    Returns the graphed counts function (None without graphs: evaluation stays eager) and
+    what happened (``seconds``, ``compile_s``, ``compiled_frames``, ``shapes``, ``graphs``)."""
+    t0, c0, f0 = time.perf_counter(), compile_seconds(), compiled_frames()
+    model, device, autocast = parts.model, parts.device, parts.precision.eval_autocast
+    was = model.training
+    model.eval()
+    graphed = GraphedEval(model, autocast, device, graphs) if graphs is not None else None
+    with torch.no_grad():
+        for batch in eval_batches:
+            on_device = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in batch.items()}
+            eval_counts(model, on_device, autocast)
+            if graphed is not None:
+                graphed.capture(on_device)
+    model.train(was)
+    _sync(device)
+    info = {"seconds": time.perf_counter() - t0, "compile_s": compile_seconds() - c0,
+            "compiled_frames": compiled_frames() - f0, "shapes": len({shape_key(b) for b in eval_batches}),
+            "graphs": len(graphed.captured) if graphed is not None else 0}
+    return graphed, info

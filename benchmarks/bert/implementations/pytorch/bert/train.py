@@ -32,13 +32,13 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import budget, distributed, fp8, grad_sync, pretrain, resume, sampler, step_graph
+from . import distributed, fp8, grad_sync, ladder, pretrain, resume, sampler, step_graph
 from .config import (Config, ConfigError, build_config, dump, eval_interval_samples, global_batch_size,
                      is_benchmark_model, max_samples, parse_overrides, timed_run_problems)
 from .checkpoint import load_weights, tf_tensor_names
 from .data import DataError, EvalSet, check_eval_dir
 from .mlperf_log import MLPerfLogger, hyperparameters
-from .model import BertForPreTraining, mlm_correct_and_count, pretraining_loss
+from .model import BertForPreTraining, pretraining_loss
 from .optim import build_optimizer, build_scheduler
 from .precision import Precision, build_precision, build_scaler, loss_scale
 
@@ -89,6 +89,9 @@ class Parts:
     global_batch: int
     eval_interval: int
     max_samples: int
+    # (eval batch on the device) -> (correct, labelled): the graphed evaluation of
+    # bert/step_graph.py once prepare_eval captured it; None = the eager one.
+    eval_counts: Callable[[dict], tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
 def _to(batch: dict, device: torch.device) -> dict:
@@ -101,17 +104,19 @@ def _split(batch: dict) -> tuple[dict, dict]:
 
 
 def evaluate(model: torch.nn.Module, eval_batches: list[dict], device: torch.device,
-             autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> float:
-    """Masked-LM accuracy over the whole eval set: counts summed across ranks, then divided."""
+             autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+             counts: Callable[[dict], tuple[torch.Tensor, torch.Tensor]] | None = None) -> float:
+    """Masked-LM accuracy over the whole eval set: counts summed across ranks, then divided.
+    ``counts`` (``Parts.eval_counts``): the graphed per-batch step, else the eager one."""
     was_training = model.training
     model.eval()
     totals = torch.zeros(2, dtype=torch.float64, device=device)
     with torch.no_grad():
         for batch in eval_batches:
-            inputs, labels = _split(_to(batch, device))
-            with autocast():
-                mlm_logits, _ = model(**inputs)
-            correct, count = mlm_correct_and_count(mlm_logits, labels["mlm_labels"])
+            if counts is None:
+                correct, count = step_graph.eval_counts(model, _to(batch, device), autocast)
+            else:
+                correct, count = counts(batch)
             totals[0] += correct
             totals[1] += count
     distributed.all_reduce_sum(totals)
@@ -173,7 +178,7 @@ def train(p: Parts, cfg: Config, log: MLPerfLogger, say: Callable[[str], None], 
             log.throughput((s.samples - block_first) / (time.perf_counter() - block_t), s.samples)
             log.block_stop(block_first, s.samples)
             log.eval_start(s.samples)
-            acc = evaluate(p.model, p.eval_batches, p.device, p.precision.eval_autocast)
+            acc = evaluate(p.model, p.eval_batches, p.device, p.precision.eval_autocast, p.eval_counts)
             log.eval_stop(s.samples)
             log.eval_accuracy(acc, s.samples)
             log.skipped_steps(int(s.skipped_steps), s.samples)  # a sync; the eval had one
@@ -203,7 +208,11 @@ def build_model(cfg: Config, denv: distributed.DistEnv, device: torch.device) ->
     sync, optimizer, schedule. Touches no training or eval file, so it runs before
     run_start; ``open_data`` fills in the batches after it (MLPerf's clock rule)."""
     fp8.check(cfg, device.type)  # what FP8 GEMMs cannot do, refused by name
-    model = BertForPreTraining(cfg.model, device.type).to(device)
+    # Built on the device (factories and the normal init there): BERT-Large's 335 M
+    # parameters are neither initialised on the host nor copied over. The init then draws
+    # from the device's generator (seeded by seed_everything like the host's).
+    with torch.device(device):
+        model = BertForPreTraining(cfg.model, device.type)
     if cfg.run.init_checkpoint:
         # TF phase-1 checkpoint, HF weights or ours; names and shapes checked against cfg.model.
         model.load_state_dict(load_weights(cfg.run.init_checkpoint, cfg.model))
@@ -211,13 +220,19 @@ def build_model(cfg: Config, denv: distributed.DistEnv, device: torch.device) ->
         # Module swap in place, same parameters: before compile and DDP see the layers.
         fp8.convert(model, cfg.precision.fp8, device.type)
     # Before DDP: a comm hook that sees scaled gradients reads precision.loss_scale(scaler).
-    precision = build_precision(cfg.precision, device.type)
+    # Graphs: autocast's weight-cast cache off everywhere (capture needs it off; the eager
+    # warm-up and evaluation must match it, or torch.compile recompiles on the change).
+    precision = build_precision(cfg.precision, device.type, autocast_cache=not cfg.run.cuda_graphs)
     scaler = build_scaler(cfg.precision, precision, device.type)
     if cfg.model.compile_layers:
         # Per layer, in place (nn.Module.compile): parameter names and the state dict are
-        # unchanged, and DDP wraps the same modules. Compiles on first call, not here.
+        # unchanged, and DDP wraps the same modules. Compiles on first call, not here: one
+        # compile serves all the layers (same code, parameters as inputs). dynamic=True:
+        # the token count (each budget rung, each eval batch) and max_seqlen stay symbolic,
+        # so training compiles once and evaluation once (no_grad is a guard); the default
+        # would compile the first shape static and recompile at the second.
         for layer in model.bert.encoder.layer:
-            layer.compile()
+            layer.compile(dynamic=True)
     train_model: torch.nn.Module = model
     if denv.world_size > 1:
         buckets, note = grad_sync.ddp_bucket_args(cfg.grad_sync)
@@ -243,14 +258,16 @@ def open_data(parts: Parts, cfg: Config, denv: distributed.DistEnv, timed: bool 
     manifest, length index, hdf5 opens), so called only after run_start. Reading and
     collating the eval set (10,000 samples, ~1 s) is therefore timed, as the rules want."""
     d = cfg.data
-    batches = sampler.train_batches(cfg, denv.rank, denv.world_size)  # picks the mode once
+    pin = parts.device.type == "cuda"  # pinned host batches: the copies to the device are asynchronous
+    batches = sampler.train_batches(cfg, denv.rank, denv.world_size,  # picks the mode once
+                                    ladder.layout_for(cfg, denv.world_size), pin=pin)
     check_eval_dir(d.train_dir, d.eval_dir)  # never evaluate on training samples
     eval_set = EvalSet(d.eval_dir, denv.rank, denv.world_size, d.eval_samples, d.max_seq_length)
     if timed and is_benchmark_model(cfg) and cfg.run.division == "closed" and eval_set.total_samples != 10000:
         raise DataError(f"data.eval_dir={d.eval_dir} holds {eval_set.total_samples} samples; a closed BERT-Large "
                         "run evaluates on the full 10,000-sample eval set: point data.eval_dir (EVALDIR) at it")
     eval_batches = sampler.eval_batches(eval_set, cfg.eval.batch_size, cfg.model.unpad, cfg.model.pack,
-                                        d.max_seq_length)
+                                        d.max_seq_length, ladder.eval_layout_for(cfg, denv.world_size), pin=pin)
     return dataclasses.replace(parts, batches=iter(batches), eval_batches=eval_batches,
                                eval_samples=eval_set.total_samples)
 
@@ -263,24 +280,46 @@ def prepare_step(parts: Parts, cfg: Config, world_size: int, say: Callable[[str]
     r, d, m = cfg.run, cfg.data, cfg.model
     if r.warmup_steps == 0:
         return train_step
-    layout = budget.layout_for(cfg, world_size)  # the shapes the loader will produce
+    layout = ladder.layout_for(cfg, world_size)  # the shapes the loader will produce
     batches = step_graph.synthetic_batches(
         sampler.batch_collate(m.unpad, m.pack, d.max_seq_length, layout), step_graph.warmup_token_counts(cfg, layout),
         r.local_batch_size, d.max_seq_length, d.max_predictions_per_seq, m.vocab_size, seed=r.seed)
-    eval_batch = step_graph.synthetic_batches(
-        sampler.batch_collate(m.unpad, m.pack, d.max_seq_length), [cfg.eval.batch_size * d.max_seq_length // 2],
-        cfg.eval.batch_size, d.max_seq_length, d.max_predictions_per_seq, m.vocab_size, seed=r.seed)[0]
     graphs = None
     if r.cuda_graphs:
         if not step_graph.capturable(parts.optimizer):  # build_model asks for one; a safety net
             raise ConfigError("run.cuda_graphs: the optimizer keeps its step count or learning rate on "
                               "the host; it must be built with build_optimizer(..., capturable=True)")
         graphs = step_graph.CudaGraphs()
-    step, info = step_graph.warm_up(parts, cfg, batches, eval_batch, train_step, parts.precision.eval_autocast, graphs)
+    step, info = step_graph.warm_up(parts, cfg, batches, train_step, graphs)
     say(f"warm-up before run_start: {info['steps']} steps on synthetic batches ({info['shapes']} shape(s)), "
-        f"{info['graphs']} CUDA graph(s) captured, {info['seconds']:.1f} s; model, optimizer, schedule "
-        "and RNG restored")
+        f"{info['graphs']} CUDA graph(s) captured, {info['seconds']:.1f} s (compile {info['compile_s']:.1f} s, "
+        f"capture {info['capture_s']:.1f} s); model, optimizer, schedule and RNG restored")
     return step
+
+
+def eval_warmup_batches(cfg: Config, world_size: int) -> list[dict]:
+    """Synthetic eval batches, one per shape evaluation will see: each eval budget rung filled
+    exactly (``ladder.eval_layout_for``), or one typical batch (half the grid) without
+    budgets, where every eval batch has its own shape."""
+    d, m, e = cfg.data, cfg.model, cfg.eval
+    layout = ladder.eval_layout_for(cfg, world_size)
+    counts = list(layout.rungs) if layout is not None else [e.batch_size * d.max_seq_length // 2]
+    collate = sampler.batch_collate(m.unpad, m.pack, d.max_seq_length, layout)
+    return step_graph.synthetic_batches(collate, counts, e.batch_size, d.max_seq_length, d.max_predictions_per_seq,
+                                        m.vocab_size, seed=cfg.run.seed)
+
+
+def prepare_eval(parts: Parts, cfg: Config, world_size: int, say: Callable[[str], None]) -> Parts:
+    """``parts`` with its evaluation made ready before run_start, with ``run.warmup_steps``:
+    one no-grad forward per eval shape on synthetic batches (its compile paid here), and
+    with ``run.cuda_graphs`` each shape captured (``Parts.eval_counts``). Touches no data."""
+    if cfg.run.warmup_steps == 0:
+        return parts
+    graphs = step_graph.CudaGraphs() if cfg.run.cuda_graphs else None
+    counts, info = step_graph.warm_up_eval(parts, eval_warmup_batches(cfg, world_size), graphs)
+    say(f"eval warm-up before run_start: {info['shapes']} shape(s), {info['graphs']} CUDA graph(s) captured, "
+        f"{info['seconds']:.1f} s (compile {info['compile_s']:.1f} s)")
+    return dataclasses.replace(parts, eval_counts=counts)
 
 
 def resolve_seed(cfg: Config) -> Config:
@@ -411,6 +450,7 @@ def _run(cfg: Config, denv: distributed.DistEnv, device: torch.device, log: MLPe
         say("dry run: everything built, nothing trained")
         return 0
     step = prepare_step(parts, cfg, denv.world_size, say)  # warm-up (and graph capture) on synthetic batches
+    parts = prepare_eval(parts, cfg, denv.world_size, say)  # the same for evaluation
     log.init_stop()
     log.run_start()
     parts = open_data(parts, cfg, denv)  # the clock runs: only now is the data touched

@@ -22,15 +22,20 @@ Why each piece is the way it is:
 - Softmax in fp32 with the flash-attention-2 online rescaling, in base 2 (``exp2``; the
   scale folds in log2(e)). The forward stores the row log-sum-exp (base 2, fp32, ``[H, T]``)
   so the backward recomputes P = exp2(S - lse) without a second reduction.
-- Dropout: a Philox stream keyed by a seed that lives in a device tensor, drawn per call
-  with ``torch.randint`` on q's device (so a captured CUDA graph draws a new seed on each
-  replay; no host int per step). The element (b, h, i, j) -- query i, key j of sequence b,
-  head h -- uses counter ((b * H + h) * max_seqlen + i) * max_seqlen + j (int64), so the
-  mask does not depend on the block sizes and the backward regenerates exactly the
-  forward's mask from the saved seed (``dropout_mask`` returns it, for tests). A key is
-  kept when its uniform draw is >= p and kept values are scaled by 1 / (1 - p). Cost: one
-  Philox evaluation per score element in the forward and two in the backward (dK/dV and
-  dQ recompute it).
+- Dropout: Philox-4x32-10 (Triton's ``tl.philox``, 32-bit arithmetic) keyed by a seed that
+  lives in a device tensor, drawn per call with ``torch.randint`` on q's device (so a
+  captured CUDA graph draws a new seed on each replay; no host int per step). One Philox
+  call gives four 32-bit words, and each word two 16-bit draws: 8 keep decisions per call,
+  for 8 adjacent keys of one query. The element (b, h, i, j) -- query i, key j of sequence
+  b, head h -- is decided by the call with counter (c0, c1) = (i * ceil(max_seqlen / 8) +
+  j // 8, b * H + h), word (j % 8) // 2, half j % 2 (low first); kept when that 16-bit draw
+  is >= ``dropout_threshold(p)`` = round(p * 65536). The mask thus depends on no block size,
+  and the backward regenerates exactly the forward's mask from the saved seed
+  (``dropout_mask`` returns it, for tests). The rate applied is that threshold / 65536
+  (``applied_dropout(0.1)`` = 0.1000061), and kept values are scaled by 1 / (1 - that), so
+  the expectation is exact. Cost: one Philox call per 8 score elements in the forward and
+  in each of the two backward kernels (dK/dV and dQ recompute it), plus the shuffle that
+  spreads the 8 draws over 8 columns (``tl.join`` and a reshape).
 - Backward as in flash-attention 2: a preprocess computes delta = rowsum(dO * O) (valid
   with dropout too: rowsum(dP o P) = rowsum(dO o O) when O uses the dropped, rescaled P);
   one kernel per key block accumulates dK and dV over the query blocks, one per query
@@ -45,7 +50,9 @@ Triton is optional: without it this module still imports, ``AVAILABLE`` is False
 (``TRITON_INTERPRET=1`` set before triton is first imported; tests/conftest.py does it).
 
 Block sizes (``FWD_BLOCKS``, ``BWD_BLOCKS``) and ``num_warps``/``num_stages`` are first
-guesses for an H100/H200 at head dim 64, not measured; a GPU session should tune them.
+guesses for an H100/H200 at head dim 64, not measured; ``forward``/``backward`` take
+others (bench/gpu_bert_large.py sweeps a few, and records ``kernel_stats``: registers and
+spills of every compiled kernel).
 """
 
 from __future__ import annotations
@@ -66,31 +73,52 @@ AVAILABLE = triton is not None
 
 # (BLOCK_M query rows, BLOCK_N key rows, num_warps, num_stages). Untuned guesses: 64 x 64
 # tiles keep the fp32 scores, the Philox state and a 64-wide accumulator within a 4-warp
-# program's registers at head dim 64; a GPU session should sweep 32..128 and 4/8 warps.
+# program's registers at head dim 64; the device run sweeps a few (bench/gpu_bert_large.py).
 FWD_BLOCKS = (64, 64, 4, 2)
 BWD_BLOCKS = (64, 64, 4, 2)
 LOG2E = 1.4426950408889634
+KEYS_PER_CALL = 8  # keep decisions per Philox call: 4 words x 2 halves of 16 bits
+DRAW_LEVELS = 65536  # a 16-bit draw: the dropout rate is applied in steps of 1 / 65536
 
 
 if AVAILABLE:
 
     @triton.jit
-    def _keep(seed, bh, rows, cols, max_seqlen, dropout_p):
-        """True where the dropout mask keeps score (rows, cols) of program (b, h).
+    def _keep(seed, bh, rows, col0, n_groups, threshold, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        """[BLOCK_M, BLOCK_N] bool: True where the dropout mask keeps score (row, col) of
+        program (b, h), for the query positions ``rows`` ([BLOCK_M], within the sequence)
+        and the BLOCK_N keys from ``col0`` (a multiple of 8) on.
 
-        ``rows``/``cols`` are broadcastable position tiles within the sequence; the Philox
-        counter numbers a dense [B, H, max_seqlen, max_seqlen] grid. int64, because int32
-        would wrap once B * H > 8192 at max_seqlen 512 (BERT-Large: 16 heads, 512 samples).
+        One Philox-4x32 call per (row, group of 8 keys): counter (row * n_groups + key // 8,
+        b * H + h, 0, 0), key = the seed's two 32-bit halves. Its four words give 8 16-bit
+        draws; the join tree below puts draw d of a group at key 8 * group + d, d = 2 * word
+        + half (low half first). 32-bit counters: row * n_groups + group < max_seqlen^2 / 8.
         """
-        base = bh.to(tl.int64) * max_seqlen * max_seqlen
-        offsets = base + (rows * max_seqlen + cols).to(tl.int64)
-        return tl.rand(seed, offsets) >= dropout_p
+        groups = col0 // 8 + tl.arange(0, BLOCK_N // 8)
+        c0 = rows[:, None] * n_groups + groups[None, :]  # int32 [BLOCK_M, BLOCK_N // 8]
+        c1 = tl.zeros_like(c0) + bh
+        zero = tl.zeros_like(c0)
+        w0, w1, w2, w3 = tl.philox(seed, c0, c1, zero, zero)
+        lo0 = (w0 & 0xFFFF).to(tl.int32) >= threshold
+        lo1 = (w1 & 0xFFFF).to(tl.int32) >= threshold
+        lo2 = (w2 & 0xFFFF).to(tl.int32) >= threshold
+        lo3 = (w3 & 0xFFFF).to(tl.int32) >= threshold
+        hi0 = (w0 >> 16).to(tl.int32) >= threshold
+        hi1 = (w1 >> 16).to(tl.int32) >= threshold
+        hi2 = (w2 >> 16).to(tl.int32) >= threshold
+        hi3 = (w3 >> 16).to(tl.int32) >= threshold
+        # Each join appends a last dim of 2, and the reshape reads the last dim fastest: so
+        # join by word // 2 first, then word % 2, then the half -> key offset 2 * word + half.
+        lo = tl.join(tl.join(lo0, lo2), tl.join(lo1, lo3))
+        hi = tl.join(tl.join(hi0, hi2), tl.join(hi1, hi3))
+        keep = tl.join(lo, hi)  # [BLOCK_M, BLOCK_N // 8, 2, 2, 2]
+        return tl.reshape(keep, [BLOCK_M, BLOCK_N])
 
     @triton.jit
     def _fwd_kernel(Q, K, V, O, LSE, CU, SEED,
                     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-                    stride_ot, stride_oh, n_heads, n_tokens, max_seqlen,
-                    qk_scale, dropout_p, keep_scale,
+                    stride_ot, stride_oh, n_heads, n_tokens, n_groups,
+                    qk_scale, threshold, keep_scale,
                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     DROPOUT: tl.constexpr):
         pid_m = tl.program_id(0)
@@ -129,8 +157,8 @@ if AVAILABLE:
             l_i = l_i * alpha + tl.sum(p, 1)  # the normaliser counts dropped keys too
             acc = acc * alpha[:, None]
             if DROPOUT:
-                p = tl.where(_keep(seed, b * n_heads + h, rows[:, None], cols[None, :],
-                                   max_seqlen, dropout_p), p, 0.0)
+                p = tl.where(_keep(seed, b * n_heads + h, rows, start_n, n_groups, threshold, BLOCK_M, BLOCK_N),
+                             p, 0.0)
             v = tl.load(v_base + cols[:, None] * stride_vt + dims[None, :], mask=col_ok[:, None], other=0.0)
             acc += tl.dot(p.to(v.dtype), v)
             m_i = m_new
@@ -164,7 +192,7 @@ if AVAILABLE:
     def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, CU, SEED,
                          stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                          stride_dot, stride_doh, stride_gt, stride_gh,
-                         n_heads, n_tokens, max_seqlen, qk_scale, sm_scale, dropout_p, keep_scale,
+                         n_heads, n_tokens, n_groups, qk_scale, sm_scale, threshold, keep_scale,
                          HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          DROPOUT: tl.constexpr):
         """One key block: dV = sum over query blocks of Pd^T dO, dK = dS^T Q * scale.
@@ -207,7 +235,9 @@ if AVAILABLE:
             p_t = tl.where(valid, tl.exp2(s_t - lse[None, :]), 0.0)
             dp_t = tl.dot(v, tl.trans(do))  # d(dropped P)^T
             if DROPOUT:
-                keep = _keep(seed, b * n_heads + h, rows[None, :], cols[:, None], max_seqlen, dropout_p)
+                # The [queries, keys] tile the forward drew, transposed to this kernel's [keys, queries].
+                keep = tl.trans(_keep(seed, b * n_heads + h, rows, pid_n * BLOCK_N, n_groups, threshold,
+                                      BLOCK_M, BLOCK_N))
                 pd_t = tl.where(keep, p_t * keep_scale, 0.0)
                 dp_t = tl.where(keep, dp_t * keep_scale, 0.0)
             else:
@@ -223,7 +253,7 @@ if AVAILABLE:
     def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, CU, SEED,
                        stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                        stride_dot, stride_doh, stride_gt, stride_gh,
-                       n_heads, n_tokens, max_seqlen, qk_scale, sm_scale, dropout_p, keep_scale,
+                       n_heads, n_tokens, n_groups, qk_scale, sm_scale, threshold, keep_scale,
                        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        DROPOUT: tl.constexpr):
         """One query block: dQ = sum over key blocks of dS K * scale."""
@@ -259,7 +289,7 @@ if AVAILABLE:
             p = tl.where(row_ok[:, None] & col_ok[None, :], tl.exp2(s - lse[:, None]), 0.0)
             dp = tl.dot(do, tl.trans(v))
             if DROPOUT:
-                keep = _keep(seed, b * n_heads + h, rows[:, None], cols[None, :], max_seqlen, dropout_p)
+                keep = _keep(seed, b * n_heads + h, rows, start_n, n_groups, threshold, BLOCK_M, BLOCK_N)
                 dp = tl.where(keep, dp * keep_scale, 0.0)
             ds = p * (dp - delta[:, None])
             dq += tl.dot(ds.to(k.dtype), k)
@@ -267,7 +297,7 @@ if AVAILABLE:
                  (dq * sm_scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
 
     @triton.jit
-    def _mask_kernel(OUT, SEED, n_heads, max_seqlen, dropout_p, BLOCK: tl.constexpr):
+    def _mask_kernel(OUT, SEED, n_heads, max_seqlen, n_groups, threshold, BLOCK: tl.constexpr):
         """keep[b, h, i, j] for every (i, j) < max_seqlen: the kernels' mask, for tests."""
         pid_m = tl.program_id(0)
         b = tl.program_id(1)
@@ -276,7 +306,7 @@ if AVAILABLE:
         rows = pid_m * BLOCK + tl.arange(0, BLOCK)
         for start_n in range(0, max_seqlen, BLOCK):
             cols = start_n + tl.arange(0, BLOCK)
-            keep = _keep(seed, b * n_heads + h, rows[:, None], cols[None, :], max_seqlen, dropout_p)
+            keep = _keep(seed, b * n_heads + h, rows, start_n, n_groups, threshold, BLOCK, BLOCK)
             bh = (b * n_heads + h).to(tl.int64)
             ptrs = OUT + (bh * max_seqlen + rows[:, None]) * max_seqlen + cols[None, :]
             tl.store(ptrs, keep.to(tl.int8), mask=(rows[:, None] < max_seqlen) & (cols[None, :] < max_seqlen))
@@ -302,12 +332,34 @@ def _check(q, k, v, cu_seqlens):
         raise ValueError(f"cu_seqlens must be int32, got {cu_seqlens.dtype}")
 
 
-def _forward(q, k, v, cu_seqlens, max_seqlen, dropout_p, seed):
+def dropout_threshold(dropout_p: float) -> int:
+    """The 16-bit draw at and above which a score is kept: round(p * 65536), in [0, 65535]."""
+    return min(DRAW_LEVELS - 1, max(0, round(dropout_p * DRAW_LEVELS)))
+
+
+def applied_dropout(dropout_p: float) -> float:
+    """The dropout rate the kernels apply for ``dropout_p``: the threshold's share of the
+    16-bit draws (0.1 -> 6554 / 65536 = 0.1000061); kept values are scaled by 1 / (1 - it)."""
+    return dropout_threshold(dropout_p) / DRAW_LEVELS
+
+
+def _check_blocks(blocks: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
+    block_m, block_n, warps, stages = blocks
+    for name, b in (("BLOCK_M", block_m), ("BLOCK_N", block_n)):
+        if b < 16 or b & (b - 1):
+            raise ValueError(f"{name}={b} must be a power of two >= 16 (tl.dot tiles; 8 keys per Philox call)")
+    return blocks
+
+
+def forward(q, k, v, cu_seqlens, max_seqlen, dropout_p, seed, blocks=None):
+    """The forward kernel: (out, lse). ``blocks`` (BLOCK_M, BLOCK_N, num_warps, num_stages)
+    defaults to ``FWD_BLOCKS``; another choice changes the speed, never the numbers' meaning
+    (the dropout mask depends on no block size)."""
     _check(q, k, v, cu_seqlens)
     q, k, v = _row_major(q), _row_major(k), _row_major(v)
     total, heads, dim = q.shape
     batch = cu_seqlens.numel() - 1
-    block_m, block_n, warps, stages = FWD_BLOCKS
+    block_m, block_n, warps, stages = _check_blocks(blocks or FWD_BLOCKS)
     out = torch.zeros_like(q, memory_format=torch.contiguous_format)  # pad rows stay 0
     lse = torch.empty((heads, total), dtype=torch.float32, device=q.device)
     sm_scale = 1.0 / math.sqrt(dim)
@@ -317,18 +369,19 @@ def _forward(q, k, v, cu_seqlens, max_seqlen, dropout_p, seed):
         _fwd_kernel[grid](
             q, k, v, out, lse, cu_seqlens, seed if dropout else cu_seqlens,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            out.stride(0), out.stride(1), heads, total, max_seqlen,
-            sm_scale * LOG2E, dropout_p, 1.0 / (1.0 - dropout_p),
+            out.stride(0), out.stride(1), heads, total, triton.cdiv(max_seqlen, KEYS_PER_CALL),
+            sm_scale * LOG2E, dropout_threshold(dropout_p), 1.0 / (1.0 - applied_dropout(dropout_p)),
             HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, DROPOUT=dropout,
             num_warps=warps, num_stages=stages)
     return out, lse
 
 
-def _backward(grad_out, q, k, v, out, lse, cu_seqlens, max_seqlen, dropout_p, seed):
+def backward(grad_out, q, k, v, out, lse, cu_seqlens, max_seqlen, dropout_p, seed, blocks=None):
+    """The three backward kernels: (dq, dk, dv). ``blocks`` defaults to ``BWD_BLOCKS``."""
     q, k, v, out, do = (_row_major(t) for t in (q, k, v, out, grad_out))
     total, heads, dim = q.shape
     batch = cu_seqlens.numel() - 1
-    block_m, block_n, warps, stages = BWD_BLOCKS
+    block_m, block_n, warps, stages = _check_blocks(blocks or BWD_BLOCKS)
     dq = torch.zeros_like(q, memory_format=torch.contiguous_format)  # pad rows stay 0
     dk = torch.zeros_like(k, memory_format=torch.contiguous_format)
     dv = torch.zeros_like(v, memory_format=torch.contiguous_format)
@@ -343,7 +396,8 @@ def _backward(grad_out, q, k, v, out, lse, cu_seqlens, max_seqlen, dropout_p, se
         total, HEAD_DIM=dim, BLOCK_M=block_m)
     common = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
               do.stride(0), do.stride(1))
-    scalars = (heads, total, max_seqlen, sm_scale * LOG2E, sm_scale, dropout_p, 1.0 / (1.0 - dropout_p))
+    scalars = (heads, total, triton.cdiv(max_seqlen, KEYS_PER_CALL), sm_scale * LOG2E, sm_scale,
+               dropout_threshold(dropout_p), 1.0 / (1.0 - applied_dropout(dropout_p)))
     meta = dict(HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, DROPOUT=dropout,
                 num_warps=warps, num_stages=stages)
     _bwd_dkdv_kernel[(triton.cdiv(max_seqlen, block_n), batch, heads)](
@@ -355,6 +409,31 @@ def _backward(grad_out, q, k, v, out, lse, cu_seqlens, max_seqlen, dropout_p, se
     return dq, dk, dv
 
 
+def kernel_stats() -> list[dict]:
+    """Every attention kernel Triton has compiled in this process, from its JIT caches: name,
+    the block sizes and flags it was specialised to, warps, stages, shared memory, and the
+    registers per thread and spilled registers the driver reported when it loaded the
+    binary (``n_regs`` / ``n_spills``; None until a kernel has been loaded). Empty in the
+    interpreter, which compiles nothing."""
+    rows = []
+    for fn in (_fwd_kernel, _bwd_preprocess, _bwd_dkdv_kernel, _bwd_dq_kernel) if AVAILABLE else ():
+        for device, caches in sorted(getattr(fn, "device_caches", {}).items(), key=lambda kv: str(kv[0])):
+            for kernel in caches[0].values():
+                kernel = kernel.result() if hasattr(kernel, "result") else kernel
+                meta = kernel.metadata
+                consts = {}
+                for key, val in (getattr(kernel.src, "constants", None) or {}).items():
+                    idx = key[0] if isinstance(key, tuple) else key
+                    name = fn.arg_names[idx] if isinstance(idx, int) and idx < len(fn.arg_names) else str(idx)
+                    if name.isupper():  # the constexprs (HEAD_DIM, BLOCK_M, ...), not pointer hints
+                        consts[name] = val
+                rows.append({"kernel": fn.__name__, "device": str(device), **consts,
+                             "num_warps": getattr(meta, "num_warps", None), "num_stages": getattr(meta, "num_stages", None),
+                             "shared_bytes": getattr(meta, "shared", None),
+                             "n_regs": getattr(kernel, "n_regs", None), "n_spills": getattr(kernel, "n_spills", None)})
+    return rows
+
+
 # ---------------------------------------------------------------- torch ops
 
 
@@ -362,7 +441,7 @@ def _backward(grad_out, q, k, v, out, lse, cu_seqlens, max_seqlen, dropout_p, se
 def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
                 max_seqlen: int, dropout_p: float,
                 seed: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    return _forward(q, k, v, cu_seqlens, max_seqlen, dropout_p, seed)
+    return forward(q, k, v, cu_seqlens, max_seqlen, dropout_p, seed)
 
 
 @_varlen_fwd.register_fake
@@ -376,7 +455,7 @@ def _varlen_bwd(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
                 out: torch.Tensor, lse: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
                 dropout_p: float, seed: Optional[torch.Tensor]
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _backward(grad_out, q, k, v, out, lse, cu_seqlens, max_seqlen, dropout_p, seed)
+    return backward(grad_out, q, k, v, out, lse, cu_seqlens, max_seqlen, dropout_p, seed)
 
 
 @_varlen_bwd.register_fake
@@ -426,11 +505,12 @@ def dropout_mask(seed: torch.Tensor, batch: int, heads: int, max_seqlen: int,
                  dropout_p: float) -> torch.Tensor:
     """The keep mask bool ``[batch, heads, max_seqlen, max_seqlen]`` that ``varlen`` applies
     with this seed: [b, h, i, j] for query i and key j of sequence b (same ``_keep`` call
-    and counters as the kernels)."""
+    and counters as the kernels; the rate is ``applied_dropout(dropout_p)``)."""
     if not AVAILABLE:
         raise RuntimeError("bert.triton_attention needs the triton package")
     out = torch.empty((batch, heads, max_seqlen, max_seqlen), dtype=torch.int8, device=seed.device)
     block = 32
     _mask_kernel[(triton.cdiv(max_seqlen, block), batch, heads)](
-        out, seed, heads, max_seqlen, float(dropout_p), BLOCK=block)
+        out, seed, heads, max_seqlen, triton.cdiv(max_seqlen, KEYS_PER_CALL), dropout_threshold(dropout_p),
+        BLOCK=block)
     return out.bool()

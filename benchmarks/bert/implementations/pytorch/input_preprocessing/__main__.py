@@ -205,6 +205,8 @@ def _run_check(a: argparse.Namespace) -> object:
     out = check(a.input, vocab, a.max_seq_length)
     for line in out["diagnosis"]:
         print(f"diagnosis: {line}", file=sys.stderr)
+    if "other_vocabulary" in out:
+        print(f"error: {a.input}: {out['other_vocabulary']}", file=sys.stderr)
     if out["defects"]:
         print(f"error: defects in {a.input}: {out['defects']} (per shard: see 'per_shard')", file=sys.stderr)
     return out

@@ -20,6 +20,12 @@ bad_segments        segment ids not 0...0 1...1, rows of different length, or no
 bad_nsp_label       a next-sentence label other than 0 or 1
 unreadable          the shard cannot be opened or lacks a dataset (counted once per shard)
 
+Another vocabulary: the [CLS]/[SEP] ids (MLPerf's 101/102 unless ``--vocab`` or the id options
+say otherwise) must begin and end every sample. When no sample begins with [CLS] and none
+ends with [SEP], the shards were made with another vocabulary, not broken sample by sample:
+the id-dependent counts (``bad_segments``, ``mask_on_special``) are then not reported, and
+the check says to pass ``--vocab`` (exit 2: the scan's premise, not the data, is wrong).
+
 Known cause recognised: NVIDIA's ``convert_fixed2variable.py`` computes each length as
 Python ``sum()`` over the int8 ``input_mask`` row; under NumPy >= 2 the sum stays int8 and
 wraps modulo 256, so samples of real length 128-255 gain 256 padding tokens, 256-383 are
@@ -40,6 +46,8 @@ from bert.data import SHARD_SUFFIXES
 DEFECTS = ("empty_sample", "too_long", "pad_inside", "mask_not_prefix", "mask_outside", "mask_on_special",
            "mask_duplicate", "no_predictions", "id_out_of_vocab", "bad_segments", "bad_nsp_label", "unreadable")
 WRAP_SIGNATURE = "wrap256_padded"  # counted beside the defects: samples carrying the int8-wrap signature
+SPECIALS_IN_PLACE = "cls_or_sep_in_place"  # counted beside them: samples starting [CLS] or ending [SEP]
+VOCAB_DEPENDENT = ("bad_segments", "mask_on_special")  # meaningless when the [CLS]/[SEP] ids are not the shards'
 PAD_ID = 0
 
 
@@ -177,7 +185,9 @@ def scan(r: Ragged, vocab: Vocabulary, max_seq_length: int) -> dict[str, int]:
     nonempty = lengths > 0
     first = np.where(nonempty, start, 0)
     last = np.where(nonempty, r.offsets[1:] - 1, 0)
+    in_place = np.zeros(n, bool)
     if len(t):
+        in_place = nonempty & ((t[first] == vocab.cls) | (t[last] == vocab.sep))
         bad |= nonempty & ((t[first] != vocab.cls) | (t[last] != vocab.sep))
     is_sep = (t == vocab.sep) & ~masked
     bad |= nonempty & (np.bincount(row[is_sep], minlength=n) != 2)
@@ -190,6 +200,8 @@ def scan(r: Ragged, vocab: Vocabulary, max_seq_length: int) -> dict[str, int]:
     out["bad_segments"] = bad
     counts = {k: int(out[k].sum()) if k in out else 0 for k in DEFECTS}
     counts[WRAP_SIGNATURE] = int(_wrap_signature(t, r.offsets, vocab).sum())
+    counts[SPECIALS_IN_PLACE] = int(in_place.sum())
+    counts["nonempty"] = int(nonempty.sum())
     return counts
 
 
@@ -222,25 +234,38 @@ def check(input_dir: str | Path, vocab: Vocabulary = Vocabulary(), max_seq_lengt
     paths = shard_paths(d)
     if not paths:
         raise PrepError(f"{d}: holds no shard files ({', '.join('*' + s for s in SHARD_SUFFIXES)})")
-    per_shard: dict[str, dict[str, int]] = {}
-    totals = dict.fromkeys((*DEFECTS, WRAP_SIGNATURE), 0)
+    per_shard: dict[str, dict] = {}  # a shard's counts, filtered below once the totals are known
+    counters = (*DEFECTS, WRAP_SIGNATURE, SPECIALS_IN_PLACE, "nonempty")
+    totals = dict.fromkeys(counters, 0)
     samples = 0
     for p in paths:
         name = str(p.relative_to(d))
         try:
             r = _read(p)
         except (OSError, KeyError, ValueError) as e:
-            counts = {**dict.fromkeys((*DEFECTS, WRAP_SIGNATURE), 0), "unreadable": 1}
+            counts = {**dict.fromkeys(counters, 0), "unreadable": 1}
             per_shard[name] = {"unreadable": 1, "error": f"{type(e).__name__}: {e}"}
         else:
             counts = scan(r, vocab, max_seq_length)
             samples += len(r.nsp)
-            per_shard[name] = {"samples": len(r.nsp), **{k: v for k, v in counts.items() if v}}
+            per_shard[name] = {"samples": len(r.nsp), **counts}
         for k, v in counts.items():
             totals[k] += v
-    found = {k: v for k, v in totals.items() if v and k != WRAP_SIGNATURE}
-    return {"shards": len(paths), "samples": samples, "defects": found, "per_shard": per_shard,
-            "diagnosis": diagnose(totals), "exit_status": 1 if found else 0}
+    # No sample where [CLS]/[SEP] must stand holds them: another vocabulary, not broken data.
+    other_vocab = totals["nonempty"] > 0 and totals[SPECIALS_IN_PLACE] == 0
+    hidden = (*VOCAB_DEPENDENT, SPECIALS_IN_PLACE, "nonempty") if other_vocab else (SPECIALS_IN_PLACE, "nonempty")
+    per_shard = {name: {k: v for k, v in c.items() if (v or k == "samples") and k not in hidden}
+                 for name, c in per_shard.items()}
+    found = {k: v for k, v in totals.items() if v and k != WRAP_SIGNATURE and k not in hidden}
+    out = {"shards": len(paths), "samples": samples, "defects": found, "per_shard": per_shard,
+           "diagnosis": diagnose(totals), "exit_status": 1 if found else 0}
+    if other_vocab:
+        out["other_vocabulary"] = (
+            f"no sample begins with [CLS] (id {vocab.cls}) or ends with [SEP] (id {vocab.sep}): the shards seem to "
+            "be made with another vocabulary; pass it with --vocab vocab.txt (or --cls-id/--sep-id/--vocab-size) "
+            f"to check segments and special tokens ({', '.join(VOCAB_DEPENDENT)} not counted)")
+        out["exit_status"] = 2
+    return out
 
 
 def diagnose(totals: dict[str, int]) -> list[str]:

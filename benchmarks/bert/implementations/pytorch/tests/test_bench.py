@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -71,27 +72,53 @@ def test_vs_hf_smoke_prints_the_interface_keys(capsys, tmp_path):
 
 # The cases of gpu_bert_large's plan whose keys every tree has (the others need parts A-E of
 # issue 14 and are "skipped: ..." on a tree without them); --cpu-smoke's batches 2, 3, 4.
-OLD_CASES = ["baseline_b2", "adamw_fused_b3", "adamw_foreach_b3", "default_b3", "default_b4", "padded_b3",
+OLD_CASES = ["baseline_b2", "adamw_fused_b3", "adamw_foreach_b3", "default_b3", "padded_b3",
              "lamb_foreach_b3", "compiled_b3"]
+
+
+# What the smoke test runs: one task of each kind (the plan's other cases repeat these
+# paths with other overrides; the nested backend's compile alone would take a minute here).
+SMOKE_RUN = ["check_attention", "check_attention_blocks", "baseline_b2", "fast_b2", "fast_b4",
+             "check_fp16", "check_demo", "adamw_fused_b3", "adamw_foreach_b3",
+             "default_b3", "padded_b3", "lamb_foreach_b3", "compiled_b3", "bogus_b2"]
 
 
 def test_gpu_script_cpu_smoke_runs_every_case(tmp_path, capsys):
     out = tmp_path / "gpu.json"
-    assert gpu_bert_large.main(["--cpu-smoke", "--out", str(out), "--commit", "abc123",
+    assert gpu_bert_large.main(["--cpu-smoke", "--out", str(out), "--commit", "abc123", "--only", ",".join(SMOKE_RUN),
                                 "--case", "bogus_b2:run.local_batch_size=2,model.no_such_key=1"]) == 0
     r = json.loads(out.read_text())
+    # The order: the attention check, the same-run baseline, the fast stack at the small and
+    # the big batch, what decides the defaults, the fp16 and demo checks, then the rest.
+    assert r["plan"] == ["check_attention", "baseline_b2", "fast_b2", "fast_b4", "check_attention_blocks",
+                         "fast_no_graphs_b4", "fast_nested_b4", "fast_compiled_lamb_b4", "fast_no_compile_layers_b4",
+                         "fast_no_fused_qkv_b4", "fast_vocab_unpadded_b4", "fast_fp8_tensorwise_b4",
+                         "fast_fp8_rowwise_b4", "check_fp16", "check_demo", "fast_sdpa_b4", "fast_no_budget_no_graphs_b4",
+                         "default_budget_b4", "default_compiled_lamb_b4", "adamw_fused_b3", "adamw_foreach_b3",
+                         "fast_b3", "default_b3", "default_b4", "padded_b3", "lamb_foreach_b3", "compiled_b3",
+                         "bogus_b2"]
     names = [c["case"] for c in r["cases"]]
-    assert names == ["fast_b2", "fast_b4", "baseline_b2", "fast_no_fused_qkv_b4", "fast_vocab_unpadded_b4",
-                     "fast_fp8_tensorwise_b4", "fast_fp8_rowwise_b4", "adamw_fused_b3", "adamw_foreach_b3",
-                     "fast_compiled_lamb_b4", "fast_no_graphs_b4",
-                     "fast_no_compile_layers_b4", "fast_nested_b4", "fast_sdpa_b4",
-                     "fast_no_budget_no_graphs_b4", "default_budget_b4", "default_compiled_lamb_b4", "fast_b3",
-                     "default_b3", "default_b4", "padded_b3",
-                     "lamb_foreach_b3", "compiled_b3", "bogus_b2"]
-    assert r["plan"][:3] == ["check_attention", "check_fp16", "check_demo"] and r["plan"][-1] == "bogus_b2"
+    assert names == [n for n in r["plan"] if n in SMOKE_RUN and not n.startswith("check_")]
+    # The plan's expected seconds were printed before anything ran, and are in the file.
+    printed = capsys.readouterr().out
+    assert printed.index("expected in all") < re.search(r"^check_attention +ok", printed, re.M).start()
+    assert set(r["expected_s"]) == set(SMOKE_RUN) and r["compile_cache"] == "cold"
     assert r["commit"] == "abc123" and r["cpu_smoke"] is True and r["gemm_peak_tflops"] > 0
     assert r["device_name"].startswith("cpu") and r["versions"]["torch"] == torch.__version__
     by = {c["case"]: c for c in r["cases"]}
+    # The fast stack runs on the CPU with stand-ins for its CUDA-only values (math attention,
+    # eager steps): budgets, the warm-ups and the compiled layers. It compiles the layer in
+    # its first case's warm-ups (training, then evaluation) and never after them; the case
+    # at the big batch reuses that compile (no dynamo reset between cases).
+    for name in ("fast_b2", "fast_b4"):
+        c = by[name]
+        assert c["status"] == "ok" and c["smoke_stand_ins"] == {"model.attention_backend": "math",
+                                                                "run.cuda_graphs": "false"}, c
+        assert c["compiles_after_prepare"] == 0 and c["eval_compiles"] == 0, c
+        assert c["warmup_s"] > 0 and c["eval_warmup_s"] > 0 and "capture_s" in c and c["eval_ms_per_batch"] > 0
+        assert len(c["token_budget_rungs"]) > 1 and c["eval_batch_shapes"] > 1
+    assert by["fast_b2"]["compiles_in_prepare"] == 2 and by["fast_b2"]["compile_s"] > 0
+    assert by["fast_b4"]["compiles_in_prepare"] == 0
     for c in r["cases"]:
         # A key or value this tree lacks, or a trainer refusal (CUDA graphs on a CPU), skips;
         # nothing errors.
@@ -114,9 +141,11 @@ def test_gpu_script_cpu_smoke_runs_every_case(tmp_path, capsys):
     assert by["padded_b3"]["overrides"]["model.unpad"] == "false" and by["padded_b3"]["token_padding_frac"] > 0
     assert by["default_b3"]["token_padding_frac"] == 0  # unpadded: every token fed is real
     # The attention check: triton is refused on a CPU (skipped, named); nested runs the
-    # reference comparison in float32 and passes, pad rows zero.
+    # reference comparison in float32 and passes, pad rows zero. The block sweep needs CUDA.
     att = r["checks"]["attention"]
+    assert r["checks"]["attention_blocks"]["status"] == "skipped: the Triton kernels run on CUDA only"
     assert att["status"] == "ok" and att["triton"]["status"].startswith("skipped: attention backend 'triton'")
+    assert att["tokens"] > sum(att["lengths"])
     assert att["nested"]["pass"] is True and att["nested"]["dropout_0"]["pad_rows_zero"] is True
     assert att["nested"]["dropout_0"]["max_abs_err"]["dq"] < 1e-4
     # The checks: fp16 steps through the trainer's step; the demo through run_and_time.sh and
@@ -144,10 +173,11 @@ def test_gpu_script_cpu_smoke_runs_every_case(tmp_path, capsys):
 
 def test_gpu_script_skips_what_the_trainer_refuses_and_what_the_budget_leaves(tmp_path):
     out = tmp_path / "gpu.json"
-    graphs = "graphs_b2:run.local_batch_size=2,run.cuda_graphs=true,run.warmup_steps=1,data.token_budgets=auto"
+    # (--cpu-smoke stands in for triton and CUDA graphs; flash-attn has no stand-in.)
+    graphs = "graphs_b2:run.local_batch_size=2,model.attention_backend=flash"
     assert gpu_bert_large.main(["--cpu-smoke", "--out", str(out), "--only", "graphs_b2", "--case", graphs]) == 0
     (c,) = json.loads(out.read_text())["cases"]
-    assert c["status"].startswith("skipped: "), c  # unknown keys here; "needs a CUDA device" once they exist
+    assert c["status"].startswith("skipped: refused at build"), c  # "needs a CUDA device"
     assert gpu_bert_large.main(["--cpu-smoke", "--out", str(out), "--only", "baseline_b2,check_fp16",
                                 "--budget-s", "0"]) == 0
     r = json.loads(out.read_text())
@@ -239,6 +269,36 @@ def test_h200_wrapper_names_the_file_by_date_and_carried_commit(tmp_path):
     assert [c["status"] for c in result["cases"]] == ["ok"]
     assert "| baseline_b2 | 2 |" in r.stdout and "no wheels" in r.stderr
     assert "| baseline_b2 | 2 |" in (tmp_path / "out" / "gpu_bert_large.log").read_text()
+    assert result["compile_cache"] == "cold"
+
+
+def test_h200_wrapper_returns_the_compile_cache_and_a_rerun_starts_warm(tmp_path):
+    """The caches a run filled (here a stand-in file in $H200_CACHE) come back as
+    compile_cache.tar.gz.partNN in $OUT; `prepare DIR`'s copy of them in the carried folder
+    is unpacked by the next call into its (fresh) cache folder, which tells the script
+    --compile-cache warm. (`prepare` downloads a wheel: its copying is done by hand here.)"""
+    carried, out = tmp_path / ".h200", tmp_path / "out"
+    carried.mkdir()
+    (carried / "commit").write_text("0123456789abcdef0123456789abcdef01234567\n")
+    first = tmp_path / "cache1"
+    (first / "inductor" / "fxgraph").mkdir(parents=True)
+    (first / "inductor" / "fxgraph" / "entry").write_bytes(os.urandom(4096))
+    env = dict(os.environ, OUT=str(out), H200_DIR=str(carried), PYTHON=sys.executable,
+               H200_SITE=str(tmp_path / "site"), H200_CACHE=str(first))
+    cmd = ["bash", "bench/h200.sh", "--cpu-smoke", "--only", "check_attention_blocks"]
+    r = subprocess.run(cmd, cwd=PKG, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    parts = sorted(out.glob("compile_cache.tar.gz.part*"))
+    assert [q.name for q in parts] == ["compile_cache.tar.gz.part00"] and "compile cache 1 MiB in 1 part" in r.stdout
+    for q in parts:  # what `bench/h200.sh prepare OUT` does
+        shutil.copy(q, carried / q.name)
+    second = tmp_path / "cache2"
+    r = subprocess.run(cmd, cwd=PKG, env={**env, "H200_CACHE": str(second)}, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert (second / "inductor" / "fxgraph" / "entry").read_bytes() == (first / "inductor" / "fxgraph" / "entry").read_bytes()
+    (json_file,) = out.glob("gpu_bert_large_*.json")
+    assert json.loads(json_file.read_text())["compile_cache"] == "warm" and "plan (warm compile caches)" in r.stdout
 
 
 def test_grad_sync_bench_smoke_prints_the_interface_keys():

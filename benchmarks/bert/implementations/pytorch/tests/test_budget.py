@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from bert import budget
+from bert import budget, ladder
 from bert import sampler as smp
 from bert.attention import build_attention
-from bert.config import ConfigError, ModelConfig, build_config
+from bert.config import ConfigError, ModelConfig, build_config, parse_budgets
 from bert.data import IGNORE_INDEX, Sample, collate
 from bert.model import BertForPreTraining, pretraining_loss
 
@@ -141,8 +141,8 @@ def test_rung_choice_at_the_edges():
     above = collate(samples(4, 0, lengths=[32, 32, 30, 30]), True, S)  # 124 > every listed rung
     assert budget.pad_batch(above, lay)["input_ids"].numel() == 4 * S  # the full grid takes it
     # an explicit list that stops short of the full grid gets it appended
-    assert budget.parse_budgets("64,96", 4, S) == (64, 96, 128)
-    assert budget.parse_budgets("64,128", 4, S) == (64, 128)
+    assert parse_budgets("64,96", 4, S) == (64, 96, 128)
+    assert parse_budgets("64,128", 4, S) == (64, 128)
     too_many = budget.Layout((4 * S,), 3, S)  # fewer prediction slots than the batch holds
     with pytest.raises(ValueError, match="max_predictions_per_seq"):
         budget.pad_batch(collate(samples(4, 1, lengths=[20] * 4), True, S), too_many)
@@ -161,8 +161,8 @@ def test_budgets_need_the_unpadded_layout():
         build_config({"data.token_budgets": "auto", "model.unpad": "false"})
     cfg = build_config({"data.token_budgets": "auto"})  # the default layout is unpadded
     assert build_config({}).data.token_budgets == ""  # off by default: today's behaviour
-    assert budget.layout_for(build_config({}), 1) is None
-    lay = budget.layout_for(cfg, 1)
+    assert ladder.layout_for(build_config({}), 1) is None
+    lay = ladder.layout_for(cfg, 1)
     assert lay.rungs[-1] == cfg.run.local_batch_size * 512 and lay.max_seq_length == 512
     assert lay.masked_slots == cfg.run.local_batch_size * cfg.data.max_predictions_per_seq
 
@@ -172,15 +172,15 @@ def test_budgets_need_the_unpadded_layout():
 
 def test_optimal_ladder_equals_brute_force():
     rng = np.random.default_rng(0)
-    top = 10 * budget.ALIGN
+    top = 10 * ladder.ALIGN
     pmf = rng.random(top + 1) ** 4
     pmf /= pmf.sum()
-    grid = list(range(budget.ALIGN, top, budget.ALIGN))
+    grid = list(range(ladder.ALIGN, top, ladder.ALIGN))
     for k in (1, 2, 3, 4):
-        best = min(budget.expected_padding(pmf, (*c, top)) for c in itertools.combinations(grid, k - 1))
-        got = budget.optimal_ladder(pmf, top, k)
+        best = min(ladder.expected_padding(pmf, (*c, top)) for c in itertools.combinations(grid, k - 1))
+        got = ladder.optimal_ladder(pmf, top, k)
         assert len(got) == k and got[-1] == top
-        assert budget.expected_padding(pmf, got) == pytest.approx(best, rel=1e-9), (k, got, best)
+        assert ladder.expected_padding(pmf, got) == pytest.approx(best, rel=1e-9), (k, got, best)
 
 
 def test_auto_ladder_rule():
@@ -189,22 +189,22 @@ def test_auto_ladder_rule():
                           "optim.name": "adam", "sampler.mode": "stratified"})
     out = {}
     for name, cfg in (("random", rand), ("stratified", strat)):
-        lay = budget.layout_for(cfg, 8)
+        lay = ladder.layout_for(cfg, 8)
         rungs = lay.rungs
-        assert 1 < len(rungs) <= budget.MAX_RUNGS and rungs[-1] == 16 * 512
-        assert list(rungs) == sorted(set(rungs)) and all(r % budget.ALIGN == 0 for r in rungs)
-        assert budget.layout_for(cfg, 8) == lay  # a pure function of the config
-        pmf = budget.token_pmf(cfg, 8)
-        out[name] = budget.expected_padding(pmf, rungs)
+        assert 1 < len(rungs) <= ladder.MAX_RUNGS and rungs[-1] == 16 * 512
+        assert list(rungs) == sorted(set(rungs)) and all(r % ladder.ALIGN == 0 for r in rungs)
+        assert ladder.layout_for(cfg, 8) == lay  # a pure function of the config
+        pmf = ladder.token_pmf(cfg, 8)
+        out[name] = ladder.expected_padding(pmf, rungs)
         # one more rung would save less than MIN_GAIN (or the cap is reached)
-        if len(rungs) < budget.MAX_RUNGS:
-            more = budget.ladder(pmf, 16 * 512, len(rungs) + 1)
-            assert out[name] - budget.expected_padding(pmf, more) < budget.MIN_GAIN
+        if len(rungs) < ladder.MAX_RUNGS:
+            more = ladder.ladder(pmf, 16 * 512, len(rungs) + 1)
+            assert out[name] - ladder.expected_padding(pmf, more) < ladder.MIN_GAIN
     # the stratified sampler keeps a rank's tokens near the mean: less padding, fewer rungs
     assert out["stratified"] < out["random"] < 0.08
     # the exact random pmf: the mean of T is 16 x the histogram's mean length
-    pmf = budget.token_pmf(rand, 8)
-    lengths = budget.length_pmf(512)
+    pmf = ladder.token_pmf(rand, 8)
+    lengths = ladder.length_pmf(512)
     assert (pmf * np.arange(len(pmf))).sum() == pytest.approx(16 * (lengths * np.arange(513)).sum(), rel=1e-9)
 
 
@@ -212,8 +212,8 @@ def test_auto_ladder_assumes_as_many_strata_as_the_counts():
     """Before run_start the manifest is unread: sampler.counts says how many strata it has."""
     cfg = build_config({"data.token_budgets": "auto", "run.local_batch_size": 16, "run.division": "open",
                         "optim.name": "adam", "sampler.mode": "stratified", "sampler.counts": "8,4,4"})
-    rungs = budget.layout_for(cfg, 8).rungs
-    assert rungs[-1] == 16 * 512 and len(rungs) <= budget.MAX_RUNGS
+    rungs = ladder.layout_for(cfg, 8).rungs
+    assert rungs[-1] == 16 * 512 and len(rungs) <= ladder.MAX_RUNGS
 
 
 def test_ladder_tool_measures_what_the_run_builds():
@@ -223,14 +223,14 @@ def test_ladder_tool_measures_what_the_run_builds():
     from bench.flops import head_flops, train_flops, useful_forward_flops
 
     r = measure("random", 16, 8, 2048, 512, 76)
-    assert tuple(r["rungs"]) == budget.layout_for(config("random", 16, 512, 76), 8).rungs
+    assert tuple(r["rungs"]) == ladder.layout_for(config("random", 16, 512, 76), 8).rungs
     assert abs(r["pad_measured"] - r["pad_expected"]) < 0.01 and 0 < r["pad_expected"] < 0.08
     assert r["hit"] <= len(r["rungs"]) and r["masked_slots"] == 16 * 76
     # ~0.15 L predictions per sample (capped at 76): about half of the 76 slots are real
     assert 0.4 < r["masked_real_mean"] / r["masked_slots"] < 0.6
     # the FLOP shares against bench/flops.py's count of sampled batches (an independent sum)
     rng = np.random.default_rng(0)
-    pmf = budget.length_pmf(512)
+    pmf = ladder.length_pmf(512)
     useful = np.mean([train_flops(useful_forward_flops(LARGE, list(ls), int(sum(min(76, max(1, round(0.15 * n)))
                                                                                 for n in ls))))
                       for ls in rng.choice(513, size=(400, 16), p=pmf)])
@@ -255,8 +255,8 @@ def test_both_loaders_yield_budget_batches(demo_data, extra):
     budgets, padded to the auto ladder's rungs."""
     plain = smp.train_batches(_demo_cfg(demo_data, **extra), 0, 2)
     cfg = _demo_cfg(demo_data, **{"data.token_budgets": "auto", **extra})
-    padded = smp.train_batches(cfg, 0, 2)
-    lay = budget.layout_for(cfg, 2)
+    lay = ladder.layout_for(cfg, 2)
+    padded = smp.train_batches(cfg, 0, 2, lay)
     try:
         for _ in range(4):
             a, b = next(plain), next(padded)

@@ -180,3 +180,30 @@ def test_convert_fixed2variable_int8_wrap_is_named_and_our_rebuild_is_clean(tmp_
     capsys.readouterr()
     assert main(["check", "--input", str(rebuilt), "--vocab-size", "200", "--cls-id", "2", "--sep-id", "3"]) == 0
     assert np.array_equal(read_shard(next(rebuilt.glob("*.hdf5"))).lengths, true)
+
+
+def test_shards_of_another_vocabulary_are_named_not_counted_as_defects(tmp_path, capsys):
+    """Without --vocab the check assumes MLPerf's [CLS]=101/[SEP]=102: on shards made with
+    another vocab (here [CLS]=2, [SEP]=3) it says so and asks for --vocab instead of counting
+    every sample as bad_segments; with the right ids the same shards are clean, and a real
+    defect is still counted under the wrong ids."""
+    d = tmp_path / "other"
+    d.mkdir()
+    write_shard(d / "part_0.hdf5", _clean(5), "variable", S, P)
+    assert main(["check", "--input", str(d)]) == 2
+    cap = capsys.readouterr()
+    out = json.loads(cap.out)
+    assert "bad_segments" not in out["defects"] and "mask_on_special" not in out["defects"]
+    assert "bad_segments" not in out["per_shard"]["part_0.hdf5"]
+    assert "another vocabulary" in cap.err and "--vocab" in cap.err and "[CLS] (id 101)" in cap.err
+    assert main(["check", "--input", str(d), "--vocab-size", "200", "--cls-id", "2", "--sep-id", "3"]) == 0
+    capsys.readouterr()
+    # vocab-independent defects are still counted (and reported) when the ids do not fit
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    shard = _clean(5)
+    write_shard(broken / "part_0.hdf5", _replace(shard, 7, nsp_label=5), "variable", S, P)
+    out = check(broken)
+    assert out["defects"] == {"bad_nsp_label": 1} and out["exit_status"] == 2 and "other_vocabulary" in out
+    # shards of MLPerf's ids (one sample mangled) are not mistaken for another vocabulary
+    assert "other_vocabulary" not in check(broken, VOCAB)

@@ -12,7 +12,7 @@ equals the two approved LAMBs, over several steps of a small BERT (issue 15):
 
 Both transcriptions below are written from those sources' arithmetic, per tensor and
 element-wise in float64, by TF name or NVIDIA's name rule: nothing is shared with
-bert/optim.py or bert/grad_sync.py. The README's "Optimizer equivalence" gives the equations.
+bert/optim.py or bert/grad_sync.py. docs/rules.md ("Optimizer equivalence") gives the equations.
 """
 
 from __future__ import annotations

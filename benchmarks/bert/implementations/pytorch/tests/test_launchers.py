@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PKG, demo_run_env, mllog_events, run_and_time_signalled, run_checker
+from docblocks import QUICK_START, section
 
 # The README's "Quick start on a cluster" runs here as written, except for these changes
 # (each README text must exist, so the two cannot drift apart unnoticed):
@@ -38,9 +39,7 @@ QUICK_START_CHANGES = {
 
 def quick_start_script() -> str:
     """The bash blocks of the README's "Quick start on a cluster", with QUICK_START_CHANGES."""
-    text = (PKG / "README.md").read_text()
-    section = text.split("\n## Quick start on a cluster\n", 1)[1].split("\n## ", 1)[0]
-    script = "\n".join(re.findall(r"^```bash\n(.*?)^```", section, re.M | re.S))
+    script = "\n".join(re.findall(r"^```bash\n(.*?)^```", section(PKG / "README.md", QUICK_START), re.M | re.S))
     for readme, test in QUICK_START_CHANGES.items():
         assert script.count(readme) == 1, f"the README's quick start no longer says {readme!r}"
         script = script.replace(readme, test)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -310,6 +311,26 @@ def test_nested_backend_pad_rows_and_dropout():
     with torch.no_grad():
         a, b = (backend.varlen(q, k, v, cu, max_seqlen=8, dropout_p=0.5) for _ in range(2))
     assert torch.isfinite(a).all() and not torch.equal(a, b) and not torch.equal(a[:13], exact)
+
+
+@pytest.mark.parametrize("lengths, total, max_seqlen", [
+    ([4, 7, 2], 13, 8),    # no pad rows: every pad segment is an appended row
+    ([4, 7, 2], 14, 8),    # one pad row, fewer than the segments
+    ([4, 7, 2], 24, 8),    # 11 pad rows > max_seqlen
+    ([8, 8], 64, 8),       # pad rows = 3x the real ones
+    ([1], 5, 1),           # max_seqlen 1: segments of up to 2 rows (the hint is raised to 2)
+])
+def test_nested_pad_segments_are_never_empty(lengths, total, max_seqlen):
+    """The nested backend tells SDPA min_seqlen=1: every pad segment holds 1 to max_seqlen
+    rows, the segments cover the pad rows and the appended ones, and the real offsets come
+    first unchanged."""
+    from bert.attention import pad_segments
+
+    cu = torch.tensor([0, *np.cumsum(lengths)], dtype=torch.int32)
+    offsets, n = pad_segments(cu, total, max_seqlen)
+    assert offsets[: len(cu)].tolist() == cu.tolist() and int(offsets[-1]) == total + n
+    seg = (offsets[len(cu):] - offsets[len(cu) - 1:-1]).tolist()
+    assert len(seg) == n and min(seg) >= 1 and max(seg) <= max(max_seqlen, 2), seg
 
 
 # ---------------------------------------------------------------- fused QKV, padded vocabulary

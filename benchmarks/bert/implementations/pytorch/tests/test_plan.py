@@ -1,6 +1,6 @@
 """tools/plan.py: the gradient it sends is the model's, its ring arithmetic is the textbook
 one, overlap and the knobs move time the way they must, and its communication model
-reproduces the grad-sync benchmark's measured simulated-link table (README) within 20%."""
+reproduces the grad-sync benchmark's measured simulated-link table (docs/grad_sync.md) within 20%."""
 
 from __future__ import annotations
 
@@ -59,9 +59,9 @@ def test_plan_knobs_move_time_the_right_way():
 
 
 def test_communication_model_against_the_measured_grad_sync_table():
-    """README's table was measured by bench/grad_sync.py (2 gloo ranks, simulated links): the
+    """docs/grad_sync.md's table was measured by bench/grad_sync.py (2 gloo ranks, simulated links): the
     model, calibrated only on the no-link row, predicts the other rows' exposed time."""
-    out = plan.check_bench(plan.runs_from_readme(PKG / "README.md"))
+    out = plan.check_bench(plan.runs_from_doc(PKG / "docs" / "grad_sync.md"))
     linked = [r for r in out["rows"] if r["link_gbps"]]
     assert len(linked) == 4 and {"clip_then_allreduce", "bucketwise"} <= set(linked[0])
     assert out["max_abs_error"] < 0.2, out

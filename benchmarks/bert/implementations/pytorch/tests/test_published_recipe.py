@@ -1,5 +1,5 @@
 """The open recipe exactly as published (Samsung's MLPerf v1.1/v2.0 open submission, config
-128x8x16x1; README "The paper's recipe, as published"): its schedule step by step, its
+128x8x16x1; docs/published_recipe.md): its schedule step by step, its
 bucket layout and threshold, its reduction scaling, its precision variants, its values to
 the digit, and a scaled-down CPU run of the whole recipe that reaches the target.
 
@@ -360,7 +360,7 @@ def test_layout_predictor_and_first_bucket_match_a_real_ddp(ranks):
 def test_accumulation_clips_the_accumulated_gradient_once(ranks):
     """With gradient accumulation the bucket clip runs once per step, on each rank's
     accumulated gradient (= its gradient on the whole local batch), not per micro-batch as
-    the published code did (see README); so accumulating k micro-batches gives the same
+    the published code did (see docs/published_recipe.md); so accumulating k micro-batches gives the same
     step as one local batch k times larger."""
     from test_grad_sync import bucketwise_oracle, fresh_model, global_batch, grads, loss_of, part
 

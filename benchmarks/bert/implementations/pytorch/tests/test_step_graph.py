@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from bert import budget, sampler, step_graph, train
+from bert import ladder, sampler, step_graph, train
 from bert.config import ConfigError, build_config
 from bert.optim import build_optimizer, build_scheduler
 from bert.distributed import DistEnv
@@ -85,7 +85,7 @@ def test_synthetic_samples_have_the_asked_shape():
 
 
 def test_warm_up_leaves_no_trace(demo_data, tmp_path):
-    """After a warm-up (steps on synthetic batches, an eval forward, restore) the state is
+    """After a warm-up (steps on synthetic batches, restore) the state is
     the one before it -- weights, optimizer, schedule, RNG -- and training goes on exactly
     as it would have without the warm-up: same losses and weights, bit for bit."""
     cfg = _cfg(demo_data, tmp_path, "run.warmup_steps=2")
@@ -93,8 +93,7 @@ def test_warm_up_leaves_no_trace(demo_data, tmp_path):
     before = _weights(warm)
     ptrs = [p.data_ptr() for p in warm.model.parameters()]
     rng = (torch.get_rng_state(), np.random.get_state()[1].copy())
-    step, info = step_graph.warm_up(warm, cfg, _batches(cfg, [300, 500]), _batches(cfg, [400])[0],
-                                    train.train_step, warm.precision.eval_autocast)
+    step, info = step_graph.warm_up(warm, cfg, _batches(cfg, [300, 500]), train.train_step)
     assert step is train.train_step and info["steps"] == 4 and info["shapes"] == 2 and info["graphs"] == 0
     after = _weights(warm)
     assert all(torch.equal(before[k], after[k]) for k in before)
@@ -156,12 +155,11 @@ def test_graphed_step_computes_the_eager_step(demo_data, tmp_path, accum, capsys
     stream = [same_shapes[0], same_shapes[1], unknown, known[0], same_shapes[1], unknown] * accum
     eager, graphed = _parts(cfg), _parts(cfg)
     replay = Replay()
-    step, info = step_graph.warm_up(graphed, cfg, known, None, train.train_step,
-                                    graphed.precision.eval_autocast, graphs=replay)
+    step, info = step_graph.warm_up(graphed, cfg, known, train.train_step, graphs=replay)
     assert isinstance(step, step_graph.GraphedStep) and info["graphs"] == 3 and replay.captured == 3
     grads = [p.grad.data_ptr() for p in graphed.model.parameters()]
     # The eager twin takes the same warm-up steps (no graphs), so both share the RNG draws.
-    step_graph.warm_up(eager, cfg, known, None, train.train_step, eager.precision.eval_autocast)
+    step_graph.warm_up(eager, cfg, known, train.train_step)
     eager = dataclasses.replace(eager, batches=iter(stream))
     graphed = dataclasses.replace(graphed, batches=iter(stream))
     n = len(stream) // accum
@@ -236,7 +234,7 @@ def test_warm_up_captures_every_shape_the_loader_makes(demo_data, tmp_path, monk
     parts = dataclasses.replace(parts, optimizer=opt, scheduler=build_scheduler(opt, cfg.optim))
     step = train.prepare_step(parts, graphed_cfg, 1, print)
     assert isinstance(step, step_graph.GraphedStep)
-    layout = budget.layout_for(cfg, 1)
+    layout = ladder.layout_for(cfg, 1)
     assert len(step.micro) == len(layout.rungs) > 1
     tokens = [next(shape for name, shape, *_ in key if name == "input_ids")[0] for key in step.micro]
     assert sorted(tokens) == list(layout.rungs)
@@ -246,3 +244,86 @@ def test_warm_up_captures_every_shape_the_loader_makes(demo_data, tmp_path, monk
     out = capsys.readouterr().out
     assert "warm-up before run_start: %d steps" % len(layout.rungs) in out
     assert "was not captured" not in out
+
+
+class EagerCompile:
+    """torch.compile through dynamo's ``eager`` backend (tracing, guards and recompiles as
+    with inductor; nothing code-generated: inductor's C++ build takes minutes here)."""
+
+    def __init__(self, monkeypatch):
+        saved = torch.compile
+        monkeypatch.setattr(torch, "compile", lambda *a, **kw: saved(*a, **{**kw, "backend": "eager"}))
+
+
+def test_no_compile_after_the_warm_ups_for_budgets_graphs_and_eval(demo_data, tmp_path, monkeypatch, capsys):
+    """The fast stack on the CPU (compiled layers, token budgets for training and eval, bf16
+    autocast, graphs through the stand-in): the training warm-up compiles once for every
+    rung and its capture adds no compile (same autocast cache setting), the eval warm-up
+    compiles once for every eval rung, and then training on the real loader and a whole
+    evaluation (its short last batch filled) run with dynamo set to raise on a recompile.
+    The graphed evaluation's accuracy equals the eager, exact (unbudgeted) evaluation's."""
+    from bert.precision import build_precision
+
+    EagerCompile(monkeypatch)
+    torch._dynamo.reset()  # counters and caches of earlier tests in this process
+    over = ["data.token_budgets=auto", "run.warmup_steps=1", "model.compile_layers=true",
+            "model.attention_backend=math", "model.intermediate_size=96", "precision.dtype=bf16",
+            "eval.batch_size=16", "data.eval_samples=50", "optim.impl=torch"]
+    cfg = _cfg(demo_data, tmp_path, *over)
+    parts = _parts(cfg)
+    monkeypatch.setattr(step_graph, "CudaGraphs", Replay)
+    graphed_cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, cuda_graphs=True))
+    # What build_model makes with run.cuda_graphs on CUDA: the capturable LAMB, uncached autocast.
+    opt, _ = build_optimizer(parts.model, cfg.optim, "cpu", capturable=True)
+    parts = dataclasses.replace(parts, optimizer=opt, scheduler=build_scheduler(opt, cfg.optim),
+                                precision=build_precision(cfg.precision, "cpu", autocast_cache=False))
+    frames = step_graph.compiled_frames
+    f0 = frames()
+    step = train.prepare_step(parts, graphed_cfg, 1, print)
+    assert isinstance(step, step_graph.GraphedStep) and len(step.micro) == len(ladder.layout_for(cfg, 1).rungs) > 1
+    assert frames() - f0 == 1, "training: one compile for every rung, none at capture"
+    f1 = frames()
+    parts = train.prepare_eval(parts, graphed_cfg, 1, print)
+    assert isinstance(parts.eval_counts, step_graph.GraphedEval)
+    assert len(parts.eval_counts.captured) == len(ladder.eval_layout_for(cfg, 1).rungs) > 1
+    assert frames() - f1 == 1, "evaluation: one no-grad compile for every eval rung"
+    out = capsys.readouterr().out
+    assert "eval warm-up before run_start" in out and "compile" in out
+    real = train.open_data(parts, cfg, SINGLE, timed=False)
+    assert len(real.eval_batches) == 4 and all(b["cu_seqlens"].numel() == 17 for b in real.eval_batches)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for _ in range(6):
+            loss, _ = step(real, 1)
+            assert torch.isfinite(loss)
+        acc = train.evaluate(real.model, real.eval_batches, real.device, real.precision.eval_autocast,
+                             real.eval_counts)
+    assert frames() == f1 + 1
+    assert "was not captured" not in capsys.readouterr().out
+    exact = sampler.eval_batches(data_eval_set(cfg), 16, True, False, cfg.data.max_seq_length)
+    assert train.evaluate(real.model, exact, real.device, real.precision.eval_autocast) == acc
+
+
+def data_eval_set(cfg):
+    from bert.data import EvalSet
+
+    return EvalSet(cfg.data.eval_dir, 0, 1, cfg.data.eval_samples, cfg.data.max_seq_length)
+
+
+def test_pinned_batches_for_training_and_eval(demo_data, tmp_path, monkeypatch):
+    """pin=True (what open_data asks on CUDA): every tensor of a training batch (budget
+    collate) and of an eval batch comes through Tensor.pin_memory (a stand-in here: a CPU
+    build of torch cannot pin); pin=False leaves them as collate made them."""
+    pinned = []
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda t: pinned.append(t) or t.clone())
+    cfg = _cfg(demo_data, tmp_path, "data.token_budgets=auto", "eval.batch_size=16", "data.eval_samples=50")
+    loader = sampler.train_batches(cfg, 0, 1, ladder.layout_for(cfg, 1), pin=True)
+    batch = next(loader)
+    loader.close()
+    assert len(pinned) == sum(torch.is_tensor(v) for v in batch.values()) > 0
+    pinned.clear()
+    evals = sampler.eval_batches(data_eval_set(cfg), 16, True, False, cfg.data.max_seq_length,
+                                 ladder.eval_layout_for(cfg, 1), pin=True)
+    assert len(pinned) == sum(torch.is_tensor(v) for b in evals for v in b.values())
+    pinned.clear()
+    sampler.eval_batches(data_eval_set(cfg), 16, True, False, cfg.data.max_seq_length)
+    assert not pinned

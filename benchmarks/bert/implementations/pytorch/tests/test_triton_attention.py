@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -56,7 +57,7 @@ def _math_per_sequence(q, k, v, cu, keep=None, p=0.0):
             out = math_attn.padded(qs, ks, vs, torch.ones(1, e - s, dtype=torch.bool))
         else:  # MathAttention's arithmetic with the kernel's mask in place of F.dropout
             scores = qs @ ks.transpose(-1, -2) / math.sqrt(qs.size(-1))
-            probs = torch.softmax(scores, dim=-1) * keep[b, :, : e - s, : e - s] / (1.0 - p)
+            probs = torch.softmax(scores, dim=-1) * keep[b, :, : e - s, : e - s] / (1.0 - ta.applied_dropout(p))
             out = probs @ vs
         outs.append(out[0].transpose(0, 1))
     return torch.cat(outs)
@@ -104,7 +105,8 @@ def test_matches_math_without_dropout_with_pad_rows(monkeypatch, dim, lengths, b
 
 @needs_interpreter
 def test_dropout_keep_rate_and_fresh_masks():
-    """The keep rate over 2 * 2 * 96^2 = 36,864 draws is 1 - p within 5 binomial sigmas;
+    """The keep rate over 2 * 2 * 96^2 = 36,864 draws is 1 - p within 5 binomial sigmas (the
+    applied rate is p to 1/65536);
     another seed gives another mask; a seed drawn per call comes from torch's generator
     (same torch seed, same mask; next call, new mask)."""
     p, batch, heads, s = 0.1, 2, 2, 96
@@ -132,6 +134,51 @@ def test_dropout_keep_rate_and_fresh_masks():
     torch.manual_seed(3)
     assert torch.equal(ta.varlen(q, k, v, cu, 20, 0.3), a)
     assert not torch.equal(a, b)
+
+
+def _philox4x32(c0, c1, c2, c3, k0, k1, rounds=10):
+    """Philox-4x32 (Salmon et al., SC'11) in numpy uint32 arithmetic: the reference for the
+    kernels' dropout draws."""
+    m0, m1, w0, w1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57), np.uint32(0x9E3779B9), np.uint32(0xBB67AE85)
+    c0, c1, c2, c3 = (np.asarray(c, dtype=np.uint32) for c in (c0, c1, c2, c3))
+    k0, k1 = np.uint32(k0), np.uint32(k1)
+    with np.errstate(over="ignore"):
+        for _ in range(rounds):
+            p0, p1 = m0 * c0.astype(np.uint64), m1 * c2.astype(np.uint64)
+            c0, c1, c2, c3 = ((p1 >> np.uint64(32)).astype(np.uint32) ^ c1 ^ k0, p1.astype(np.uint32),
+                              (p0 >> np.uint64(32)).astype(np.uint32) ^ c3 ^ k1, p0.astype(np.uint32))
+            k0, k1 = k0 + w0, k1 + w1
+    return c0, c1, c2, c3
+
+
+def test_philox_reference_matches_the_published_answers():
+    """The numpy Philox-4x32-10 against Random123's known-answer vectors (kat_vectors)."""
+    got = _philox4x32(0, 0, 0, 0, 0, 0)
+    assert [int(w) for w in got] == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
+    got = _philox4x32(0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344, 0xA4093822, 0x299F31D0)
+    assert [int(w) for w in got] == [0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1]
+
+
+@needs_interpreter
+def test_dropout_mask_is_8_keys_per_philox_call_from_32_bit_counters():
+    """The mask, key by key, from the numpy Philox: query i, key j of (b, h) is the 16-bit
+    half j % 2 of word (j % 8) // 2 of the call with counter (i * ceil(S / 8) + j // 8,
+    b * H + h, 0, 0) under the seed's two 32-bit halves, kept when >= round(p * 65536).
+    So all four words are used, 8 decisions per call, and the rate is p to 1/65536."""
+    p, batch, heads, s = 0.3, 2, 3, 40  # 40: a partial group of 8 past 32 keys, a partial block
+    seed = (0x1234_5678 << 32) | 0x9ABC_DEF0
+    keep = ta.dropout_mask(torch.tensor([seed], dtype=torch.int64), batch, heads, s, p).numpy()
+    groups = -(-s // 8)
+    i, j = np.meshgrid(np.arange(s), np.arange(s), indexing="ij")
+    thr = ta.dropout_threshold(p)
+    assert thr == round(0.3 * 65536) and ta.applied_dropout(p) == thr / 65536
+    for b in range(batch):
+        for h in range(heads):
+            words = _philox4x32(i * groups + j // 8, np.full_like(i, b * heads + h), 0, 0,
+                                seed & 0xFFFFFFFF, seed >> 32)
+            word = np.choose((j % 8) // 2, words)
+            draw = np.where(j % 2 == 0, word & 0xFFFF, word >> 16)
+            np.testing.assert_array_equal(keep[b, h], draw >= thr, err_msg=f"b={b} h={h}")
 
 
 @needs_interpreter
@@ -275,7 +322,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from bert import triton_attention as ta
 
-FLOATS = {"qk_scale", "sm_scale", "dropout_p", "keep_scale"}
+FLOATS = {"qk_scale", "sm_scale", "keep_scale"}
 STATS = {"LSE", "DELTA"}
 
 

@@ -44,7 +44,7 @@ from bert.sampler import Strata, attention_cost, deal, even_bounds, pack_ffd  # 
 DEFAULT_HISTOGRAM = PKG / "data" / "wikipedia_seqlen_histogram_512.txt"
 # The manifest's strata (issue 3's stratify step): four of 128 tokens at length 512.
 MANIFEST_WIDTH = 128
-# stratified+best, chosen by measurement (README.md): virtual strata of 8 tokens cut from
+# stratified+best, chosen by measurement (docs/load_balance.md): virtual strata of 8 tokens cut from
 # the length index, counts drawn per group of ranks with carried rounding (exact shares),
 # greedy longest-first deal inside the group.
 BEST = {"strata_width": 8, "draw": "group", "deal": "greedy", "rounding": "carry"}

@@ -335,11 +335,14 @@ def check_bench(runs: list[dict]) -> dict:
                     "from the no-link run's clip_then_allreduce, so its error there is 0 by construction"}
 
 
-def runs_from_readme(path: str | Path) -> list[dict]:
-    """The measured "Tail / to_last_grad" table of README.md's grad-sync section (BERT-base,
-    2 ranks, 25 MB buckets) as bench/grad_sync.py --json would report it."""
+def runs_from_doc(path: str | Path) -> list[dict]:
+    """The measured "Tail / to_last_grad" table of docs/grad_sync.md (BERT-base, 2 ranks,
+    25 MB buckets) as bench/grad_sync.py --json would report it."""
     lines = Path(path).read_text().splitlines()
-    start = next(i for i, ln in enumerate(lines) if ln.startswith("Tail / to_last_grad per step"))
+    start = next((i for i, ln in enumerate(lines) if ln.startswith("Tail / to_last_grad per step")), None)
+    if start is None:
+        raise SystemExit(f"error: {path} holds no 'Tail / to_last_grad per step' table; the grad-sync "
+                         "benchmark's measured table is in docs/grad_sync.md")
     header = [c.strip() for c in lines[start + 2].strip("|").split("|")]
     names = [h.split(" (")[0] for h in header[1:-1]]
     names = ["clip_after_allreduce" if n == "clip_after" else n for n in names]
@@ -396,11 +399,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preempt-hours", type=float, default=d.preempt_hours)
     ap.add_argument("--requeue-minutes", type=float, default=d.requeue_minutes)
     ap.add_argument("--check-bench", nargs="+", metavar="JSON", help="bench/grad_sync.py --json outputs")
-    ap.add_argument("--check-readme", metavar="README", help="the same check on README.md's measured table")
+    ap.add_argument("--check-doc", "--check-readme", dest="check_doc", metavar="MD",
+                    help="the same check on the measured table of docs/grad_sync.md (--check-readme: its old name)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    if a.check_bench or a.check_readme:
-        runs = runs_from_readme(a.check_readme) if a.check_readme else []
+    if a.check_bench or a.check_doc:
+        runs = runs_from_doc(a.check_doc) if a.check_doc else []
         out = check_bench(runs + [json.loads(Path(p).read_text()) for p in a.check_bench or []])
         print(json.dumps(out, indent=1)) if a.json else print_check(out)
         return 0
