@@ -196,24 +196,24 @@ def test_gpu_script_skips_what_the_trainer_refuses_and_what_the_budget_leaves(tm
     assert [c["case"] for c in r["cases"]] == ["baseline_b2"]
 
 
-def test_gpu_script_labels_fp8_cases(tmp_path, capsys):
-    """An FP8 case (torchao's emulation on the CPU) says so in its JSON and its table row:
-    its MFU is against the bf16 GEMM peak; a bf16 case says fp8 off."""
+def test_gpu_script_runs_the_fp8_case_and_labels_it(tmp_path, capsys):
+    """The plan's FP8 case through the fast stack's CPU stand-ins (budgets, warm-up, the
+    compiled layers; torchao's emulation): it runs, with no compile after the warm-up, and
+    says in its JSON and its table row that it is FP8, its MFU against the bf16 GEMM peak."""
     pytest.importorskip("torchao.float8")
     out = tmp_path / "gpu.json"
-    assert gpu_bert_large.main(["--cpu-smoke", "--out", str(out), "--only", "fp8_b2",
-                                "--case", "fp8_b2:run.local_batch_size=2,precision.fp8=tensorwise"]) == 0
+    assert gpu_bert_large.main(["--cpu-smoke", "--out", str(out), "--only", "fast_fp8_tensorwise_b4"]) == 0
     result = json.loads(out.read_text())
     (c,) = result["cases"]
     assert c["status"] == "ok" and c["fp8"] == "tensorwise" and "MFU against the bf16 GEMM peak" in c["mfu_note"], c
+    assert c["overrides"]["precision.fp8"] == "tensorwise" and c["compiles_after_prepare"] == 0
     assert gpu_bert_large.fp8_label(build_config({})) == {"fp8": "off"}
     capsys.readouterr()
     assert gpu_bert_large.main(["--table", str(out)]) == 0
-    assert "| fp8_b2 | 2 |" in capsys.readouterr().out
-    plain = dict(c, case="plain_b2", fp8="off")
-    result["cases"].append(plain)
+    assert "| fast_fp8_tensorwise_b4 | 4 |" in capsys.readouterr().out
+    result["cases"].append(dict(c, case="plain_b4", fp8="off"))
     rows = {line.split(" | ")[0]: line for line in gpu_bert_large.table(result).splitlines() if line.startswith("| ")}
-    assert "(FP8 vs bf16 peak)" in rows["| fp8_b2"] and "FP8" not in rows["| plain_b2"]
+    assert "(FP8 vs bf16 peak)" in rows["| fast_fp8_tensorwise_b4"] and "FP8" not in rows["| plain_b4"]
 
 
 def test_gpu_script_demo_check_passes_the_checker(trained, demo_data, tmp_path):

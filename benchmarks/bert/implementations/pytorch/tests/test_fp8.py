@@ -107,7 +107,8 @@ def test_build_model_converts_once_and_off_leaves_the_model_alone():
 
 def test_a_compiled_layer_traces_fp8_whole_with_autograd():
     """dynamo + AOT autograd (aot_eager: inductor's front end without its code generation)
-    take a converted layer, fused QKV included, as one graph, with eager's result."""
+    take a converted layer, fused QKV included, as one graph with dynamic shapes (as
+    bert.train compiles each layer), with eager's result."""
     model = BertForPreTraining(dataclasses.replace(TINY, unpad=True, fused_qkv=True))
     fp8.convert(model, "tensorwise", "cpu")
     layer = model.bert.encoder.layer[0]
@@ -119,7 +120,7 @@ def test_a_compiled_layer_traces_fp8_whole_with_autograd():
     want_grad = layer.attention.self.query.weight.grad.clone()
     layer.zero_grad()
     torch._dynamo.reset()
-    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True, dynamic=True)
     got = compiled(x, attend)
     got.square().sum().backward()
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
