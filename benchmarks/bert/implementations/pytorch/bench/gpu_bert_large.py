@@ -176,6 +176,20 @@ EST_NEW_COMPILE_BIG = (90.0, 45.0)
 EST_COMPILED_LAMB = (150.0, 50.0)
 
 
+def levers(big: int) -> list[Case]:
+    """Issue 26 part 2's levers on the fast stack at ``big``, for the ``decide`` list: what
+    decides the defaults of ``model.fused_qkv`` (on: the case turns it off; the layer
+    compiles anew) and ``model.vocab_pad_multiple`` (64: the case runs the 30,522 rows
+    unpadded; the compiled layer is reused), then FP8 GEMMs in the encoder (bert/fp8.py;
+    torchao, carried by ``h200.sh prepare``) with each scaling, a layer compile each. The
+    FP8 cases come last: torchao's conversion patches inductor's Triton min/max codegen
+    for the rest of the process (numerically the same; bert/fp8.py)."""
+    return [_case("fast_no_fused_qkv", big, EST_NEW_COMPILE_BIG, f=without(FAST, model__fused_qkv="false")),
+            _case("fast_vocab_unpadded", big, EST_SAME_COMPILE_BIG, f=without(FAST, model__vocab_pad_multiple="1")),
+            _case("fast_fp8_tensorwise", big, EST_NEW_COMPILE_BIG, f=without(FAST, precision__fp8="tensorwise")),
+            _case("fast_fp8_rowwise", big, EST_NEW_COMPILE_BIG, f=without(FAST, precision__fp8="rowwise"))]
+
+
 def plan(small: int, big: int, old: int, fast_sweep: list[int], default_sweep: list[int]) -> list[Case | Check]:
     """Everything the run does, in this order (a run cut short keeps the head):
 
@@ -186,9 +200,9 @@ def plan(small: int, big: int, old: int, fast_sweep: list[int], default_sweep: l
     3. ``fast`` (``FAST``) at ``small`` (16) and ``big`` (96, the best <= 96 the issue asks);
     4. the cases that decide the GPU defaults (``decide``): the attention kernels' block
        sizes (``attention_blocks``), CUDA graphs, the attention backend, LAMB's variant,
-       the per-layer compile, at ``big``. **A new lever is a new entry here** (a
-       ``_case`` with its overrides and expected seconds; FP8 GEMMs, the fused QKV
-       projection and the padded vocabulary go here), ordered by what a default depends on;
+       the per-layer compile, then issue 26's levers (``levers``: the fused QKV projection,
+       the padded vocabulary, FP8 GEMMs), at ``big``. **A new lever is a new entry here** (a
+       ``_case`` with its overrides and expected seconds), ordered by what a default depends on;
     5. ``fp16`` and ``demo``, the checks that decide no default;
     6. the rest, run when time is left (a rerun with ``--only`` picks them): the other
        ablations, the AdamW pair, the sweeps, the 2026-11-29 cases at ``old`` (32).
@@ -205,6 +219,7 @@ def plan(small: int, big: int, old: int, fast_sweep: list[int], default_sweep: l
         _case("fast_nested", big, EST_NEW_COMPILE_BIG, f=without(FAST, model__attention_backend="nested")),
         _case("fast_compiled_lamb", big, EST_COMPILED_LAMB, f=without(FAST, optim__impl="compiled")),
         _case("fast_no_compile_layers", big, (40.0, 40.0), f=without(FAST, model__compile_layers="false")),
+        *levers(big),
     ]
     checks: list[Case | Check] = [Check("fp16", (20.0, 15.0)), Check("demo", (60.0, 50.0))]
     rest: list[Case | Check] = [
@@ -495,7 +510,7 @@ def run_case(case: Case, args, device: torch.device, peak: float, samples_cache:
             "optimizer_step_ms": opt_ms, "optimizer_impl": impl, "optimizer": type(parts.optimizer).__name__,
             "param_groups": _flags(parts.optimizer),
             "attention": getattr(getattr(model, "attn_backend", None), "name", None),
-            "precision": parts.precision.train, "step_kind": step_kind(step),
+            "precision": parts.precision.train, **fp8_label(cfg), "step_kind": step_kind(step),
             "graph_eager_shapes": len(getattr(step, "eager_shapes", ())),
             "token_budget_rungs": list(getattr(layout, "rungs", ())) or None, "batch_shapes": sorted(set(fed)),
             "tokens_real_per_batch": sum(real) / n,
@@ -525,6 +540,15 @@ def time_eval(parts: Any, cfg: Config, device: torch.device, reps: int = 2) -> d
     return {"eval_ms_per_batch": ms, "eval_seq_per_s": cfg.eval.batch_size * 1000 / ms,
             "eval_batch_shapes": len(batches), "eval_step_kind": type(args[-1]).__name__ if args[-1] else "eager",
             "eval_compiles": _frames() - f0}
+
+
+def fp8_label(cfg: Config) -> dict[str, str]:
+    """What a case's GEMMs ran in, and what its MFU is against: FP8 cases are labelled (the
+    peak measured is bf16's; FP8 tensor cores peak at about twice that)."""
+    recipe = getattr(cfg.precision, "fp8", "off")  # a tree before bert/fp8.py has no key
+    if recipe == "off":
+        return {"fp8": "off"}
+    return {"fp8": recipe, "mfu_note": f"FP8 {recipe} GEMMs in the encoder; MFU against the bf16 GEMM peak"}
 
 
 # ---------------------------------------------------------------- the extra checks
@@ -897,7 +921,8 @@ def table(result: dict) -> str:
     for c in result["cases"]:
         if c["status"] == "ok":
             prep = f"{num(c, 'compile_s')} / {num(c, 'warmup_s')} / {num(c, 'capture_s')}"
-            lines.append(f"| {c['case']} | {c['local_batch']} | {c['seq_per_s']:.1f} | {c['mfu']:.1%} | "
+            mfu = f"{c['mfu']:.1%}" + (" (FP8 vs bf16 peak)" if c.get("fp8", "off") != "off" else "")
+            lines.append(f"| {c['case']} | {c['local_batch']} | {c['seq_per_s']:.1f} | {mfu} | "
                          f"{num(c, 'peak_mem_gb')} | {c['step_ms']:.1f} | {c['optimizer_step_ms']:.2f} | "
                          f"{c['optimizer_impl']} | {c['attention']} | {c['step_kind']} | {num(c, 'eval_ms_per_batch')} | "
                          f"{prep} | ok |")

@@ -3,8 +3,8 @@
 # its JSON and logs written to $OUT (BENCHMARKS.md section 3 has the exact `run` call).
 #
 #   bench/h200.sh prepare [DIR]  # HERE, on the commit to measure, before the device call: the
-#                             # mlperf-logging wheel (not on the device image; pinned in
-#                             # constraints.txt) and that commit, into <repo>/.h200/ (ignored);
+#                             # mlperf-logging and torchao wheels (not on the device image;
+#                             # pinned in constraints.txt) and that commit, into <repo>/.h200/ (ignored);
 #                             # with DIR (an earlier call's returned files), its compile-cache
 #                             # parts too, so the next call starts with warm caches
 #   bench/h200.sh [ARGS...]   # ON THE DEVICE: installs .h200/*.whl into /tmp/site, unpacks a
@@ -33,7 +33,6 @@ site="${H200_SITE:-/tmp/site}"  # where the carried wheels are installed (the de
 cache_parts=3            # files: json, log, 3 demo files, and these: the device's 8
 cache_part_mib=15
 if [[ "${1:-}" == prepare ]]; then
-  pin="$(grep -E '^mlperf-logging==' "${pkg}/constraints.txt")"
   rm -rf "${h200}"
   mkdir -p "${h200}"
   if [[ -n "${2:-}" ]]; then  # an earlier call's returned files: carry its compile cache
@@ -46,11 +45,15 @@ if [[ "${1:-}" == prepare ]]; then
       echo "h200.sh prepare: no compile_cache.tar.gz.part* in ${2}: the next call starts cold" >&2
     fi
   fi
-  # The device's python is CPython 3.12 on x86-64 (KINDS.md); the wheel is pure Python, and its
-  # needs (numpy, pandas, pyyaml, scipy) are on the device image.
-  "${py}" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    -d "${h200}" "${pin}"
+  # The device's python is CPython 3.12 on x86-64 (KINDS.md). mlperf-logging is pure Python, its
+  # needs (numpy, pandas, pyyaml, scipy) on the device image; torchao (precision.fp8, bert/fp8.py;
+  # 3.4 MB) is an abi3 wheel without dependencies, its float8 training pure Python over torch.
+  for name in mlperf-logging torchao; do
+    pin="$(grep -E "^${name}==" "${pkg}/constraints.txt")"
+    "${py}" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+      -d "${h200}" "${pin}"
+  done
   commit="$(git -C "${root}" rev-parse HEAD)"
   if [[ -n "$(git -C "${root}" status --porcelain --untracked-files=no)" ]]; then commit="${commit}-dirty"; fi
   echo "${commit}" > "${h200}/commit"

@@ -63,6 +63,22 @@ class ModelConfig:
     # bert.train.build so the module stays plain eager code. Costs compile time at the
     # first steps (and a recompile when a new batch shape appears); off = eager.
     compile_layers: bool = False
+    # Q, K and V projected by one [3 * hidden, hidden] GEMM instead of three [hidden, hidden]
+    # ones (the input read once, one kernel). The parameters stay HF's query/key/value
+    # (names, checkpoints and LAMB's per-tensor trust ratios unchanged), so the result is
+    # the unfused one up to float rounding; costs a concatenation of the three weights per
+    # forward (3 * hidden^2 floats a layer; under compile_layers inductor fuses it into
+    # autocast's cast). On because it is exact and no slower on the CPU (bench/model_levers.py,
+    # BENCHMARKS.md); the GPU run's fast_no_fused_qkv case measures it there.
+    fused_qkv: bool = True
+    # Word-embedding / MLM-decoder rows inside the model padded up to a multiple of this
+    # (30,522 -> 30,528 at 64, as NVIDIA pads): whole GEMM tiles and 16-byte aligned rows for
+    # the decoder's three GEMMs. The pad rows are zero, never looked up and never trained;
+    # the logits are sliced back to vocab_size before the loss and the argmax, and state
+    # dicts hold vocab_size rows (checkpoints, HF exports, TF imports): exact (the same loss
+    # to the bit in bench/model_levers.py), and no slower on the CPU within its noise; the GPU
+    # run's fast_vocab_unpadded case measures it there. 1 = no padding.
+    vocab_pad_multiple: int = 64
 
 
 @dataclass
@@ -165,6 +181,13 @@ class PrecisionConfig:
     loss_scale_growth: float = 2.0
     loss_scale_backoff: float = 0.5
     loss_scale_growth_interval: int = 2000
+    # FP8 GEMMs in the encoder's linear layers (bert/fp8.py: torchao's float8 training, the
+    # master weights, gradients and optimizer staying float32): "tensorwise" = one dynamic
+    # scale per tensor (cuBLAS' FP8 GEMM, the fastest), "rowwise" = one per row (more
+    # accurate, a slower kernel). Needs torchao and, on CUDA, compute capability >= 8.9 and
+    # GEMM shapes on multiples of 16 (unpadded: data.token_budgets); on a CPU torchao's
+    # emulation runs (tests). Not with fp16. off = every GEMM in precision.dtype.
+    fp8: Literal["off", "tensorwise", "rowwise"] = "off"
 
 
 @dataclass
@@ -356,6 +379,12 @@ def max_samples(cfg: Config, world_size: int) -> int:
     gbs = global_batch_size(cfg, world_size)
     cap = cfg.run.max_samples if cfg.run.max_samples > 0 else cfg.optim.total_steps * gbs
     return min(cap, cfg.run.max_steps * gbs) if cfg.run.max_steps > 0 else cap
+
+
+def padded_vocab_size(m: ModelConfig) -> int:
+    """Rows of the model's word embedding and MLM decoder: vocab_size rounded up to a
+    multiple of model.vocab_pad_multiple."""
+    return -(-m.vocab_size // m.vocab_pad_multiple) * m.vocab_pad_multiple
 
 
 def lr_decay_end(o: OptimConfig) -> int:
@@ -551,6 +580,7 @@ def validate(cfg: Config) -> None:
     for name in ("hidden_dropout", "attention_dropout"):
         need(0.0 <= getattr(m, name) < 1.0, f"model.{name}", "must be in [0, 1)")
     need(not (m.pack and m.unpad), "model.pack", "packed rows need model.unpad=false")
+    need(m.vocab_pad_multiple > 0, "model.vocab_pad_multiple", "must be positive (1 = no padding)")
     d = cfg.data
     need(0 < d.max_seq_length <= m.max_position_embeddings, "data.max_seq_length",
          f"must be in [1, model.max_position_embeddings={m.max_position_embeddings}]")

@@ -25,7 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .attention import AttentionBackend, build_attention
-from .config import ModelConfig
+from .config import ModelConfig, padded_vocab_size
 
 IGNORE_INDEX = -100  # MLM label of positions that are not predicted (HF's convention)
 
@@ -59,8 +59,9 @@ class SelfAttention(nn.Module):
         self.num_heads = cfg.num_heads
         self.head_dim = cfg.hidden_size // cfg.num_heads
         self.dropout_p = cfg.attention_dropout
-        # Three GEMMs, not one fused QKV: HF's names are the contract, and concatenating
-        # the weights on every step would cost a copy of them.
+        self.fused = cfg.fused_qkv
+        # Three parameters in both modes: HF's names are the contract, and LAMB's trust
+        # ratio is per tensor (one fused [3E, E] parameter would change the update).
         self.query = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.key = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
@@ -68,11 +69,29 @@ class SelfAttention(nn.Module):
     def forward(self, x, attend):
         # [..., E] -> [..., H, D]: a view, no copy.
         heads = (self.num_heads, self.head_dim)
-        q = self.query(x).unflatten(-1, heads)
-        k = self.key(x).unflatten(-1, heads)
-        v = self.value(x).unflatten(-1, heads)
+        if self.fused:
+            # One [3E, E] GEMM on the concatenated weights (a copy of them per call; the
+            # backward of the cat is three views).
+            weight = torch.cat((self.query.weight, self.key.weight, self.value.weight))
+            bias = torch.cat((self.query.bias, self.key.bias, self.value.bias))
+            qkv = _linear_as(self.query, x, weight, bias)
+            q, k, v = qkv.unflatten(-1, (3, *heads)).unbind(-3)  # views of the [..., 3E] output
+        else:
+            q = self.query(x).unflatten(-1, heads)
+            k = self.key(x).unflatten(-1, heads)
+            v = self.value(x).unflatten(-1, heads)
         out = attend(q, k, v, dropout_p=self.dropout_p if self.training else 0.0)
         return out.flatten(-2)
+
+
+def _linear_as(module: nn.Module, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``module``'s linear map with ``weight`` and ``bias`` in place of its own: F.linear for
+    a plain nn.Linear; any other linear module (bert.fp8's FP8 one) runs its own forward on
+    them through functional_call, whose parameter swap costs tens of microseconds of host
+    time a call (traced away under torch.compile, not replayed by CUDA graphs)."""
+    if type(module) is nn.Linear:
+        return F.linear(x, weight, bias)
+    return torch.func.functional_call(module, {"weight": weight, "bias": bias}, (x,))
 
 
 class AttentionOutput(nn.Module):
@@ -174,6 +193,7 @@ class PredictionHeadTransform(nn.Module):
 class LMPredictionHead(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        self.vocab_size = cfg.vocab_size
         self.transform = PredictionHeadTransform(cfg)
         self.decoder = nn.Linear(cfg.hidden_size, cfg.vocab_size)
         # One bias under both HF names (cls.predictions.bias and .decoder.bias).
@@ -181,7 +201,10 @@ class LMPredictionHead(nn.Module):
         self.decoder.bias = self.bias
 
     def forward(self, x):
-        return self.decoder(self.transform(x))
+        # The GEMM runs on the padded rows (aligned shapes); the slice is a view that drops
+        # the pad columns, so they never reach the loss or the argmax. Where autocast casts
+        # the logits to float32 for the loss that cast makes the copy it needs anyway.
+        return self.decoder(self.transform(x))[..., : self.vocab_size]
 
 
 class PreTrainingHeads(nn.Module):
@@ -214,13 +237,35 @@ class BertForPreTraining(nn.Module):
         attention backend, resolved once here (the model is built before it is moved)."""
         super().__init__()
         self.unpad, self.pack = cfg.unpad, cfg.pack
+        self.vocab_size = cfg.vocab_size  # the real rows; padded_vocab_size(cfg) inside
         self.initializer_range = cfg.initializer_range
         self.attn_backend = build_attention(cfg.attention_backend, device_type, cfg.attention_dropout)
         self.bert = BertModel(cfg)
         self.cls = PreTrainingHeads(cfg)
         self.apply(self._init_weights)
+        rows = padded_vocab_size(cfg)
+        if rows > cfg.vocab_size:
+            self._pad_vocab(rows - cfg.vocab_size)
         # Tied after init so the embedding's init is the one that stands.
         self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+
+    def _pad_vocab(self, extra: int) -> None:
+        """Append ``extra`` zero rows to the word embedding and the MLM bias (model.vocab_pad_multiple).
+
+        After init, so the random draws are those of the unpadded model (same seed, same
+        weights). The pad rows stay 0 in training: no input id reaches them and the logits
+        are sliced before the loss, so their gradient is 0, and a zero row with zero
+        gradient gets a zero Adam/LAMB update (norms and trust ratios unchanged too). The
+        state dict hooks keep every state dict at vocab_size rows.
+        """
+        emb, head = self.bert.embeddings.word_embeddings, self.cls.predictions
+        with torch.no_grad():
+            emb.weight = nn.Parameter(F.pad(emb.weight, (0, 0, 0, extra)))
+            head.bias = nn.Parameter(F.pad(head.bias, (0, extra)))  # same key, same parameter order
+        head.decoder.bias = head.bias
+        emb.num_embeddings = head.decoder.out_features = emb.weight.shape[0]
+        self.register_state_dict_post_hook(_drop_pad_rows)
+        self.register_load_state_dict_pre_hook(_add_pad_rows)
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -282,6 +327,28 @@ class BertForPreTraining(nn.Module):
         # The head (a hidden x hidden GEMM and the hidden x vocab decoder) sees M rows, not T.
         mlm = self.cls.predictions(h.index_select(0, masked_index))
         return mlm, self.cls.seq_relationship(pooled)
+
+
+# State-dict keys of the padded vocabulary rows (model.vocab_pad_multiple); the tied ones too.
+VOCAB_ROWS = ("bert.embeddings.word_embeddings.weight", "cls.predictions.decoder.weight",
+              "cls.predictions.bias", "cls.predictions.decoder.bias")
+
+
+def _drop_pad_rows(module: BertForPreTraining, state: dict, prefix: str, local_metadata) -> None:
+    # Views, not copies: step_graph.restore writes the model back through state_dict()
+    # tensors in place, and a copy would swallow those writes.
+    for name in VOCAB_ROWS:
+        if prefix + name in state:
+            state[prefix + name] = state[prefix + name][: module.vocab_size]
+
+
+def _add_pad_rows(module: BertForPreTraining, state: dict, prefix: str, *_args) -> None:
+    # load_state_dict hands hooks its own copy of the mapping: the caller's stays untouched.
+    rows = module.bert.embeddings.word_embeddings.weight.shape[0]
+    for name in VOCAB_ROWS:
+        t = state.get(prefix + name)
+        if t is not None and t.shape[:1] == (module.vocab_size,):
+            state[prefix + name] = torch.cat((t, t.new_zeros((rows - module.vocab_size, *t.shape[1:]))))
 
 
 # ---------------------------------------------------------------- loss and accuracy

@@ -110,6 +110,8 @@ class Precision:
             "loss_scale_growth_factor": cfg.loss_scale_growth,
             "loss_scale_backoff_factor": cfg.loss_scale_backoff,
             "loss_scale_growth_interval": cfg.loss_scale_growth_interval,
+            # Not an MLPerf key: the encoder's GEMMs in FP8 (bert/fp8.py), or "off".
+            "fp8_gemms": cfg.fp8,
         }
 
 

@@ -164,6 +164,19 @@ def _shape_mismatch(own: dict[str, torch.Tensor], theirs: dict[str, Any]) -> str
     return None
 
 
+def _optimizer_mismatch(optimizer: torch.optim.Optimizer, theirs: dict[str, Any]) -> str | None:
+    """torch's ``Optimizer.load_state_dict`` checks parameter counts, not shapes: a moment
+    of another shape would only fail (or broadcast) at the next step."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    ids = [i for g in theirs.get("param_groups", []) for i in g["params"]]
+    for i, p in zip(ids, params):
+        for k, v in theirs.get("state", {}).get(i, {}).items():
+            if torch.is_tensor(v) and v.dim() > 0 and tuple(v.shape) != tuple(p.shape):
+                return (f"optimizer state {k!r} of a {tuple(p.shape)} parameter has shape {tuple(v.shape)}: "
+                        "model.vocab_pad_multiple pads the vocabulary rows inside the model")
+    return None
+
+
 def restore(path: Path, parts: Any, state: Any, rank: int, world_size: int) -> dict[str, Any]:
     """Load checkpoint ``path`` into the built ``parts`` and the loop's ``state``, in place.
 
@@ -179,7 +192,8 @@ def restore(path: Path, parts: Any, state: Any, rank: int, world_size: int) -> d
             raise CheckpointError(f"{path}: written with {key}={meta.get(key)}, this run has {mine}; "
                                   "a resume must keep the world size and batch")
     shared = _load(path / "train.pt")
-    why = _shape_mismatch(parts.model.state_dict(), shared["model"])
+    why = (_shape_mismatch(parts.model.state_dict(), shared["model"])
+           or _optimizer_mismatch(parts.optimizer, shared["optimizer"]))
     if why:
         raise CheckpointError(f"{path / 'train.pt'}: written for a different model ({why}); "
                               "check the model.* settings")

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import distributed, grad_sync, ladder, pretrain, resume, sampler, step_graph
+from . import distributed, fp8, grad_sync, ladder, pretrain, resume, sampler, step_graph
 from .config import (Config, ConfigError, build_config, dump, eval_interval_samples, global_batch_size,
                      is_benchmark_model, max_samples, parse_overrides, timed_run_problems)
 from .checkpoint import load_weights, tf_tensor_names
@@ -207,6 +207,7 @@ def build_model(cfg: Config, denv: distributed.DistEnv, device: torch.device) ->
     """Everything but the data: model (and the phase-1 checkpoint), precision, DDP, gradient
     sync, optimizer, schedule. Touches no training or eval file, so it runs before
     run_start; ``open_data`` fills in the batches after it (MLPerf's clock rule)."""
+    fp8.check(cfg, device.type)  # what FP8 GEMMs cannot do, refused by name
     # Built on the device (factories and the normal init there): BERT-Large's 335 M
     # parameters are neither initialised on the host nor copied over. The init then draws
     # from the device's generator (seeded by seed_everything like the host's).
@@ -215,6 +216,9 @@ def build_model(cfg: Config, denv: distributed.DistEnv, device: torch.device) ->
     if cfg.run.init_checkpoint:
         # TF phase-1 checkpoint, HF weights or ours; names and shapes checked against cfg.model.
         model.load_state_dict(load_weights(cfg.run.init_checkpoint, cfg.model))
+    if cfg.precision.fp8 != "off":
+        # Module swap in place, same parameters: before compile and DDP see the layers.
+        fp8.convert(model, cfg.precision.fp8, device.type)
     # Before DDP: a comm hook that sees scaled gradients reads precision.loss_scale(scaler).
     # Graphs: autocast's weight-cast cache off everywhere (capture needs it off; the eager
     # warm-up and evaluation must match it, or torch.compile recompiles on the change).

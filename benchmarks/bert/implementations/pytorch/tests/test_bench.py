@@ -16,7 +16,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from bench import common, flops, gpu_bert_large, vs_hf
-from bert.config import ModelConfig
+from bert.config import ModelConfig, build_config
 from bert.model import BertForPreTraining
 from conftest import PKG
 
@@ -92,7 +92,8 @@ def test_gpu_script_cpu_smoke_runs_every_case(tmp_path, capsys):
     # the big batch, what decides the defaults, the fp16 and demo checks, then the rest.
     assert r["plan"] == ["check_attention", "baseline_b2", "fast_b2", "fast_b4", "check_attention_blocks",
                          "fast_no_graphs_b4", "fast_nested_b4", "fast_compiled_lamb_b4", "fast_no_compile_layers_b4",
-                         "check_fp16", "check_demo", "fast_sdpa_b4", "fast_no_budget_no_graphs_b4",
+                         "fast_no_fused_qkv_b4", "fast_vocab_unpadded_b4", "fast_fp8_tensorwise_b4",
+                         "fast_fp8_rowwise_b4", "check_fp16", "check_demo", "fast_sdpa_b4", "fast_no_budget_no_graphs_b4",
                          "default_budget_b4", "default_compiled_lamb_b4", "adamw_fused_b3", "adamw_foreach_b3",
                          "fast_b3", "default_b3", "default_b4", "padded_b3", "lamb_foreach_b3", "compiled_b3",
                          "bogus_b2"]
@@ -193,6 +194,26 @@ def test_gpu_script_skips_what_the_trainer_refuses_and_what_the_budget_leaves(tm
     r = json.loads(out.read_text())
     assert r["checks"]["demo"]["status"] == "error: stopped at its time limit (1 s)", r["checks"]["demo"]
     assert [c["case"] for c in r["cases"]] == ["baseline_b2"]
+
+
+def test_gpu_script_runs_the_fp8_case_and_labels_it(tmp_path, capsys):
+    """The plan's FP8 case through the fast stack's CPU stand-ins (budgets, warm-up, the
+    compiled layers; torchao's emulation): it runs, with no compile after the warm-up, and
+    says in its JSON and its table row that it is FP8, its MFU against the bf16 GEMM peak."""
+    pytest.importorskip("torchao.float8")
+    out = tmp_path / "gpu.json"
+    assert gpu_bert_large.main(["--cpu-smoke", "--out", str(out), "--only", "fast_fp8_tensorwise_b4"]) == 0
+    result = json.loads(out.read_text())
+    (c,) = result["cases"]
+    assert c["status"] == "ok" and c["fp8"] == "tensorwise" and "MFU against the bf16 GEMM peak" in c["mfu_note"], c
+    assert c["overrides"]["precision.fp8"] == "tensorwise" and c["compiles_after_prepare"] == 0
+    assert gpu_bert_large.fp8_label(build_config({})) == {"fp8": "off"}
+    capsys.readouterr()
+    assert gpu_bert_large.main(["--table", str(out)]) == 0
+    assert "| fast_fp8_tensorwise_b4 | 4 |" in capsys.readouterr().out
+    result["cases"].append(dict(c, case="plain_b4", fp8="off"))
+    rows = {line.split(" | ")[0]: line for line in gpu_bert_large.table(result).splitlines() if line.startswith("| ")}
+    assert "(FP8 vs bf16 peak)" in rows["| fast_fp8_tensorwise_b4"] and "FP8" not in rows["| plain_b4"]
 
 
 def test_gpu_script_demo_check_passes_the_checker(trained, demo_data, tmp_path):

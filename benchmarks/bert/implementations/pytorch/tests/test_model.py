@@ -331,3 +331,111 @@ def test_nested_pad_segments_are_never_empty(lengths, total, max_seqlen):
     assert offsets[: len(cu)].tolist() == cu.tolist() and int(offsets[-1]) == total + n
     seg = (offsets[len(cu):] - offsets[len(cu) - 1:-1]).tolist()
     assert len(seg) == n and min(seg) >= 1 and max(seg) <= max(max_seqlen, 2), seg
+
+
+# ---------------------------------------------------------------- fused QKV, padded vocabulary
+
+PLAIN = dataclasses.replace(TINY, fused_qkv=False, vocab_pad_multiple=1, hidden_dropout=0.1, attention_dropout=0.1)
+VARIANTS = {"fused_qkv": dict(fused_qkv=True), "vocab_pad": dict(vocab_pad_multiple=64),
+            "both": dict(fused_qkv=True, vocab_pad_multiple=64)}
+
+
+def _forward(model, unpad: bool, seed: int = 3):
+    """(loss, MLM logits) on the test batch, dropout (in train mode) drawn from ``seed``."""
+    padded, labels, nsp = make_batch(seed=7)
+    torch.manual_seed(seed)
+    if unpad:
+        inputs, labels = pack(padded, labels)
+        mlm, nsp_logits = model(**inputs)
+    else:
+        mlm, nsp_logits = model(**padded)
+    return pretraining_loss(mlm, nsp_logits, labels, nsp), mlm
+
+
+def _train_pass(model, unpad: bool, seed: int = 3):
+    """Loss, logits and gradients of one training forward + backward."""
+    model.zero_grad()
+    loss, mlm = _forward(model, unpad, seed)
+    loss.backward()
+    return loss, mlm, {n: p.grad for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("variant, unpad", [("fused_qkv", True), ("vocab_pad", True), ("both", True),
+                                            ("both", False)])
+def test_fused_qkv_and_padded_vocab_are_the_plain_model(variant, unpad):
+    """model.fused_qkv and model.vocab_pad_multiple change how the model computes, not what:
+    from one seed the same weights (state dicts equal exactly, HF names and vocab_size rows),
+    and the same logits, loss and gradients, dropout included, up to float rounding; the pad
+    rows take no gradient at all."""
+    cfg = dataclasses.replace(PLAIN, unpad=unpad, **VARIANTS[variant])
+    models = {}
+    for name, c in (("plain", dataclasses.replace(PLAIN, unpad=unpad)), (variant, cfg)):
+        torch.manual_seed(0)
+        models[name] = BertForPreTraining(c).train()
+    plain_sd, sd = models["plain"].state_dict(), models[variant].state_dict()
+    assert list(sd) == list(plain_sd) and all(torch.equal(sd[k], v) for k, v in plain_sd.items())
+    rows = models[variant].bert.embeddings.word_embeddings.weight.shape[0]
+    assert rows == (128 if cfg.vocab_pad_multiple == 64 else TINY.vocab_size)
+    ref_loss, ref_mlm, ref_grads = _train_pass(models["plain"], unpad)
+    loss, mlm, grads = _train_pass(models[variant], unpad)
+    assert mlm.shape == ref_mlm.shape and mlm.shape[-1] == TINY.vocab_size
+    torch.testing.assert_close(mlm, ref_mlm, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=1e-6)
+    assert list(grads) == list(ref_grads)
+    for name, g in grads.items():
+        want = ref_grads[name]
+        assert torch.equal(g[want.shape[0]:], torch.zeros_like(g[want.shape[0]:])), name  # pad rows: no gradient
+        torch.testing.assert_close(g[: want.shape[0]], want, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+    assert ref_grads["bert.encoder.layer.0.attention.self.value.weight"].abs().max() > 1e-3
+
+
+def test_padded_vocab_stays_zero_under_lamb_and_never_wins():
+    """Three LAMB steps (global clip 1.0) of the padded + fused model track the plain one
+    (LAMB's per-tensor trust ratios see the same norms: the pad rows are zero and stay
+    zero); and pad rows that were not zero still could not reach the loss or the argmax."""
+    from bert.config import OptimConfig
+    from bert.optim import build_optimizer
+
+    models, opts = {}, {}
+    for name, c in (("plain", PLAIN), ("both", dataclasses.replace(PLAIN, **VARIANTS["both"]))):
+        torch.manual_seed(0)
+        models[name] = BertForPreTraining(dataclasses.replace(c, unpad=True)).train()
+        opts[name], _ = build_optimizer(models[name], OptimConfig(lr=1e-2), "cpu")
+    for step in range(3):
+        for name, model in models.items():
+            loss, _, _ = _train_pass(model, True, seed=step)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opts[name].step()
+    plain, both = models["plain"].state_dict(), models["both"].state_dict()
+    moved = max(float((v - BertForPreTraining(PLAIN).state_dict()[k]).abs().max()) for k, v in plain.items())
+    assert moved > 1e-3  # the steps did change the weights
+    for k, v in plain.items():
+        torch.testing.assert_close(both[k], v, rtol=1e-5, atol=1e-6, msg=lambda m: f"{k}: {m}")
+    emb, bias = models["both"].bert.embeddings.word_embeddings.weight, models["both"].cls.predictions.bias
+    assert not emb[TINY.vocab_size:].any() and not bias[TINY.vocab_size:].any()
+    # Pad logits made huge: still sliced off before the loss and the argmax.
+    model = models["both"].eval()
+    with torch.no_grad():
+        before = _forward(model, True)
+        bias[TINY.vocab_size:] = 1e4
+        after = _forward(model, True)
+    assert torch.equal(before[0], after[0]) and torch.equal(before[1], after[1])
+    assert int(after[1].argmax(-1).max()) < TINY.vocab_size
+
+
+def test_padded_vocab_rows_and_checks():
+    from bert.config import ConfigError, build_config, padded_vocab_size
+
+    assert padded_vocab_size(ModelConfig()) == 30528  # NVIDIA's padding of the 30,522 WordPiece ids
+    assert padded_vocab_size(dataclasses.replace(TINY, vocab_pad_multiple=1)) == TINY.vocab_size
+    with pytest.raises(ConfigError, match="model.vocab_pad_multiple"):
+        build_config({"model.vocab_pad_multiple": "0"})
+    # HF weights in: the pad rows are zero, whatever they held before.
+    ours = BertForPreTraining(dataclasses.replace(TINY, vocab_pad_multiple=64))
+    with torch.no_grad():
+        ours.bert.embeddings.word_embeddings.weight.fill_(1.0)
+        ours.cls.predictions.bias.fill_(1.0)
+    ours.load_state_dict(hf_model(TINY).state_dict(), strict=True)
+    assert ours.cls.predictions.decoder.weight is ours.bert.embeddings.word_embeddings.weight
+    assert not ours.bert.embeddings.word_embeddings.weight[TINY.vocab_size:].any()
+    assert not ours.cls.predictions.bias[TINY.vocab_size:].any()

@@ -238,3 +238,31 @@ def test_resume_with_another_world_size_is_refused(tiny_data, baseline, tmp_path
     assert "written with world_size=2, this run has 1" in capsys.readouterr().err
     assert train.main([*args, "ckpt.resume=off"]) == 2  # a fresh start would mix with them
     assert "holds checkpoints of an unfinished run" in capsys.readouterr().err
+
+
+def test_resume_with_another_vocabulary_padding_is_refused(tiny_data, tmp_path):
+    """The state dict keeps vocab_size rows whatever model.vocab_pad_multiple is, but the
+    optimizer's moments have the padded shape: a resume across a padding change is refused
+    by name, before anything is loaded (torch's load_state_dict would take the moments)."""
+    from bert import resume, train
+    from bert.config import build_config
+    from bert.distributed import DistEnv
+
+    single = DistEnv(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=29500,
+                     launcher="single")
+    over = dict(a.split("=", 1) for a in TINY if not a.startswith(("dist.", "run.max_samples")))
+    over.update({"data.train_dir": str(tiny_data / "train"), "data.eval_dir": str(tiny_data / "eval"),
+                 "model.vocab_pad_multiple": "1"})
+    parts, _ = train.build(build_config(over), single, torch.device("cpu"))
+    state = train.TrainState()
+    train.train_step(parts, 1)  # the optimizer's moments exist
+    cfg = build_config(over)
+    ckpt = resume.Checkpointer(cfg.ckpt, tmp_path, 0, 1, torch.device("cpu"), resume.StopFlag())
+    saved = ckpt.save(parts, state)
+    padded, _ = train.build(build_config({**over, "model.vocab_pad_multiple": "256"}), single, torch.device("cpu"))
+    before = {k: v.clone() for k, v in padded.model.state_dict().items()}
+    with pytest.raises(resume.CheckpointError, match=r"optimizer state 'exp_avg' of a \(256, 32\) parameter has "
+                                                     r"shape \(128, 32\).*model.vocab_pad_multiple"):
+        resume.restore(saved, padded, train.TrainState(), 0, 1)
+    assert all(torch.equal(v, before[k]) for k, v in padded.model.state_dict().items())  # nothing loaded
+    resume.restore(saved, parts, train.TrainState(), 0, 1)  # the same padding resumes

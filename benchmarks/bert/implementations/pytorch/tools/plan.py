@@ -60,6 +60,11 @@ class Shape:
     intermediate: int = 4096
     vocab: int = 30522
     positions: int = 512
+    vocab_pad: int = 64  # model.vocab_pad_multiple: the model's rows (and gradients) are padded
+
+    @property
+    def vocab_rows(self) -> int:
+        return -(-self.vocab // self.vocab_pad) * self.vocab_pad
 
 
 LARGE = Shape()
@@ -69,12 +74,12 @@ BASE = Shape(768, 12, 12, 3072)
 def param_groups(s: Shape) -> list[tuple[str, int]]:
     """(name, elements) of every parameter in BertForPreTraining's order (tied decoder once)."""
     h, i = s.hidden, s.intermediate
-    out = [("word_embeddings", s.vocab * h), ("position_embeddings", s.positions * h), ("token_type", 2 * h),
+    out = [("word_embeddings", s.vocab_rows * h), ("position_embeddings", s.positions * h), ("token_type", 2 * h),
            ("embeddings_ln", 2 * h)]
     for k in range(s.layers):
         out += [(f"layer{k}.qkv", 3 * (h * h + h)), (f"layer{k}.attn_out", h * h + h), (f"layer{k}.ln1", 2 * h),
                 (f"layer{k}.ffn_in", h * i + i), (f"layer{k}.ffn_out", i * h + h), (f"layer{k}.ln2", 2 * h)]
-    out += [("pooler", h * h + h), ("mlm_transform", h * h + h + 2 * h), ("mlm_bias", s.vocab), ("nsp", 2 * h + 2)]
+    out += [("pooler", h * h + h), ("mlm_transform", h * h + h + 2 * h), ("mlm_bias", s.vocab_rows), ("nsp", 2 * h + 2)]
     return out
 
 
@@ -283,7 +288,8 @@ def phase_from_config(path: str, name: str) -> tuple[Shape, Phase, dict[str, str
     shape = Shape(int(extra.get("model.hidden_size", LARGE.hidden)), int(extra.get("model.num_layers", LARGE.layers)),
                   int(extra.get("model.num_heads", LARGE.heads)),
                   int(extra.get("model.intermediate_size", LARGE.intermediate)),
-                  int(extra.get("model.vocab_size", LARGE.vocab)))
+                  int(extra.get("model.vocab_size", LARGE.vocab)),
+                  vocab_pad=int(extra.get("model.vocab_pad_multiple", LARGE.vocab_pad)))
     gpus = int(env["DGXNNODES"]) * int(env["DGXNGPU"])
     accum = int(env.get("GRADIENT_STEPS", "1"))
     gbs = int(env["BATCHSIZE"]) * accum * gpus
