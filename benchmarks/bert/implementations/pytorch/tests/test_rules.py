@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 from bert import train
 from bert.config import build_config, parse_overrides, timed_run_problems
@@ -198,6 +199,7 @@ def test_closed_bert_large_eval_set_must_hold_10000_samples(demo_data):
                                         "data.eval_samples=0", "run.init_checkpoint=x", "run.seed=1"]))
     assert timed_run_problems(cfg) == []  # what the config says is fine; the set is short
     empty = train.Parts(*[None] * len(dataclasses.fields(train.Parts)))
+    empty = dataclasses.replace(empty, device=torch.device("cpu"))  # open_data pins host batches for CUDA
     with pytest.raises(DataError, match="holds 1000 samples; a closed BERT-Large run evaluates on the full 10,000"):
         train.open_data(empty, cfg, SINGLE)
 
