@@ -8,12 +8,27 @@ VENV  := .venv
 PY    := $(CURDIR)/$(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo pretrain-demo test lint venv clean
+.PHONY: demo pretrain-demo test lint venv prereqs clean
 
 venv: $(STAMP)
 
+# What the venv needs from the system, checked before it is built (Debian package names).
+# A C++ compiler is optional: without one, torch.compile's CPU kernels (model.compile_layers,
+# optim.impl=compiled with inductor) cannot build and their test skips; warned, not refused.
+prereqs:
+	@python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
+	  echo "make: need python3 >= 3.11 (found: $$(python3 --version 2>&1 || echo none));" \
+	       "install python3 (Debian: apt-get install python3)" >&2; exit 1; }
+	@python3 -c 'import venv, ensurepip' 2>/dev/null || { \
+	  echo "make: python3 has no venv/ensurepip module; install it (Debian: apt-get install python3-venv)" >&2; exit 1; }
+	@command -v git >/dev/null || { echo "make: git not found; install it (Debian: apt-get install git)" >&2; exit 1; }
+	@echo 'int main() { return 0; }' | "$${CXX:-g++}" -x c++ - -o /dev/null 2>/dev/null || \
+	  echo "make: warning: no working C++ compiler ($${CXX:-g++}, what torch's inductor calls):" \
+	       "torch.compile's CPU kernels cannot build and their test skips; to have them: apt-get install g++" >&2
+
 # The venv is built on first use and rebuilt when the pins or the package's needs change.
 $(STAMP): $(PKG)/constraints.txt $(PKG)/pyproject.toml
+	@$(MAKE) --no-print-directory prereqs
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c $(PKG)/constraints.txt -e "$(PKG)[dev,prep,mpi,tools]"

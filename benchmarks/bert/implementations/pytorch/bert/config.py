@@ -512,7 +512,7 @@ def load_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {p}: cannot parse: {e}") from None
     if not isinstance(tree, dict):
         raise ConfigError(f"config file {p}: top level must be a mapping of sections")
-    # "resolved" holds run-time facts written by dump(); a dumped config reloads as is.
+    # "resolved" holds run-time facts written by dumps(); a dumped config reloads as is.
     tree.pop(RESOLVED, None)
     flat: dict[str, Any] = {}
     _flatten("", tree, flat)
@@ -683,9 +683,9 @@ def to_dict(cfg: Config) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
-def dump(cfg: Config, path: str | Path, extra: dict[str, Any] | None = None) -> None:
-    """Write the resolved config (plus facts resolved at run time) as JSON."""
+def dumps(cfg: Config, extra: dict[str, Any] | None = None) -> str:
+    """The resolved config (plus facts resolved at run time) as JSON: what --config reads."""
     tree = to_dict(cfg)
     if extra:
         tree[RESOLVED] = extra
-    Path(path).write_text(json.dumps(tree, indent=2, sort_keys=True) + "\n")
+    return json.dumps(tree, indent=2, sort_keys=True) + "\n"

@@ -366,3 +366,12 @@ def broadcast_object(obj, src: int = 0):
         dist.broadcast_object_list(box, src=src)
         return box[0]
     return obj
+
+
+def all_gather_object(obj) -> list:
+    """Every rank's ``obj`` (pickled), in rank order; ``[obj]`` on one process."""
+    if dist.is_available() and dist.is_initialized():
+        out = [None] * dist.get_world_size()
+        dist.all_gather_object(out, obj)
+        return out
+    return [obj]

@@ -4,13 +4,20 @@ Lines go to the result file, and to stdout too when asked (``log.echo_mllog``), 
 The logger is an object built per run (mlperf_logging's shared module-level logger is not
 used), so tests can run several in one process. Values must be plain Python numbers: a torch.Tensor fails to encode and
 mlperf_logging drops the event silently, so every value passes through ``_plain``.
+
+A log file that cannot be written (a full disk; any OSError, when opening it too) does not
+stop rank 0 on the spot, where its peers would see a dead rank, nor print logging's
+traceback for every line: the first error is kept (``write_error``) and the lines after it
+are lost; bert.train has every rank stop at the next agreement point (bert/storage.py).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,21 +36,61 @@ def _plain(v: Any) -> Any:
     return v
 
 
+def clock_ms() -> int:
+    """Now, as the log's time_ms values count it."""
+    return int(time.time() * 1e3)
+
+
+class _FileHandler(logging.FileHandler):
+    """Keeps its first OSError (``error``) instead of printing a traceback for each line."""
+
+    def __init__(self, path: str | Path, mode: str):
+        self.error: OSError | None = None
+        super().__init__(path, mode=mode)
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        err = sys.exc_info()[1]
+        if not isinstance(err, OSError):
+            super().handleError(record)
+        elif self.error is None:
+            self.error = err
+
+
+def _end_torn_line(path: Path) -> None:
+    """End the log's last line if a failed write (a full disk) tore it, so that it does not
+    swallow the first line appended after it."""
+    if not path.is_file():
+        return
+    with open(path, "rb+") as f:
+        if f.seek(0, os.SEEK_END) > 0:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                f.write(b"\n")
+
+
 class MLPerfLogger:
     """``enabled`` is False on every rank but 0: the calls stay in the code, the lines don't."""
 
     def __init__(self, path: str | Path | None, enabled: bool, echo: bool, append: bool = False):
         self.enabled = enabled
         self._handlers: list[logging.Handler] = []
+        self._file: _FileHandler | None = None
+        self._open_error: OSError | None = None
         if not enabled:
             self._ml = None
             return
         # A logger outside logging's global registry: one per run, closed by close().
         logger = logging.Logger(f"mlperf_bert_{id(self)}", level=logging.INFO)
         if path is not None:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            # append: a resumed run adds to its first part's log; it never rewrites history.
-            self._handlers.append(logging.FileHandler(path, mode="a" if append else "w"))
+            try:
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                if append:
+                    _end_torn_line(Path(path))
+                # append: a resumed run adds to its first part's log; it never rewrites history.
+                self._file = _FileHandler(path, mode="a" if append else "w")
+                self._handlers.append(self._file)
+            except OSError as e:
+                self._open_error = e
         if echo:
             self._handlers.append(logging.StreamHandler(sys.stdout))
         for h in self._handlers:
@@ -52,25 +99,36 @@ class MLPerfLogger:
         # stack offset 2: the metadata names our caller's file/line, not this module's.
         self._ml = MLLogger(logger=logger, default_stack_offset=2, root_dir=_PKG_ROOT)
 
+    @property
+    def write_error(self) -> OSError | None:
+        """The first error opening or writing the log file (lines after it are lost), or None."""
+        return self._open_error or (self._file.error if self._file is not None else None)
+
     def close(self) -> None:
         for h in self._handlers:
-            h.flush()
-            h.close()
+            try:
+                h.flush()
+                h.close()
+            except OSError as e:  # flushing outside emit: its error handling does not apply
+                if h is self._file and self._file.error is None:
+                    self._file.error = e
         self._handlers = []
 
     # -- primitives ----------------------------------------------------------------------
 
-    def event(self, key: str, value: Any = None, **metadata: Any) -> None:
+    def event(self, key: str, value: Any = None, time_ms: int | None = None, **metadata: Any) -> None:
         if self._ml:
-            self._ml.event(key=key, value=_plain(value), metadata={k: _plain(v) for k, v in metadata.items()} or None)
+            self._ml.event(key=key, value=_plain(value), metadata={k: _plain(v) for k, v in metadata.items()} or None,
+                           time_ms=time_ms)
 
     def start(self, key: str, value: Any = None, **metadata: Any) -> None:
         if self._ml:
             self._ml.start(key=key, value=_plain(value), metadata={k: _plain(v) for k, v in metadata.items()} or None)
 
-    def end(self, key: str, value: Any = None, **metadata: Any) -> None:
+    def end(self, key: str, value: Any = None, time_ms: int | None = None, **metadata: Any) -> None:
         if self._ml:
-            self._ml.end(key=key, value=_plain(value), metadata={k: _plain(v) for k, v in metadata.items()} or None)
+            self._ml.end(key=key, value=_plain(value), metadata={k: _plain(v) for k, v in metadata.items()} or None,
+                         time_ms=time_ms)
 
     # -- the run's events, in the order a run emits them -----------------------------------
 
@@ -127,10 +185,12 @@ class MLPerfLogger:
         # Our own key: optimizer steps fp16 loss scaling skipped so far (0 unless fp16).
         self.event("skipped_steps", int(count), samples_count=samples)
 
-    def run_stop(self, status: str, samples: int, eval_samples: int) -> None:
-        self.event(C.TRAIN_SAMPLES, samples)
-        self.event(C.EVAL_SAMPLES, eval_samples)
-        self.end(C.RUN_STOP, status=status, samples_count=samples)
+    def run_stop(self, status: str, samples: int, eval_samples: int, time_ms: int | None = None) -> None:
+        """``time_ms``: when the run stopped (clock_ms()), where its last lines are written
+        later (after the final weights: bert.train); the score is run_stop - run_start."""
+        self.event(C.TRAIN_SAMPLES, samples, time_ms=time_ms)
+        self.event(C.EVAL_SAMPLES, eval_samples, time_ms=time_ms)
+        self.end(C.RUN_STOP, time_ms=time_ms, status=status, samples_count=samples)
 
 
 def hyperparameters(cfg, world_size: int, global_batch: int, optimizer_impl: str,
@@ -191,14 +251,17 @@ def hyperparameters(cfg, world_size: int, global_batch: int, optimizer_impl: str
 
 def parse_line(line: str) -> dict[str, Any] | None:
     """The event of one log line (``:::MLLOG {json}``), or None for any other line. A line
-    still being written (no closing brace yet) is None too: a reader that follows a growing
-    log keeps it and tries again."""
+    still being written is None too (a reader that follows a growing log keeps it and tries
+    again), and so is one a failed write tore (a full disk), wherever it was cut."""
     if ":::MLLOG" not in line:
         return None
     payload = line.split(":::MLLOG", 1)[1].strip()
     if not payload.endswith("}"):
         return None
-    return json.loads(payload)
+    try:
+        return json.loads(payload)
+    except ValueError:
+        return None
 
 
 def read_events(log: str | Path) -> list[dict[str, Any]]:
@@ -209,6 +272,15 @@ def read_events(log: str | Path) -> list[dict[str, Any]]:
 def eval_curve(events: list[dict[str, Any]]) -> list[tuple[int, float]]:
     """(training samples, eval accuracy) of each evaluation."""
     return [(e["metadata"]["epoch_num"], e["value"]) for e in events if e["key"] == C.EVAL_ACCURACY]
+
+
+def logged_seed(log: str | Path) -> int | None:
+    """The seed the run logged (its last ``seed`` event: a resumed run logs it again), or None."""
+    try:
+        events = read_events(log)
+    except OSError:
+        return None
+    return next((e["value"] for e in reversed(events) if e["key"] == C.SEED), None)
 
 
 def run_stops(events: list[dict[str, Any]]) -> list[tuple[str, int]]:

@@ -32,15 +32,20 @@ METRICS = ("mlm_accuracy", "mlm_loss", "nsp_accuracy", "nsp_loss")
 
 
 def evaluate(model: torch.nn.Module, eval_batches: list[dict], device: torch.device,
-             autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> dict[str, float]:
+             autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+             interrupted: Callable[[], bool] = lambda: False) -> dict[str, float] | None:
     """MLM and NSP accuracy and mean loss over the whole held-out set: sums across ranks,
-    then divided (exact, whatever the split). One host sync."""
+    then divided (exact, whatever the split). One host sync. None after Ctrl-C, as
+    bert.train.evaluate does it."""
     was_training = model.training
     model.eval()
-    # [mlm correct, mlm count, mlm loss sum, nsp correct, nsp count, nsp loss sum]
-    t = torch.zeros(6, dtype=torch.float64, device=device)
+    # [mlm correct, mlm count, mlm loss sum, nsp correct, nsp count, nsp loss sum, ranks interrupted]
+    t = torch.zeros(7, dtype=torch.float64, device=device)
     with torch.no_grad():
         for batch in eval_batches:
+            if interrupted():
+                t[6] = 1
+                break
             b = {k: (v.to(device, non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}
             mlm_labels, nsp_labels = b.pop("mlm_labels").reshape(-1), b.pop("nsp_labels").reshape(-1)
             with autocast():
@@ -56,7 +61,9 @@ def evaluate(model: torch.nn.Module, eval_batches: list[dict], device: torch.dev
             t[5] += F.cross_entropy(nsp_logits, nsp_labels, reduction="sum")
     distributed.all_reduce_sum(t)
     model.train(was_training)
-    mc, mn, ml, nc, nn_, nl = t.tolist()  # sync point, once per evaluation
+    mc, mn, ml, nc, nn_, nl, stopped = t.tolist()  # sync point, once per evaluation
+    if stopped:
+        return None
     return {"mlm_accuracy": mc / max(mn, 1), "mlm_loss": ml / max(mn, 1),
             "nsp_accuracy": nc / max(nn_, 1), "nsp_loss": nl / max(nn_, 1)}
 
@@ -89,7 +96,10 @@ def loop(train_step: Callable, log_path: Path, is_main: bool) -> Callable:
             if s.samples >= s.next_eval or done:
                 log.block_stop(s.next_eval - p.eval_interval, s.samples)
                 log.eval_start(s.samples)
-                m = evaluate(p.model, p.eval_batches, p.device, p.precision.eval_autocast)
+                m = evaluate(p.model, p.eval_batches, p.device, p.precision.eval_autocast,
+                             lambda: ckpt.stop.interrupted)
+                if m is None:  # Ctrl-C during the evaluation: every rank stops here, nothing saved
+                    return "interrupted", s
                 log.eval_stop(s.samples)
                 log.eval_accuracy(m["mlm_accuracy"], s.samples)
                 for k in METRICS[1:]:  # own keys: never a dict holding "eval_accuracy" (RCP checker)
@@ -106,10 +116,9 @@ def loop(train_step: Callable, log_path: Path, is_main: bool) -> Callable:
                     s.next_eval += p.eval_interval
                 log.block_start(s.samples, p.eval_interval)
                 last_t = time.perf_counter()
-            if ckpt.due(s.step):
-                say(f"checkpoint {ckpt.save(p, s)}")
-                if ckpt.stop_requested:
-                    return "preempted", s
+            stop = ckpt.at_boundary(p, s, say)
+            if stop:
+                return stop, s
 
     return train
 

@@ -1,5 +1,5 @@
-"""Train-state checkpoints (write atomically, find the newest, restore exactly) and the stop
-flag that SIGTERM / SIGUSR1 raise.
+"""Train-state checkpoints (write atomically, find the newest, restore exactly), the stop
+flag that SIGTERM / SIGUSR1 / SIGINT raise, and what the loops do at a step boundary.
 
 A checkpoint is a directory ``step_000000123/`` holding
 
@@ -11,10 +11,13 @@ A checkpoint is a directory ``step_000000123/`` holding
   meta.json    written last by rank 0: step, samples, world size, files
 
 It is assembled as ``.step_000000123.tmp/`` (each file written under a temporary name,
-fsynced, renamed), then, after a barrier, renamed into place by rank 0 and the directory
-fsynced. So a ``step_*`` directory is always complete: a kill at any instant leaves the
-previous checkpoints, or those plus the new one, never a torn one. The newest ``keep`` are
-kept. The optimizer state is replicated (DDP), so rank 0's copy is everyone's.
+fsynced, renamed: bert/storage.py), then, once every rank's file is in place, renamed into
+place by rank 0 and the directory fsynced. So a ``step_*`` directory is always complete: a
+kill at any instant leaves the previous checkpoints, or those plus the new one, never a torn
+one. The newest ``keep`` are kept. The optimizer state is replicated (DDP), so rank 0's copy
+is everyone's. A write that fails on any rank (a full disk: any OSError) is learned by
+every rank from the collective that ends the write; rank 0 removes the temp directory and
+every rank raises ``storage.WriteFailed`` (bert.train: exit 5).
 
 Files are read with ``torch.load(weights_only=True)``: a checkpoint is data, never code.
 """
@@ -32,18 +35,19 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
 
-from . import distributed
+from . import distributed, storage
 from .checkpoint import CheckpointError  # one error type for every checkpoint problem
 from .config import CheckpointConfig
 
 STEP_DIR = re.compile(r"step_(\d{9})")
 FINISHED = "finished.json"  # the run these checkpoints belong to has ended: never resume it
 EXIT_PREEMPTED = 3  # exit status after a signal-triggered checkpoint: resume to continue
+EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT): 128 + 2, what shells report for it
 
 
 # ---------------------------------------------------------------- files
@@ -55,16 +59,6 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _save_atomic(obj: Any, path: Path) -> None:
-    """torch.save to ``path.part``, fsync, rename: a reader sees the whole file or none."""
-    tmp = path.with_name(path.name + ".part")
-    with open(tmp, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -118,7 +112,7 @@ def clear(directory: Path) -> None:
 def mark_finished(directory: Path, status: str, step: int) -> None:
     """Rank 0, at run_stop: the checkpoints here must not be resumed by a later auto start."""
     if directory.is_dir():
-        (directory / FINISHED).write_text(json.dumps({"status": status, "step": step}) + "\n")
+        storage.write_text(directory / FINISHED, json.dumps({"status": status, "step": step}) + "\n")
 
 
 # ---------------------------------------------------------------- RNG
@@ -219,27 +213,39 @@ def restore(path: Path, parts: Any, state: Any, rank: int, world_size: int) -> d
 
 
 class StopFlag:
-    """Set by SIGTERM / SIGUSR1, read by the loop at its next poll.
+    """Set by signals, read by the loops at their next poll (``Checkpointer.at_boundary``) and
+    between evaluation batches (``interrupted``).
 
-    The handler only stores the signal number: no I/O and no locks, which could deadlock
-    when the signal lands inside a collective or a write.
+    SIGTERM / SIGUSR1 (``ckpt.on_signal``): write a checkpoint, then stop (exit 3). SIGINT
+    (Ctrl-C; always): stop (exit 130). Its handler then gives SIGINT its default action back,
+    so a second Ctrl-C ends the process at once: a Python handler would run only once the
+    main thread is back in the interpreter, not inside a collective or a long kernel.
+
+    The handlers only store a number and reset a disposition: no I/O and no locks, which
+    could deadlock when the signal lands inside a collective or a write.
     """
 
     SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
     def __init__(self) -> None:
-        self.signum = 0
+        self.signum = 0  # SIGTERM / SIGUSR1
+        self.interrupted = False  # SIGINT
 
     def _handle(self, signum: int, _frame: Any) -> None:
         self.signum = signum
 
+    def _interrupt(self, _signum: int, _frame: Any) -> None:
+        self.interrupted = True
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
     @contextlib.contextmanager
-    def installed(self, enabled: bool) -> Iterator[StopFlag]:
+    def installed(self, on_signal: bool) -> Iterator[StopFlag]:
         """Handlers for the duration (main thread only: Python delivers signals there)."""
-        if not enabled or threading.current_thread() is not threading.main_thread():
+        if threading.current_thread() is not threading.main_thread():
             yield self
             return
-        previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        handlers = {signal.SIGINT: self._interrupt, **{s: self._handle for s in self.SIGNALS if on_signal}}
+        previous = {s: signal.signal(s, h) for s, h in handlers.items()}
         try:
             yield self
         finally:
@@ -248,46 +254,71 @@ class StopFlag:
 
 
 class Checkpointer:
-    """Decides when to write (every N steps, every M minutes, on a signal) and writes."""
+    """What both loops do after every step: write a checkpoint when one is due (every N steps,
+    every M minutes, on SIGTERM/SIGUSR1, on Ctrl-C where asked), and stop where the ranks
+    agreed to."""
 
     def __init__(self, cfg: CheckpointConfig, directory: Path, rank: int, world_size: int,
-                 device: torch.device, stop: StopFlag):
+                 device: torch.device, stop: StopFlag,
+                 pending: Callable[[], storage.Failure | None] = lambda: None):
         self.cfg, self.dir, self.rank, self.world_size, self.device, self.stop = cfg, directory, rank, world_size, device, stop
-        self.polls = cfg.on_signal or cfg.interval_minutes > 0  # else a poll has nothing to learn
+        # Ctrl-C writes a checkpoint before it stops only where the user chose where they go.
+        self.saves_on_interrupt = cfg.on_signal and bool(cfg.dir)
+        self.pending = pending  # a write that failed between polls (rank 0's MLPerf log)
         self.last_write = time.monotonic()
-        self.stop_requested = False
         self.written: list[Path] = []
+        self.stop_checkpoint: Path | None = None  # the one written by the stop the ranks agreed on
 
-    def due(self, step: int) -> bool:
-        """Write a checkpoint after this step? Same answer on every rank."""
-        periodic = self.cfg.interval_steps > 0 and step % self.cfg.interval_steps == 0
-        if not self.polls or step % self.cfg.poll_steps:
-            return periodic
+    def at_boundary(self, parts: Any, state: Any, say: Callable[[str], None]) -> str | None:
+        """After a step; the same answer on every rank. None: go on. "preempted" (SIGTERM /
+        SIGUSR1; a checkpoint written) or "interrupted" (Ctrl-C; a checkpoint written first
+        where ``saves_on_interrupt``): stop. Raises storage.WriteFailed when a write failed."""
+        due = self.cfg.interval_steps > 0 and state.step % self.cfg.interval_steps == 0
+        signaled = interrupted = False
+        if state.step % self.cfg.poll_steps == 0:
+            signaled, clock, interrupted = self._poll()
+            due = due or clock
+        if interrupted and not self.saves_on_interrupt:
+            return "interrupted"
+        if due or signaled or interrupted:
+            path = self.save(parts, state)
+            say(f"checkpoint {path}")
+            if signaled or interrupted:
+                self.stop_checkpoint = path
+                return "interrupted" if interrupted else "preempted"
+        return None
+
+    def _poll(self) -> tuple[bool, bool, bool]:
         clock = self.cfg.interval_minutes > 0 and time.monotonic() - self.last_write >= 60 * self.cfg.interval_minutes
-        # A rank may get the signal (or cross the minute mark) a step before another: agree
-        # by max. One 8-byte all_reduce and a host sync per poll.
-        flags = torch.tensor([self.stop.signum != 0, clock], dtype=torch.int32, device=self.device)
-        signaled, clock = distributed.all_reduce_max(flags).tolist()
-        self.stop_requested = bool(signaled)
-        return periodic or bool(signaled) or bool(clock)
+        failure = self.pending()
+        # A rank may get a signal (or cross the minute mark, or fail a write) a step before
+        # another: agree by max. One 16-byte all_reduce and a host sync per poll.
+        flags = torch.tensor([self.stop.signum != 0, clock, self.stop.interrupted, failure is not None],
+                             dtype=torch.int32, device=self.device)
+        signaled, clock, interrupted, failed = distributed.all_reduce_max(flags).tolist()
+        if failed:
+            storage.raise_agreed(failure)
+        return bool(signaled), bool(clock), bool(interrupted)
 
     def save(self, parts: Any, state: Any) -> Path:
-        """Every rank calls this at the same step; returns the checkpoint's directory."""
+        """Every rank calls this at the same step; returns the checkpoint's directory. A failed
+        write on any rank: the temp directory removed, storage.WriteFailed on every rank."""
         name = f"step_{state.step:09d}"
-        tmp = self.dir / f".{name}.tmp"
-        tmp.mkdir(parents=True, exist_ok=True)  # every rank: the directory is on a shared filesystem
-        _save_atomic({"rng": _rng_state(self.device), "batches": parts.batches.state_dict(),
-                      "grad_sync": parts.grad_sync.state_dict()},
-                     tmp / f"rank_{self.rank}.pt")
-        if self.rank == 0:
-            scaler = getattr(parts, "scaler", None)
-            _save_atomic({"model": parts.model.state_dict(), "optimizer": parts.optimizer.state_dict(),
-                          "scheduler": parts.scheduler.state_dict(),
-                          "scaler": scaler.state_dict() if scaler is not None else None,
-                          "train_state": dataclasses.asdict(state)}, tmp / "train.pt")
-        distributed.barrier()  # every rank's file is in place before the directory is named complete
-        final = self.dir / name
-        if self.rank == 0:
+        tmp, final = self.dir / f".{name}.tmp", self.dir / name
+        what = f"checkpoint {name}"
+
+        def own_files() -> None:
+            tmp.mkdir(parents=True, exist_ok=True)  # every rank: the directory is on a shared filesystem
+            storage.save_torch({"rng": _rng_state(self.device), "batches": parts.batches.state_dict(),
+                                "grad_sync": parts.grad_sync.state_dict()}, tmp / f"rank_{self.rank}.pt")
+            if self.rank == 0:
+                scaler = getattr(parts, "scaler", None)
+                storage.save_torch({"model": parts.model.state_dict(), "optimizer": parts.optimizer.state_dict(),
+                                    "scheduler": parts.scheduler.state_dict(),
+                                    "scaler": scaler.state_dict() if scaler is not None else None,
+                                    "train_state": dataclasses.asdict(state)}, tmp / "train.pt")
+
+        def complete() -> None:
             meta = {"step": state.step, "samples": state.samples, "world_size": self.world_size,
                     "global_batch": parts.global_batch,
                     "files": ["train.pt"] + [f"rank_{r}.pt" for r in range(self.world_size)]}
@@ -298,9 +329,23 @@ class Checkpointer:
             os.replace(tmp, final)
             _fsync_dir(self.dir)
             self._prune(final)
+
+        # The collective that ends the write (it was a barrier): every rank's file is in place,
+        # or every rank learns which failed, before rank 0 names the directory complete.
+        self._agree(storage.attempt(what, self.dir, "ckpt.dir", own_files), tmp)
+        # Rank 0's meta.json, rename and fsyncs: one more 4-byte collective, in checkpoint steps only.
+        self._agree(storage.attempt(what, self.dir, "ckpt.dir", complete) if self.rank == 0 else None, tmp)
         self.last_write = time.monotonic()
         self.written.append(final)
         return final
+
+    def _agree(self, failure: storage.Failure | None, tmp: Path) -> None:
+        try:
+            storage.check(failure, self.device)
+        except storage.WriteFailed:
+            if self.rank == 0:  # every rank is past its write: nothing fills the directory any more
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
 
     def _prune(self, newest: Path) -> None:
         keep = complete_checkpoints(self.dir)[-self.cfg.keep:]

@@ -6,7 +6,10 @@ Exit status: 0 when the eval masked-LM accuracy reached the target (run_stop suc
 1 when the sample limit came first or the loss stayed NaN/inf (run_stop aborted), 2 for a
 bad configuration, input file or checkpoint, 3 when SIGTERM/SIGUSR1 stopped the run after a
 checkpoint (rerun, or ``--resume``, to continue), 4 when a peer rank died or a collective
-timed out.
+timed out, 5 when a file could not be written (a checkpoint, the final weights, the resolved
+config, the MLPerf log: a full disk, any OSError; every rank says which, and which complete
+checkpoint a rerun resumes from; run_stop aborted), 130 when Ctrl-C (SIGINT) stopped it
+(run_stop aborted; a second Ctrl-C ends it at once).
 
 ``--exit-status-dir DIR`` (what run_and_time.sh passes): each rank writes that status, and
 whether it trained, to ``DIR/rank_<R>`` and exits 0 for these expected ends. torchrun turns
@@ -32,12 +35,12 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import distributed, fp8, grad_sync, ladder, pretrain, resume, sampler, step_graph
-from .config import (Config, ConfigError, build_config, dump, eval_interval_samples, global_batch_size,
+from . import distributed, fp8, grad_sync, ladder, pretrain, resume, sampler, step_graph, storage
+from .config import (Config, ConfigError, build_config, dumps, eval_interval_samples, global_batch_size,
                      is_benchmark_model, max_samples, parse_overrides, timed_run_problems)
 from .checkpoint import load_weights, tf_tensor_names
 from .data import DataError, EvalSet, check_eval_dir
-from .mlperf_log import MLPerfLogger, hyperparameters
+from .mlperf_log import MLPerfLogger, clock_ms, hyperparameters, logged_seed
 from .model import BertForPreTraining, pretraining_loss
 from .optim import build_optimizer, build_scheduler
 from .precision import Precision, build_precision, build_scaler, loss_scale
@@ -45,6 +48,7 @@ from .precision import Precision, build_precision, build_scaler, loss_scale
 LABEL_KEYS = ("mlm_labels", "nsp_labels")
 BAD_INPUT = (ConfigError, DataError, resume.CheckpointError)  # exit 2 with the message, no traceback
 EXIT_COMM_FAILURE = 4
+EXIT_WRITE_FAILED = 5
 
 
 @dataclass
@@ -105,14 +109,20 @@ def _split(batch: dict) -> tuple[dict, dict]:
 
 def evaluate(model: torch.nn.Module, eval_batches: list[dict], device: torch.device,
              autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-             counts: Callable[[dict], tuple[torch.Tensor, torch.Tensor]] | None = None) -> float:
+             counts: Callable[[dict], tuple[torch.Tensor, torch.Tensor]] | None = None,
+             interrupted: Callable[[], bool] = lambda: False) -> float | None:
     """Masked-LM accuracy over the whole eval set: counts summed across ranks, then divided.
-    ``counts`` (``Parts.eval_counts``): the graphed per-batch step, else the eager one."""
+    ``counts`` (``Parts.eval_counts``): the graphed per-batch step, else the eager one. None
+    when Ctrl-C reached a rank during it (``interrupted``): that rank stops after its batch,
+    and every rank learns it from the sum that ends every evaluation."""
     was_training = model.training
     model.eval()
-    totals = torch.zeros(2, dtype=torch.float64, device=device)
+    totals = torch.zeros(3, dtype=torch.float64, device=device)  # correct, count, ranks interrupted
     with torch.no_grad():
         for batch in eval_batches:
+            if interrupted():
+                totals[2] = 1
+                break
             if counts is None:
                 correct, count = step_graph.eval_counts(model, _to(batch, device), autocast)
             else:
@@ -121,7 +131,9 @@ def evaluate(model: torch.nn.Module, eval_batches: list[dict], device: torch.dev
             totals[1] += count
     distributed.all_reduce_sum(totals)
     model.train(was_training)
-    correct, count = totals.tolist()  # sync point, once per evaluation
+    correct, count, stopped = totals.tolist()  # sync point, once per evaluation
+    if stopped:
+        return None
     return correct / count if count else 0.0
 
 
@@ -178,7 +190,10 @@ def train(p: Parts, cfg: Config, log: MLPerfLogger, say: Callable[[str], None], 
             log.throughput((s.samples - block_first) / (time.perf_counter() - block_t), s.samples)
             log.block_stop(block_first, s.samples)
             log.eval_start(s.samples)
-            acc = evaluate(p.model, p.eval_batches, p.device, p.precision.eval_autocast, p.eval_counts)
+            acc = evaluate(p.model, p.eval_batches, p.device, p.precision.eval_autocast, p.eval_counts,
+                           lambda: ckpt.stop.interrupted)
+            if acc is None:  # Ctrl-C during the evaluation: every rank stops here, nothing saved
+                return "interrupted", s
             log.eval_stop(s.samples)
             log.eval_accuracy(acc, s.samples)
             log.skipped_steps(int(s.skipped_steps), s.samples)  # a sync; the eval had one
@@ -192,10 +207,9 @@ def train(p: Parts, cfg: Config, log: MLPerfLogger, say: Callable[[str], None], 
             log.block_start(s.samples, p.eval_interval)
             last_t = time.perf_counter()  # the eval's time is not training throughput
             block_first, block_t = s.samples, last_t
-        if ckpt.due(s.step):  # after the eval: a resume continues past it, never repeats it
-            say(f"checkpoint {ckpt.save(p, s)}")
-            if ckpt.stop_requested:
-                return "preempted", s
+        stop = ckpt.at_boundary(p, s, say)  # after the eval: a resume continues past it, never repeats it
+        if stop:
+            return stop, s
 
 
 def _scale_or_one(scaler: torch.amp.GradScaler) -> torch.Tensor | float:
@@ -338,13 +352,23 @@ def build(cfg: Config, denv: distributed.DistEnv, device: torch.device) -> tuple
     return open_data(parts, cfg, denv, timed=False), impl
 
 
-def save_weights(model: torch.nn.Module, path: str) -> None:
+def save_weights(model: torch.nn.Module, path: str | Path) -> None:
     """Write the state dict atomically: a temp file renamed into place, never a torn file."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + ".tmp")
-    torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, tmp)
-    tmp.replace(target)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    storage.save_torch({k: v.detach().cpu() for k, v in model.state_dict().items()}, Path(path))
+
+
+def save_outputs(cfg: Config, model: torch.nn.Module, ckpt_dir: Path, status: str, step: int) -> storage.Failure | None:
+    """Rank 0, after the timed run: the final weights (run.save_checkpoint), then the mark that
+    ends this run's checkpoints; never before the weights are safe, so that a rerun after a
+    failed write resumes. Returns what could not be written."""
+    if cfg.run.save_checkpoint:
+        path = Path(cfg.run.save_checkpoint)
+        failure = storage.attempt("the final weights", path, "run.save_checkpoint", lambda: save_weights(model, path))
+        if failure:
+            return failure
+    return storage.attempt("the finished mark", ckpt_dir / resume.FINISHED, "ckpt.dir",
+                           lambda: resume.mark_finished(ckpt_dir, status, step))
 
 
 def seed_everything(seed: int) -> None:
@@ -379,6 +403,10 @@ def run(cfg: Config, dry_run: bool = False) -> int:
     except BAD_INPUT as e:
         print(f"error: rank {denv.rank}: {e}", file=sys.stderr)
         return 2
+    except storage.WriteFailed as e:  # every rank, at the same point, with the same text
+        print(f"error: rank {denv.rank} of {denv.world_size}: {e}; {_after_write_failure(e, ckpt_dir)}",
+              file=sys.stderr)
+        return EXIT_WRITE_FAILED
     except distributed.ConnectError as e:  # names the addresses and interfaces; not a peer's death
         comm_failed = True
         print(f"error: {e}", file=sys.stderr)
@@ -394,6 +422,26 @@ def run(cfg: Config, dry_run: bool = False) -> int:
         log.close()
         if not comm_failed:
             distributed.shutdown()
+
+
+def _after_write_failure(e: storage.WriteFailed, ckpt_dir: Path) -> str:
+    """What a rerun continues from, and what to change first."""
+    try:
+        found = resume.complete_checkpoints(ckpt_dir)
+    except OSError:
+        found = []
+    setting = e.first.setting
+    where = f"free space or point {setting} elsewhere" + (" (with that checkpoint copied there)"
+                                                         if found and setting == "ckpt.dir" else "")
+    if not found:
+        return f"no complete checkpoint to resume from; {where}, then rerun the same command"
+    return f"the newest complete checkpoint is {found[-1].name}; {where}, then rerun the same command to resume"
+
+
+def _log_failure(log: MLPerfLogger, path: Path) -> storage.Failure | None:
+    """Rank 0's MLPerf log, when a line could not be written: read at every agreement point."""
+    err = log.write_error
+    return storage.Failure("the MLPerf log", path, err, "log.output_dir") if err else None
 
 
 def _run(cfg: Config, denv: distributed.DistEnv, device: torch.device, log: MLPerfLogger,
@@ -433,48 +481,72 @@ def _run(cfg: Config, denv: distributed.DistEnv, device: torch.device, log: MLPe
         # Not an MLPerf key (the checker ignores unknown keys); says this log is not one timed run.
         log.event("resumed_from_checkpoint", str(start_from), step=state.step, samples_count=state.samples)
         say(f"resumed from {start_from} at step {state.step}, {state.samples} samples")
-    if denv.is_main:
-        dump(cfg, log_path.with_name(log_path.stem + "_config.json"),
-             {"world_size": denv.world_size, "launcher": denv.launcher, "device": str(device),
-              "optimizer_impl": impl, "global_batch_size": parts.global_batch,
-              "eval_interval_samples": parts.eval_interval, "max_samples": parts.max_samples,
-              "resumed_from": str(start_from or ""), **prec_hp})
-    say(f"bert: {denv.world_size} rank(s) via {denv.launcher} on {device}; optimizer {impl}; "
-        f"precision {parts.precision.train} (eval {parts.precision.eval}, loss scaling "
-        f"{prec_hp['loss_scaling']}); global batch {parts.global_batch}; eval every {parts.eval_interval} samples; "
-        f"abort after {parts.max_samples}")
-    if dry_run:
-        open_data(parts, cfg, denv, timed=False)  # not timed: reading the data checks it
-        for problem in problems:
-            say(f"warning: a timed run would exit 2: {problem}")
-        say("dry run: everything built, nothing trained")
-        return 0
-    step = prepare_step(parts, cfg, denv.world_size, say)  # warm-up (and graph capture) on synthetic batches
-    parts = prepare_eval(parts, cfg, denv.world_size, say)  # the same for evaluation
-    log.init_stop()
-    log.run_start()
-    parts = open_data(parts, cfg, denv)  # the clock runs: only now is the data touched
-    if loader_state is not None:
-        parts.batches.load_state_dict(loader_state)
-    ckpt = resume.Checkpointer(cfg.ckpt, ckpt_dir, denv.rank, denv.world_size, device, stop)
-    # Chosen once: the benchmark loop, or a from-scratch phase's (bert/pretrain.py).
-    loop = (pretrain.loop(step, log_path, denv.is_main) if cfg.run.mode == "pretrain"
-            else functools.partial(train, step=step))
-    status, state = loop(parts, cfg, log, say, state, ckpt)
+    log_failure = functools.partial(_log_failure, log, log_path)
+    try:
+        failure = None
+        if denv.is_main:
+            path = log_path.with_name(log_path.stem + "_config.json")
+            text = dumps(cfg, {"world_size": denv.world_size, "launcher": denv.launcher, "device": str(device),
+                               "optimizer_impl": impl, "global_batch_size": parts.global_batch,
+                               "eval_interval_samples": parts.eval_interval, "max_samples": parts.max_samples,
+                               "resumed_from": str(start_from or ""), **prec_hp})
+            failure = storage.attempt("the resolved config", path, "log.output_dir",
+                                      lambda: storage.write_text(path, text))
+        storage.check(failure or log_failure(), device)  # one small collective, before run_start
+        say(f"bert: {denv.world_size} rank(s) via {denv.launcher} on {device}; optimizer {impl}; "
+            f"precision {parts.precision.train} (eval {parts.precision.eval}, loss scaling "
+            f"{prec_hp['loss_scaling']}); global batch {parts.global_batch}; eval every {parts.eval_interval} samples; "
+            f"abort after {parts.max_samples}")
+        if dry_run:
+            open_data(parts, cfg, denv, timed=False)  # not timed: reading the data checks it
+            for problem in problems:
+                say(f"warning: a timed run would exit 2: {problem}")
+            say("dry run: everything built, nothing trained")
+            return 0
+        step = prepare_step(parts, cfg, denv.world_size, say)  # warm-up (and graph capture) on synthetic batches
+        parts = prepare_eval(parts, cfg, denv.world_size, say)  # the same for evaluation
+        log.init_stop()
+        log.run_start()
+        parts = open_data(parts, cfg, denv)  # the clock runs: only now is the data touched
+        if loader_state is not None:
+            parts.batches.load_state_dict(loader_state)
+        ckpt = resume.Checkpointer(cfg.ckpt, ckpt_dir, denv.rank, denv.world_size, device, stop, log_failure)
+        # Chosen once: the benchmark loop, or a from-scratch phase's (bert/pretrain.py).
+        loop = (pretrain.loop(step, log_path, denv.is_main) if cfg.run.mode == "pretrain"
+                else functools.partial(train, step=step))
+        status, state = loop(parts, cfg, log, say, state, ckpt)
+        return _finish(status, state, parts, cfg, denv, log, say, ckpt, ckpt_dir, log_failure)
+    except storage.WriteFailed:
+        log.run_stop("aborted", state.samples, parts.eval_samples)  # as far as the log can still be written
+        raise
+
+
+def _finish(status: str, state: TrainState, parts: Parts, cfg: Config, denv: distributed.DistEnv,
+            log: MLPerfLogger, say: Callable[[str], None], ckpt: resume.Checkpointer, ckpt_dir: Path,
+            log_failure: Callable[[], storage.Failure | None]) -> int:
+    """The run's end: its last log lines, the final outputs (rank 0), the line a person reads,
+    the exit status."""
+    stopped_ms = clock_ms()  # run_stop's time: the final outputs below are written after it, untimed
     total_nonfinite = int(state.nonfinite[0])  # host sync, once
     log.event("nonfinite_loss_steps", total_nonfinite)  # not an MLPerf key; skipped/NaN steps
     clip = parts.grad_sync.clip
     if clip is not None:  # the layout DDP settled on (after its rebuild) and the thresholds
         log.event("grad_sync_bucket_thresholds", clip.thresholds, bucket_numels=clip.layout)
-    if status == "preempted":
+    if status in ("preempted", "interrupted"):
         log.run_stop("aborted", state.samples, parts.eval_samples)
-        say(f"stopped by signal {stop.signum} after step {state.step}: resume from {ckpt.written[-1]}")
-        return resume.EXIT_PREEMPTED
-    log.run_stop(status, state.samples, parts.eval_samples)
-    if denv.is_main:
-        resume.mark_finished(ckpt_dir, status, state.step)  # only where checkpoints were written
-        if cfg.run.save_checkpoint:
-            save_weights(parts.model, cfg.run.save_checkpoint)
+        saved = ckpt.stop_checkpoint
+        if status == "preempted":
+            say(f"stopped by signal {ckpt.stop.signum} after step {state.step}: resume from {saved}")
+            return resume.EXIT_PREEMPTED
+        said = f"checkpoint {saved} written: rerun the same command to resume" if saved else "nothing saved"
+        found = resume.complete_checkpoints(ckpt_dir) if not saved and denv.is_main else []
+        if found:  # periodic checkpoints: what a rerun continues from
+            said += f"; a rerun resumes from {found[-1].name}"
+        say(f"interrupted (Ctrl-C): stopped at step {state.step}; {said}")
+        return resume.EXIT_INTERRUPTED
+    failure = save_outputs(cfg, parts.model, ckpt_dir, status, state.step) if denv.is_main else None
+    storage.check(failure or log_failure(), parts.device)  # one small collective, after the timed run
+    log.run_stop(status, state.samples, parts.eval_samples, time_ms=stopped_ms)
     say(f"run_stop {status} after {state.step} steps, {state.samples} samples, "
         f"{int(state.skipped_steps)} skipped"
         + (f"; {total_nonfinite} steps had a NaN/inf loss" if total_nonfinite else ""))
@@ -491,8 +563,9 @@ def main(argv: list[str] | None = None) -> int:
                          "(same as ckpt.resume=require; the default, auto, resumes when one exists)")
     ap.add_argument("overrides", nargs="*", help="key.sub=value (applied after --config)")
     ap.add_argument("--exit-status-dir", metavar="DIR",
-                    help="write '<exit status> trained|none' to DIR/rank_<R> and exit 0 for the expected ends "
-                         "(0-4 above; for launcher scripts: torchrun reports any non-zero exit as a failure)")
+                    help="write '<exit status> trained|none [seed]' to DIR/rank_<R> and exit 0 for the expected "
+                         "ends (the statuses above; seed: rank 0's, as its MLPerf log has it, for a run that "
+                         "trained; for launcher scripts: torchrun reports any non-zero exit as a failure)")
     args = ap.parse_intermixed_args(argv)
     rank = distributed.launch_rank()
     try:
@@ -510,7 +583,10 @@ def main(argv: list[str] | None = None) -> int:
         return code
     # 0 and 1 end a run that trained (run_stop logged); a dry run or an error trained nothing.
     trained = code in (0, 1) and not args.dry_run
-    Path(args.exit_status_dir, f"rank_{rank}").write_text(f"{code} {'trained' if trained else 'none'}\n")
+    line = f"{code} {'trained' if trained else 'none'}"
+    if trained and rank == 0:  # the seed the run used (drawn when unset; a resume keeps its run's)
+        line += f" {logged_seed(Path(cfg.log.output_dir) / cfg.log.log_file)}"
+    Path(args.exit_status_dir, f"rank_{rank}").write_text(line + "\n")
     return 0
 
 

@@ -27,6 +27,37 @@ triton_interpret.setup()
 
 PKG = Path(__file__).resolve().parent.parent
 VENV_BIN = str(Path(sys.executable).parent)
+# Debian's procps: absent from minimal images, so the launchers must not need it (issue 29).
+PROCPS = ("kill", "ps", "sysctl", "free", "pgrep", "pidwait", "pmap", "pwdx", "skill", "slabtop", "tload", "top",
+          "uptime", "vmstat", "w", "watch", "pkill", "snice")
+
+
+def path_without(directory: Path, names: tuple[str, ...] = PROCPS, venv: bool = True) -> str:
+    """The venv's bin (``venv``), then ``directory``: a symlink to each program of the current
+    PATH (the first of each name) except ``names``, as on a machine without them. (The venv's
+    python must be called where it is: through a symlink it would not find its pyvenv.cfg.)"""
+    directory.mkdir(parents=True, exist_ok=True)
+    for d in os.environ["PATH"].split(os.pathsep):
+        if not os.path.isdir(d) or d == VENV_BIN:
+            continue
+        for entry in os.scandir(d):
+            link = directory / entry.name
+            if entry.name not in names and not link.exists() and os.access(entry.path, os.X_OK) and entry.is_file():
+                link.symlink_to(entry.path)
+    return f"{VENV_BIN}{os.pathsep}{directory}" if venv else str(directory)
+
+
+def children(pid: int) -> list[int]:
+    """The PIDs whose parent is ``pid``, from /proc (no pgrep: see PROCPS)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (command)"
+        except OSError:  # ended meanwhile
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
 
 
 def source_config(name: str) -> dict[str, str]:
@@ -66,10 +97,11 @@ def end_worker() -> None:
 
 def run_and_time_signalled(env: dict[str, str], at_step: int = 5, sig: int = signal.SIGUSR1,
                            act=None) -> tuple[int, str]:
-    """./run_and_time.sh with ``env``; ``sig`` to the script when its progress line for step
-    ``at_step`` appears (or ``act(proc)``, when given, instead). Returns (exit status, output)."""
+    """./run_and_time.sh with ``env``, in a session of its own (as a terminal starts a
+    command); ``sig`` to the script when its progress line for step ``at_step`` appears (or
+    ``act(proc)``, when given, instead). Returns (exit status, output)."""
     proc = subprocess.Popen(["./run_and_time.sh"], cwd=PKG, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines = []
     try:
         for line in proc.stdout:
@@ -87,16 +119,23 @@ def mllog_events(log: Path) -> list[dict]:
     return [json.loads(line.split(":::MLLOG", 1)[1]) for line in log.read_text().splitlines() if ":::MLLOG" in line]
 
 
+@pytest.fixture(scope="session")
+def no_procps_path(tmp_path_factory) -> str:
+    """The PATH the launcher tests run with: every program but procps's (path_without)."""
+    return path_without(tmp_path_factory.mktemp("no_procps"))
+
+
 @dataclass
 class DemoData:
     root: Path
     train: Path
     eval: Path
     env: dict[str, str]  # config_CPU_1x2.sh's variables
+    path: str  # PATH for the launchers: no procps (no_procps_path)
 
 
 @pytest.fixture(scope="session")
-def demo_data(tmp_path_factory) -> DemoData:
+def demo_data(tmp_path_factory, no_procps_path) -> DemoData:
     """The demo dataset of config_CPU_1x2.sh's geometry, smaller (the model sees it ~2x)."""
     from bert import demo_data as gen
 
@@ -104,7 +143,7 @@ def demo_data(tmp_path_factory) -> DemoData:
     root = tmp_path_factory.mktemp("demo_data")
     gen.generate(root, train_samples=16000, eval_samples=1000, seed=1, seq_len=int(env["DEMO_SEQ_LEN"]),
                  max_pred=int(env["DEMO_MAX_PRED"]), vocab=int(env["DEMO_VOCAB"]), layout="variable", shards=4)
-    return DemoData(root, root / "train", root / "eval", env)
+    return DemoData(root, root / "train", root / "eval", env, no_procps_path)
 
 
 @dataclass
@@ -119,7 +158,7 @@ def demo_run_env(trained: TrainedRun, demo_data, logdir: Path, **extra: str) -> 
     """config_CPU_1x2.sh's variables for run_and_time.sh / run.sub, from the trained demo
     model: the first eval (64 samples) reaches the target; a short eval set keeps it quick."""
     env = dict(os.environ, **demo_data.env)
-    env.update(PATH=f"{VENV_BIN}:{os.environ['PATH']}", DATADIR=str(demo_data.train), EVALDIR=str(demo_data.eval),
+    env.update(PATH=demo_data.path, DATADIR=str(demo_data.train), EVALDIR=str(demo_data.eval),
                LOGDIR=str(logdir), INIT_CHECKPOINT=str(trained.checkpoint), LR="1e-4",
                EVAL_ITER_SAMPLES="64", MAX_SAMPLES_TERMINATION="640",
                EXTRA_PARAMS=demo_data.env["EXTRA_PARAMS"] + " data.eval_samples=500")
@@ -132,7 +171,7 @@ def trained(demo_data, tmp_path_factory) -> TrainedRun:
     """config_CPU_1x2.sh through run_and_time.sh (torchrun, 2 gloo ranks) to the target."""
     out = tmp_path_factory.mktemp("trained")
     env = dict(os.environ, **demo_data.env)
-    env.update(PATH=f"{VENV_BIN}:{os.environ['PATH']}", DATADIR=str(demo_data.train), EVALDIR=str(demo_data.eval),
+    env.update(PATH=demo_data.path, DATADIR=str(demo_data.train), EVALDIR=str(demo_data.eval),
                LOGDIR=str(out), LOGFILE="result_0.txt", SEED="7", SAVE_CHECKPOINT=str(out / "model.pt"),
                EXTRA_PARAMS=demo_data.env["EXTRA_PARAMS"] + " data.eval_samples=1000")
     r = subprocess.run(["./run_and_time.sh"], cwd=PKG, env=env, capture_output=True, text=True, timeout=900)

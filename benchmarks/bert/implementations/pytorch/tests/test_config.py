@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from bert.config import Config, ConfigError, build_config, dump, eval_interval_samples, load_file, parse_overrides
+from bert.config import Config, ConfigError, build_config, dumps, eval_interval_samples, load_file, parse_overrides
 
 
 def test_defaults_are_the_benchmark():
@@ -66,7 +66,7 @@ def test_eval_interval_rule():
 
 def test_dump_round_trips(tmp_path):
     cfg = build_config(parse_overrides(["optim.lr=0.125"]))
-    dump(cfg, tmp_path / "cfg.json", {"world_size": 2})
+    (tmp_path / "cfg.json").write_text(dumps(cfg, {"world_size": 2}))
     tree = json.loads((tmp_path / "cfg.json").read_text())
     assert tree["optim"]["lr"] == 0.125 and tree["resolved"]["world_size"] == 2
     again = build_config(config_file=str(tmp_path / "cfg.json"))

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import PKG, VENV_BIN, mllog_events, source_config
+from conftest import PKG, mllog_events, source_config
 
 CONFIGS = sorted(p.name for p in PKG.glob("config_*.sh") if not p.name.endswith("_common.sh"))
 # Variables that describe the job to run.sub (and the DGX facts), not training overrides.
@@ -59,7 +59,7 @@ def test_config_resolves_to_valid_training_config(name, demo_data, large_geometr
 
     data = demo_data.root if name == "config_CPU_1x2.sh" else large_geometry_data
     env = dict(os.environ, **cfg_env)
-    env.update(PATH=f"{VENV_BIN}:{os.environ['PATH']}", LAUNCHER="task", DATADIR=str(data / "train"),
+    env.update(PATH=demo_data.path, LAUNCHER="task", DATADIR=str(data / "train"),
                EVALDIR=str(data / "eval"), LOGDIR=str(tmp_path),
                EXTRA_PARAMS=cfg_env.get("EXTRA_PARAMS", "") + " --dry-run data.eval_samples=8 eval.batch_size=8"
                + (" data.max_seq_length=512" if "_phase1" in name else ""))  # phase 1 is seq 128; this data 512

@@ -12,13 +12,14 @@ samples instead of positions each give another number on these batches.
 
 from __future__ import annotations
 
+import itertools
 from fractions import Fraction
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from bert import train
+from bert import pretrain, train
 from bert.config import ModelConfig
 from bert.model import BertForPreTraining
 from conftest import end_worker, free_port
@@ -78,7 +79,11 @@ def _worker(rank, port, path, out_dir):
     m.load_state_dict(saved["model"])
     m.train()
     acc = train.evaluate(m, saved["batches"][rank], torch.device("cpu"))
-    torch.save({"accuracy": acc, "training": m.training}, f"{out_dir}/rank{rank}.pt")
+    # Ctrl-C on rank 1 after its first batch, none on rank 0: both learn it from the sum.
+    calls = itertools.count()
+    stopped = train.evaluate(m, saved["batches"][rank], torch.device("cpu"),
+                             interrupted=lambda: rank == 1 and next(calls) >= 1)
+    torch.save({"accuracy": acc, "training": m.training, "interrupted": stopped}, f"{out_dir}/rank{rank}.pt")
     end_worker()
 
 
@@ -103,8 +108,12 @@ def test_accuracy_is_sum_of_correct_over_sum_of_labelled_across_batches_and_rank
         assert got["accuracy"] == want, (rank, got["accuracy"], want, dict(
             mean_of_batches=mean_of_batches, mean_of_ranks=mean_of_ranks, per_sample=per_sample))
         assert got["training"], "evaluate must give the model back in training mode"
+        assert got["interrupted"] is None, rank
 
     # One process holding every batch (no process group: the sum is its own) agrees.
     m.train()
     assert train.evaluate(m, [b for rank_batches in batches for b in rank_batches], torch.device("cpu")) == want
     assert m.training
+    # The pretraining loop's evaluation stops the same way.
+    assert pretrain.evaluate(m, batches[0], torch.device("cpu"), interrupted=lambda: True) is None and m.training
+    assert pretrain.evaluate(m, batches[0], torch.device("cpu"))["mlm_accuracy"] == 9 / 24

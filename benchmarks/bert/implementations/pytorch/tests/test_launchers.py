@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PKG, demo_run_env, mllog_events, run_and_time_signalled, run_checker
+from conftest import PKG, children, demo_run_env, mllog_events, run_and_time_signalled, run_checker
 from docblocks import QUICK_START, section
 
 # The README's "Quick start on a cluster" runs here as written, except for these changes
@@ -149,6 +149,40 @@ def test_slurm_usr1_checkpoints_requeues_and_resumes(slurm_cluster, trained, dem
     assert not (logdir / f".run.sub_job_{job_id}").exists()  # the job's state is gone once it ends
 
 
+def test_slurm_sigint_stops_the_job_after_a_checkpoint(slurm_cluster, trained, demo_data, tmp_path):
+    """SIGINT to run.sub's batch shell (`scancel --batch --signal=INT`: what Ctrl-C is to a
+    batch job) during run 1 of 2: forwarded to the step (srun --disable-status passes it on),
+    the ranks checkpoint (run.sub gives every run a CKPT_DIR) and exit 130; so does the job,
+    neither requeued nor starting run 2; no traceback."""
+    assert trained.returncode == 0, trained.stdout[-3000:]
+    logdir = tmp_path / "logs"
+    env = demo_run_env(trained, demo_data, logdir, NEXP="2", SEED="7", DATESTAMP="int", EVAL_ITER_SAMPLES="3200",
+                       MAX_SAMPLES_TERMINATION="6400", SLURM_CONF=slurm_cluster.env["SLURM_CONF"])
+    env["EXTRA_PARAMS"] += " log.progress_interval_steps=5 ckpt.poll_steps=5"
+    out_file = tmp_path / "job.out"
+    sub = subprocess.run(["sbatch", "--parsable", "-N", env["DGXNNODES"], "-t", "10", "-o", str(out_file), "run.sub"],
+                         cwd=PKG, env=env, capture_output=True, text=True, timeout=60)
+    assert sub.returncode == 0, sub.stderr
+    job_id = sub.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + 240
+    while not re.search(r"^step +5 \|", out_file.read_text() if out_file.exists() else "", re.M):
+        if time.monotonic() > deadline:
+            subprocess.run(["scancel", job_id], env=slurm_cluster.env)
+            pytest.fail("run 1 never reached step 5:\n" + (out_file.read_text() if out_file.exists() else "")[-3000:])
+        time.sleep(0.3)
+    subprocess.run(["scancel", "--batch", "--signal=INT", job_id], env=slurm_cluster.env, check=True, timeout=30)
+    job = slurm_cluster.wait_job(job_id, timeout_s=300)
+    output = out_file.read_text()
+    assert job["ExitCode"] == "130:0" and job["Restarts"] == "0", output[-4000:] + slurm_cluster.logs()
+    assert re.search(r"^interrupted \(Ctrl-C\): stopped at step \d+; checkpoint \S+/int_1_ckpt/step_\d{9} written",
+                     output, re.M), output[-4000:]
+    assert "== run 1/2: interrupted (training exit 130)" in output and "== run 2/2" not in output, output[-4000:]
+    assert "run.sub: interrupted (SIGINT) at run 1: stopped, not requeued" in output, output[-4000:]
+    assert "Traceback" not in output, output[-4000:]
+    assert mllog_events(logdir / "int_1.log")[-1]["metadata"]["status"] == "aborted"
+    assert not (logdir / "int_2.log").exists()
+
+
 def test_run_and_time_torchrun_forwards_usr1_to_workers_then_resumes(trained, demo_data, tmp_path):
     """SIGUSR1 to run_and_time.sh (torchrun) reaches the two workers, not torchrun (which would
     die of it and take them along): they checkpoint and stop; the same command then resumes."""
@@ -188,8 +222,10 @@ def test_run_and_time_status_is_the_trainers_under_torchrun(trained, demo_data, 
     assert r.returncode == 2 and out.count("unknown config key 'optim.lrr'") == 1, out[-3000:]
     assert "Traceback" not in out and "RESULT," not in out, out[-3000:]
     # The sample limit: 1 and one RESULT line, no traceback. A relative LOGDIR is the
-    # caller's; log.echo_mllog=true prints each MLLOG line once beside the log file's.
+    # caller's; log.echo_mllog=true prints each MLLOG line once beside the log file's. SEED
+    # unset: the RESULT line has the seed the run drew, as its log has it.
     env = demo_run_env(trained, demo_data, "rel/logs", TARGET_MLM_ACCURACY="0.999", MAX_SAMPLES_TERMINATION="128")
+    env.pop("SEED", None)
     env["EXTRA_PARAMS"] += " log.echo_mllog=true"
     r = _run_and_time(env, cwd=tmp_path)
     out = r.stdout + r.stderr
@@ -197,13 +233,10 @@ def test_run_and_time_status_is_the_trainers_under_torchrun(trained, demo_data, 
     assert "Traceback" not in out, out[-3000:]
     log = tmp_path / "rel" / "logs" / "result_0.txt"
     events = mllog_events(log)
+    (seed,) = [e["value"] for e in events if e["key"] == "seed"]
+    assert re.search(rf"^RESULT,bert,{seed},\d+,", r.stdout, re.M), r.stdout[-2000:]
     assert [e["metadata"]["status"] for e in events if e["key"] == "run_stop"] == ["aborted"]
     assert r.stdout.count(":::MLLOG") == len(events)
-
-
-def _children(pid: int) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
 
 
 def test_run_and_time_exits_4_when_a_rank_dies_under_torchrun(trained, demo_data, tmp_path):
@@ -214,7 +247,7 @@ def test_run_and_time_exits_4_when_a_rank_dies_under_torchrun(trained, demo_data
     env["EXTRA_PARAMS"] += " log.progress_interval_steps=5"
 
     def kill_rank_1(proc):
-        workers = [w for torchrun in _children(proc.pid) for w in _children(torchrun)]
+        workers = [w for torchrun in children(proc.pid) for w in children(torchrun)]
         for worker in workers:
             if b"RANK=1" in Path(f"/proc/{worker}/environ").read_bytes().split(b"\0"):
                 os.kill(worker, signal.SIGKILL)

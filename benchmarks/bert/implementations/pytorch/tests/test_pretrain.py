@@ -15,7 +15,7 @@ import pytest
 
 from bert.config import build_config
 from bert.train import run
-from conftest import PKG, VENV_BIN, mllog_events, source_config
+from conftest import PKG, mllog_events, source_config
 
 TINY = {"model.vocab_size": "128", "model.hidden_size": "32", "model.num_layers": "1", "model.num_heads": "2",
         "model.intermediate_size": "64", "model.max_position_embeddings": "128", "model.hidden_dropout": "0",
@@ -57,9 +57,9 @@ def test_pretrain_mode_ends_at_its_step_count_with_curves(demo_data, tmp_path):
     assert first["mlm_loss"] == pytest.approx(rows[-1]["mlm_loss"], rel=1e-4)
 
 
-def test_pretrain_demo_small_both_phases_and_transformers(tmp_path):
+def test_pretrain_demo_small_both_phases_and_transformers(tmp_path, no_procps_path):
     """pretrain_demo.sh at test size: real text (stdlib docstrings), both phases, HF export."""
-    env = dict(os.environ, PATH=f"{VENV_BIN}:{os.environ['PATH']}", PD_OUT=str(tmp_path / "pd"),
+    env = dict(os.environ, PATH=no_procps_path, PD_OUT=str(tmp_path / "pd"),
                PD_MAX_DOCS="1500", PD_VOCAB="1000", PD_DUPE="2", PD_EVAL_SAMPLES="200", PD_HIDDEN="64",
                PD_LAYERS="2", PD_HEADS="2", PD_STEPS1="300", PD_BATCH1="32", PD_ACCUM1="1", PD_LR1="2e-2",
                PD_EVAL1="3200", PD_STEPS2="20", PD_BATCH2="8", PD_ACCUM2="2", PD_LR2="5e-3", PD_EVAL2="160",
@@ -100,7 +100,7 @@ def test_submit_pretrain_chains_phases_and_survives_a_preemption(demo_data, tmp_
             f"log.progress_interval_steps=5 ckpt.poll_steps=5\"\n")
     try:
         cluster.start()
-        env = dict(os.environ, PATH=f"{VENV_BIN}:{os.environ['PATH']}", SLURM_CONF=cluster.env["SLURM_CONF"],
+        env = dict(os.environ, PATH=demo_data.path, SLURM_CONF=cluster.env["SLURM_CONF"],
                    DATADIR1=str(demo_data.train), EVALDIR1=str(demo_data.eval), DATADIR2=str(demo_data.train),
                    EVALDIR2=str(demo_data.eval), OUTDIR=str(tmp_path / "out"))
         sub = subprocess.run(["./submit_pretrain.sh", str(tmp_path / "phase1.sh"), str(tmp_path / "phase2.sh")],

@@ -1,11 +1,19 @@
-"""Runs survive kills, signals and dead ranks: 2 gloo ranks started as separate processes
-(as srun starts them), a tiny model with dropout on (so the RNG state matters), and the
-uninterrupted run's final weights and eval accuracies as the oracle."""
+"""Runs survive kills, signals, dead ranks, Ctrl-C and failed writes: 2 gloo ranks started as
+separate processes (as srun starts them; run_and_time.sh's torchrun for Ctrl-C from a
+terminal), a tiny model with dropout on (so the RNG state matters), and the uninterrupted
+run's final weights and eval accuracies as the oracle.
+
+Failed writes are real OSErrors from the kernel: a small tmpfs that fills (root only), and
+RLIMIT_FSIZE on one rank (EFBIG for any file it writes past the limit; Python ignores
+SIGXFSZ), each sized from the baseline's files so that exactly the writer under test fails."""
 
 from __future__ import annotations
 
 import os
 import random
+import re
+import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,7 +23,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import PKG, free_port, mllog_events
+from bert.mlperf_log import read_events
+from conftest import PKG, children, free_port, mllog_events, run_and_time_signalled
 
 WORLD = 2
 STEPS = 24  # global batch 16; the 4 x 40-sample shards give each rank 80 per epoch: 5 steps each
@@ -38,20 +47,32 @@ def tiny_data(tmp_path_factory) -> Path:
     return root
 
 
-def launch(data: Path, out: Path, *extra: str, world: int = WORLD) -> list[subprocess.Popen]:
+def train_args(data: Path, out: Path, *extra: str) -> list[str]:
+    return [*TINY, f"data.train_dir={data / 'train'}", f"data.eval_dir={data / 'eval'}", f"log.output_dir={out}",
+            f"run.save_checkpoint={out / 'final.pt'}", *extra]
+
+
+def _file_size_limit(nbytes: int):
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, nbytes))
+
+
+def launch(data: Path, out: Path, *extra: str, world: int = WORLD,
+           file_limit: dict[int, int] | None = None) -> list[subprocess.Popen]:
     """``world`` ranks of ``python -m bert.train``, each its own process (rank r's output in
-    out/rank<r>.out), rendezvous through the env as torchrun would set it."""
+    out/rank<r>.out), rendezvous through the env as torchrun would set it. ``file_limit``:
+    rank -> the largest file it may write (RLIMIT_FSIZE)."""
     out.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    args = [*TINY, f"data.train_dir={data / 'train'}", f"data.eval_dir={data / 'eval'}", f"log.output_dir={out}",
-            f"run.save_checkpoint={out / 'final.pt'}", *extra]
+    args = train_args(data, out, *extra)
     procs = []
     for r in range(world):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        limit = (file_limit or {}).get(r)
         with open(out / f"rank{r}.out", "a") as f:
             procs.append(subprocess.Popen([sys.executable, "-m", "bert.train", *args], cwd=PKG, env=env,
-                                          stdout=f, stderr=subprocess.STDOUT))
+                                          stdout=f, stderr=subprocess.STDOUT,
+                                          preexec_fn=_file_size_limit(limit) if limit else None))
     return procs
 
 
@@ -98,11 +119,36 @@ def no_partial_files(out: Path) -> list[Path]:
     return [p for p in out.rglob("*") if p.name.endswith((".part", ".tmp"))]
 
 
+def rank_output(out: Path, rank: int = 0) -> str:
+    return (out / f"rank{rank}.out").read_text()
+
+
+def last_event(log: Path) -> dict:
+    return read_events(log)[-1]
+
+
+def resume_from_baseline(baseline: Path, step: int, out: Path) -> Path:
+    """out/checkpoints holding the baseline's checkpoint of ``step`` alone, as if that run had
+    been stopped there (so a launch into ``out`` resumes it: a few steps, not a whole run)."""
+    dest = out / "checkpoints" / f"step_{step:09d}"
+    shutil.copytree(baseline / "checkpoints" / dest.name, dest)
+    return dest
+
+
+def assert_rerun_matches_baseline(data: Path, baseline: Path, out: Path, *extra: str, rcs=(1, 1)) -> None:
+    """The same command again, nothing in the way: it resumes and ends as the uninterrupted run."""
+    got = wait_all(launch(data, out, *extra), out)
+    assert got == list(rcs), rank_output(out)[-3000:]
+    assert "resumed from" in rank_output(out)
+    assert_same_weights(out / "final.pt", baseline / "final.pt")
+
+
 @pytest.fixture(scope="module")
 def baseline(tiny_data, tmp_path_factory) -> Path:
-    """The uninterrupted run (it checkpoints too: writing one must not perturb anything)."""
+    """The uninterrupted run (it checkpoints too: writing one must not perturb anything); it
+    keeps all its checkpoints, where later tests resume from (resume_from_baseline)."""
     out = tmp_path_factory.mktemp("baseline")
-    rcs = wait_all(launch(tiny_data, out, "ckpt.interval_steps=2"), out)
+    rcs = wait_all(launch(tiny_data, out, "ckpt.interval_steps=2", f"ckpt.keep={STEPS // 2}"), out)
     assert rcs == [1, 1], (out / "rank0.out").read_text()[-3000:]  # aborted at the sample limit
     return out
 
@@ -266,3 +312,238 @@ def test_resume_with_another_vocabulary_padding_is_refused(tiny_data, tmp_path):
         resume.restore(saved, padded, train.TrainState(), 0, 1)
     assert all(torch.equal(v, before[k]) for k, v in padded.model.state_dict().items())  # nothing loaded
     resume.restore(saved, parts, train.TrainState(), 0, 1)  # the same padding resumes
+
+
+# ---------------------------------------------------------------- Ctrl-C
+
+def test_ctrl_c_to_one_rank_stops_all_at_one_step_and_saves_where_asked(tiny_data, baseline, tmp_path):
+    """SIGINT to rank 1 only: rank 0 learns it at the next poll, both stop at the same step;
+    with a chosen ckpt.dir they write a checkpoint first, and the rerun continues exactly."""
+    ckpt = tmp_path / "ckpts"
+    procs = launch(tiny_data, tmp_path, "ckpt.poll_steps=2", f"ckpt.dir={ckpt}")
+    wait_for(lambda: "step      5 |" in rank_output(tmp_path), procs, "step 5")
+    procs[1].send_signal(signal.SIGINT)
+    rcs = wait_all(procs, tmp_path)
+    out = rank_output(tmp_path)
+    assert rcs == [130, 130], out[-3000:]
+    m = re.search(r"^interrupted \(Ctrl-C\): stopped at step (\d+); checkpoint (\S+) written: "
+                  r"rerun the same command to resume$", out, re.M)
+    assert m and Path(m[2]) == ckpt / f"step_{int(m[1]):09d}", out[-3000:]
+    assert "Traceback" not in out + rank_output(tmp_path, 1)
+    assert last_event(tmp_path / "result_0.txt")["metadata"]["status"] == "aborted"
+    assert not no_partial_files(tmp_path)
+    assert_rerun_matches_baseline(tiny_data, baseline, tmp_path, f"ckpt.dir={ckpt}")
+
+
+def test_ctrl_c_during_an_evaluation_stops_it(tiny_data, tmp_path, monkeypatch, capsys):
+    """Ctrl-C as an evaluation begins: it stops after the batch in hand (here before the
+    first), not at its end; no eval_accuracy for it, run_stop aborted, exit 130."""
+    from bert import train
+
+    real = train.evaluate
+
+    def ctrl_c_then_evaluate(*args):
+        os.kill(os.getpid(), signal.SIGINT)  # the handler runs before the next bytecode
+        return real(*args)
+
+    monkeypatch.setattr(train, "evaluate", ctrl_c_then_evaluate)
+    assert train.main(train_args(tiny_data, tmp_path)) == 130
+    assert "interrupted (Ctrl-C): stopped at step 8; nothing saved" in capsys.readouterr().out  # 64 samples
+    keys = [e["key"] for e in read_events(tmp_path / "result_0.txt")]
+    assert keys[keys.index("eval_start"):] == ["eval_start", "nonfinite_loss_steps", "train_samples", "eval_samples",
+                                               "run_stop"] and "eval_accuracy" not in keys
+    assert last_event(tmp_path / "result_0.txt")["metadata"]["status"] == "aborted"
+
+
+def test_second_ctrl_c_ends_a_rank_at_once(tiny_data, tmp_path):
+    """The first Ctrl-C waits for a poll or an evaluation (none for 1000 steps here); a second
+    one has SIGINT's default action: the process ends at once, killed by it."""
+    (proc,) = launch(tiny_data, tmp_path, "ckpt.poll_steps=1000", "eval.interval_samples=8000",
+                     "run.max_samples=1000000", world=1)
+    wait_for(lambda: "step      3 |" in rank_output(tmp_path), [proc], "step 3")
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    try:
+        assert proc.wait(timeout=10) == -signal.SIGINT, rank_output(tmp_path)[-3000:]
+    finally:
+        proc.kill()
+    assert "Traceback" not in rank_output(tmp_path)
+
+
+def _run_and_time_env(data: Path, out: Path, path: str, *extra: str) -> dict[str, str]:
+    """run_and_time.sh under torchrun with the arguments ``launch`` gives its ranks."""
+    env = {k: v for k, v in os.environ.items() if k not in ("SEED", "RANK", "WORLD_SIZE", "MASTER_PORT")}
+    env.update(PATH=path, DGXSYSTEM="CPU_1x2", DGXNGPU=str(WORLD), LOGDIR=str(out),
+               EXTRA_PARAMS=" ".join(train_args(data, out, "ckpt.interval_steps=2", *extra)))
+    return env
+
+
+def test_ctrl_c_to_run_and_time_process_group_then_rerun_resumes(tiny_data, baseline, tmp_path, no_procps_path):
+    """What a terminal does on Ctrl-C: SIGINT to the foreground process group (the script;
+    torchrun and its workers have groups of their own), on a PATH without procps. One line,
+    exit 130, no traceback from any rank or torchrun, run_stop aborted; the same command
+    then resumes from the checkpoint it names, bit for bit, and its RESULT line has the seed
+    the log has (SEED unset)."""
+    assert shutil.which("pgrep", path=no_procps_path) is None
+    env = _run_and_time_env(tiny_data, tmp_path, no_procps_path)
+    rc, first = run_and_time_signalled(env, act=lambda p: os.killpg(p.pid, signal.SIGINT))
+    assert rc == 130, first[-3000:]
+    m = re.search(r"^interrupted \(Ctrl-C\): stopped at step (\d+); nothing saved; a rerun resumes from "
+                  r"(step_\d{9})$", first, re.M)
+    assert m, first[-3000:]
+    assert "Traceback" not in first and "RESULT," not in first and "WARNING" not in first, first[-3000:]
+    assert last_event(tmp_path / "result_0.txt")["metadata"]["status"] == "aborted"
+    assert not no_partial_files(tmp_path)
+    r = subprocess.run(["./run_and_time.sh"], cwd=PKG, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, (r.stdout + r.stderr)[-3000:]  # the sample limit, as the baseline
+    assert f"resumed from {tmp_path / 'checkpoints' / m[2]}" in r.stdout
+    assert re.search(r"^RESULT,bert,12345,\d+,", r.stdout, re.M), r.stdout[-2000:]
+    assert_same_weights(tmp_path / "final.pt", baseline / "final.pt")
+
+
+def test_second_ctrl_c_ends_run_and_time_at_once(tiny_data, tmp_path, no_procps_path):
+    """Two Ctrl-C in a row, the first not yet acted on (no poll for 1000 steps): the script
+    ends torchrun and every worker at once, says so, exits 130; no traceback."""
+    env = _run_and_time_env(tiny_data, tmp_path, no_procps_path, "ckpt.poll_steps=1000")
+    workers = []
+
+    def ctrl_c_twice(proc):
+        workers.extend(w for torchrun in children(proc.pid) for w in children(torchrun))
+        os.killpg(proc.pid, signal.SIGINT)
+        time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGINT)
+
+    rc, out = run_and_time_signalled(env, act=ctrl_c_twice)
+    assert rc == 130 and "interrupted (Ctrl-C twice): the training processes were ended at once" in out, out[-3000:]
+    assert len(workers) == WORLD and "Traceback" not in out and "Killed" not in out, out[-3000:]
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{w}").exists() for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(Path(f"/proc/{w}").exists() for w in workers)
+
+
+# ---------------------------------------------------------------- failed writes
+
+WRITE_FAILED = 5
+
+
+def _write_failed_line(out: Path, rank: int, what: str, where: Path, why: str, by: str, then: str) -> None:
+    """Every rank said the same one line, and nothing else went wrong."""
+    text = rank_output(out, rank)
+    lines = [ln for ln in text.splitlines() if ln.startswith("error:")]
+    want = f"error: rank {rank} of {WORLD}: {what} could not be written to {where}: {why} (on {by}); {then}"
+    assert lines == [want], text[-3000:]
+    assert "Traceback" not in text and "Logging error" not in text, text[-3000:]
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 400 KiB tmpfs: room for one checkpoint of the tiny model (268 KiB), not two."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=True)
+
+
+def test_checkpoint_fills_a_small_tmpfs_then_resumes_from_the_named_one(tiny_data, baseline, tmp_path, small_tmpfs):
+    """The issue's case: ckpt.dir on a filesystem that holds one checkpoint. The second one
+    fails with ENOSPC inside torch.save: every rank says so in one line naming the complete
+    one, the temp directory is gone, run_stop aborted, exit 5 (not 4); that checkpoint,
+    copied to a roomy ckpt.dir, continues the run exactly."""
+    procs = launch(tiny_data, tmp_path, "ckpt.interval_steps=4", f"ckpt.dir={small_tmpfs}")
+    assert wait_all(procs, tmp_path) == [WRITE_FAILED] * WORLD, rank_output(tmp_path)[-3000:]
+    by = re.search(r"\(on (ranks? [\d, ]+)\)", rank_output(tmp_path))[1]  # who ran out first: a race
+    for r in range(WORLD):
+        _write_failed_line(tmp_path, r, "checkpoint step_000000008", small_tmpfs, "No space left on device (errno 28)",
+                           by, "the newest complete checkpoint is step_000000004; free space or point ckpt.dir "
+                           "elsewhere (with that checkpoint copied there), then rerun the same command to resume")
+    assert sorted(p.name for p in small_tmpfs.iterdir()) == ["step_000000004"]
+    assert last_event(tmp_path / "result_0.txt")["metadata"]["status"] == "aborted"
+    roomy = tmp_path / "roomy"
+    shutil.copytree(small_tmpfs / "step_000000004", roomy / "step_000000004")
+    assert_rerun_matches_baseline(tiny_data, baseline, tmp_path, "ckpt.interval_steps=4", f"ckpt.dir={roomy}")
+    assert not no_partial_files(tmp_path)
+
+
+def test_checkpoint_write_fails_on_rank_1(tiny_data, baseline, tmp_path):
+    """Rank 1's own file of a checkpoint fails (EFBIG): rank 0 learns it from the collective
+    that ends every checkpoint write, and both stop with rank 1's reason."""
+    resume_from_baseline(baseline, 10, tmp_path)
+    small = (baseline / "checkpoints" / "step_000000010" / "rank_1.pt").stat().st_size // 2
+    procs = launch(tiny_data, tmp_path, "ckpt.interval_steps=2", file_limit={1: small})
+    assert wait_all(procs, tmp_path) == [WRITE_FAILED] * WORLD, rank_output(tmp_path)[-3000:]
+    for r in range(WORLD):
+        _write_failed_line(tmp_path, r, "checkpoint step_000000012", tmp_path / "checkpoints",
+                           "File too large (errno 27)", "rank 1", "the newest complete checkpoint is step_000000010; "
+                           "free space or point ckpt.dir elsewhere (with that checkpoint copied there), then rerun "
+                           "the same command to resume")
+    assert last_event(tmp_path / "result_0.txt")["metadata"]["status"] == "aborted"
+    assert not no_partial_files(tmp_path)
+    assert_rerun_matches_baseline(tiny_data, baseline, tmp_path, "ckpt.interval_steps=2")
+
+
+def test_final_weights_write_fails_after_the_target(tiny_data, baseline, tmp_path):
+    """The run reaches its target, then run.save_checkpoint fails on rank 0 (EFBIG): every
+    rank learns it at the end, run_stop is aborted (the run did not finish), nothing marks
+    the checkpoints finished, and the rerun resumes and writes the same weights."""
+    resume_from_baseline(baseline, 20, tmp_path)
+    limit = (baseline / "final.pt").stat().st_size // 2
+    assert (baseline / "result_0.txt").stat().st_size < limit  # only the weights are too large
+    target = "eval.target_accuracy=0.005"  # reached at step 24 (0.0098), where the baseline ends too
+    procs = launch(tiny_data, tmp_path, target, file_limit={0: limit})
+    assert wait_all(procs, tmp_path) == [WRITE_FAILED] * WORLD, rank_output(tmp_path)[-3000:]
+    for r in range(WORLD):
+        _write_failed_line(tmp_path, r, "the final weights", tmp_path / "final.pt", "File too large (errno 27)",
+                           "rank 0", "the newest complete checkpoint is step_000000020; free space or point "
+                           "run.save_checkpoint elsewhere, then rerun the same command to resume")
+    stops = [e["metadata"]["status"] for e in read_events(tmp_path / "result_0.txt") if e["key"] == "run_stop"]
+    assert stops == ["aborted"] and last_event(tmp_path / "result_0.txt")["key"] == "run_stop"
+    assert not (tmp_path / "final.pt").exists() and not (tmp_path / "checkpoints" / "finished.json").exists()
+    assert not no_partial_files(tmp_path)
+    assert_rerun_matches_baseline(tiny_data, baseline, tmp_path, target, rcs=(0, 0))
+
+
+def test_mlperf_log_write_fails(tiny_data, baseline, tmp_path):
+    """Rank 0's MLPerf log cannot grow (EFBIG): no traceback per line; every rank stops at the
+    next poll with one line; the log ends where the write failed (a torn line the reader
+    skips), so run_stop cannot be in it; the rerun appends after the torn line and resumes."""
+    resume_from_baseline(baseline, 10, tmp_path)
+    limit = 10_000  # the log's first lines (~8 kB), not the evaluations after them
+    procs = launch(tiny_data, tmp_path, "ckpt.poll_steps=2", file_limit={0: limit})
+    assert wait_all(procs, tmp_path) == [WRITE_FAILED] * WORLD, rank_output(tmp_path)[-3000:]
+    log = tmp_path / "result_0.txt"
+    for r in range(WORLD):
+        _write_failed_line(tmp_path, r, "the MLPerf log", log, "File too large (errno 27)", "rank 0",
+                           "the newest complete checkpoint is step_000000010; free space or point log.output_dir "
+                           "elsewhere, then rerun the same command to resume")
+    assert log.stat().st_size == limit and "run_stop" not in {e["key"] for e in read_events(log)}
+    assert_rerun_matches_baseline(tiny_data, baseline, tmp_path)
+    keys = [e["key"] for e in read_events(log)]
+    # the rerun's first line (cache_clear) starts a line of its own after the torn one
+    assert keys.count("cache_clear") == keys.count("run_start") == 2 and keys[-1] == "run_stop"
+
+
+def test_config_dump_write_fails(tiny_data, tmp_path, capsys):
+    """The resolved config cannot be written (its name is taken by a directory: EISDIR at the
+    rename): exit 5 before run_start, one line, run_stop aborted, no part file."""
+    from bert import train
+
+    (tmp_path / "result_0_config.json" / "x").mkdir(parents=True)
+    assert train.main(train_args(tiny_data, tmp_path)) == WRITE_FAILED
+    err = capsys.readouterr().err
+    assert err.strip() == (f"error: rank 0 of 1: the resolved config could not be written to "
+                           f"{tmp_path / 'result_0_config.json'}: Is a directory (errno 21) (on rank 0); no complete "
+                           "checkpoint to resume from; free space or point log.output_dir elsewhere, then rerun the "
+                           "same command"), err
+    events = read_events(tmp_path / "result_0.txt")
+    assert events[-1]["key"] == "run_stop" and events[-1]["metadata"]["status"] == "aborted"
+    assert "run_start" not in {e["key"] for e in events}
+    assert not no_partial_files(tmp_path)

@@ -240,13 +240,12 @@ def test_submission_fields_come_from_the_launcher(demo_data, tmp_path):
     the log agrees with systems/<system>.json (tools/package.py's check)."""
     import os
 
-    from conftest import VENV_BIN
     from test_package import _package_module
 
     system_mismatches = _package_module().system_mismatches
 
     env = dict(os.environ, **demo_data.env)
-    env.update(PATH=f"{VENV_BIN}:{os.environ['PATH']}", LAUNCHER="task", DATADIR=str(demo_data.train),
+    env.update(PATH=demo_data.path, LAUNCHER="task", DATADIR=str(demo_data.train),
                EVALDIR=str(demo_data.eval), LOGDIR=str(tmp_path / "set"), SUBMISSION_ORG="someorg",
                SUBMISSION_PLATFORM="box_1x2", SUBMISSION_STATUS="cloud",
                EXTRA_PARAMS=demo_data.env["EXTRA_PARAMS"] + " --dry-run data.eval_samples=100")
