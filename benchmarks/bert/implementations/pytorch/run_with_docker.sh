@@ -45,7 +45,6 @@ fi
 if (( ${DGXNNODES:-1} != 1 )); then
   fail "the config wants DGXNNODES=${DGXNNODES} nodes; this launcher runs one (sbatch run.sub for more)"
 fi
-command -v docker > /dev/null || fail "no docker client on PATH"
 config="${CONFIG:-${here}/config_${DGXSYSTEM}.sh}"
 [[ -f "${config}" ]] || fail "CONFIG=${config}: no such file (set CONFIG to the config_*.sh you sourced)"
 
@@ -80,6 +79,7 @@ if (( ${#bad[@]} )); then
   printf 'run_with_docker.sh: %s\n' "${bad[@]}" >&2
   fail "nothing was run (input_preprocessing/prepare_data.sh prints the paths to use)"
 fi
+command -v docker > /dev/null || fail "no docker client on PATH (apt-get install docker.io)"
 
 # What reaches the container: the config's variables and run_and_time.sh's inputs, with
 # the values they have here (a variable set on the command line overrides the config's).
