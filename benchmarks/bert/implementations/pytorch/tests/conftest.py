@@ -193,9 +193,13 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     if build is None:
         return
     r = build.result
-    state = r.unavailable and f"dockerd could not start: {r.unavailable}" or r.error and "failed" or (
-        "stand-in " + ("cached" if r.standin_cached else "made") + "; " +
-        ", ".join(f"{step} {s:.0f} s" for step, s in r.seconds.items()))
+    times = ", ".join(f"{step} {s:.0f} s" for step, s in r.seconds.items())
+    if r.unavailable:
+        state = f"not built: dockerd could not start: {r.unavailable}"
+    elif r.error:
+        state = f"build failed ({times})"
+    else:
+        state = f"built on the {'cached' if r.standin_cached else 'newly made'} stand-in ({times}, in the background)"
     terminalreporter.write_line(f"docker image (tests/test_docker.py): {state}")
 
 
