@@ -31,7 +31,7 @@ standin_numpy=1.26.4
 standin_pip=26.2.1
 torch_pin="$(grep -E '^torch==' "${pkg}/constraints.txt")"
 
-say() { echo "ngc_standin: $*"; }
+say() { printf 'ngc_standin: [%3d s] %s\n' "${SECONDS}" "$*"; }
 die() { echo "ngc_standin: $*" >&2; exit 2; }
 command -v docker >/dev/null || die "no docker client (apt-get install docker.io)"
 
@@ -121,9 +121,8 @@ if [[ -f "${tarball}" ]]; then
   say "cached: ${tarball}"
 else
   rm -f "${cache}"/rootfs-*.tar
-  start=$(date +%s)
   make_rootfs "${tarball}"
-  say "made in $(( $(date +%s) - start )) s"
+  say "made"
 fi
 
 say "docker import as ${tag}"
