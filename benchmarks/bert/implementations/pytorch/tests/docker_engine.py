@@ -17,6 +17,7 @@ from __future__ import annotations
 import grp
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -106,7 +107,7 @@ class ImageBuild:
                 if rc != 0:
                     self.result.error = f"{name} failed (exit {rc}); its log, {self.log}:\n{self.log_tail()}"
                     return
-        self.result.standin_cached = "ngc_standin: cached:" in self.log.read_text()
+        self.result.standin_cached = re.search(r"^ngc_standin: \[ *\d+ s\] cached: ", self.log.read_text(), re.M) is not None
 
     def _start_engine(self, log) -> str | None:
         (self.root / "data").mkdir()
