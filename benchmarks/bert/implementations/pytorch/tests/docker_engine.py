@@ -75,7 +75,7 @@ class ImageBuild:
         self._dockerd: subprocess.Popen | None = None
         self._step: subprocess.Popen | None = None
         self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="docker-image-build", daemon=True)
+        self._thread = threading.Thread(target=self.build, name="docker-image-build", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -94,7 +94,8 @@ class ImageBuild:
 
     # -- the background thread -----------------------------------------------------------
 
-    def _run(self) -> None:
+    def build(self) -> None:
+        """The background thread: dockerd, then the stand-in, then ``docker build`` on it."""
         with self.log.open("a") as log:
             why = self._start_engine(log)
             if why:
