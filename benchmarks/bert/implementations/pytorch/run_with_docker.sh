@@ -71,7 +71,7 @@ fi
 for path in "${DATADIR}" "${EVALDIR}" "${LOGDIR}"; do
   # The image's own directories: a mount there would hide what the run needs.
   case "${path%/}/" in
-    /|/bin/*|/dev/*|/etc/*|/lib/*|/lib64/*|/proc/*|/sbin/*|/sys/*|/usr/*|/workspace/bert/*)
+    /|/bin/*|/dev/*|/etc/*|/lib/*|/lib64/*|/proc/*|/sbin/*|/sys/*|/usr/*|/workspace/|/workspace/bert/*)
       bad+=("${path}: the image's own directory; mount the data elsewhere") ;;
   esac
 done
@@ -155,8 +155,9 @@ trap 'on_signal TERM' TERM
 trap 'on_signal INT' INT
 trap 'on_signal USR1' USR1
 
-# run_in NAME CMD...: the image's CMD in a container named NAME, waited on so that the
-# traps run (bash runs them between commands), its status returned.
+# run_in NAME ARGS...: `docker run` of ARGS (options, the image, its command) in a container
+# named NAME, waited on in the background so that the traps run (bash runs them between
+# commands); returns the container's status (docker's own, 125-127, when it did not start).
 run_in() {
   local rc=0
   container=$1
