@@ -108,7 +108,8 @@ class ImageBuild:
                 if rc != 0:
                     self.result.error = f"{name} failed (exit {rc}); its log, {self.log}:\n{self.log_tail()}"
                     return
-        self.result.standin_cached = re.search(r"^ngc_standin: \[ *\d+ s\] cached: ", self.log.read_text(), re.M) is not None
+        cached = re.search(r"^ngc_standin: \[ *\d+ s\] cached: ", self.log.read_text(), re.M)
+        self.result.standin_cached = cached is not None
 
     def _start_engine(self, log) -> str | None:
         (self.root / "data").mkdir()

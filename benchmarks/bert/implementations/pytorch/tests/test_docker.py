@@ -45,8 +45,8 @@ def _launch_and_inspect(build, env: dict[str, str], user: int | None, container:
     and ``docker inspect`` of its first run's container while that runs: (status, output, inspect)."""
     prefix = [] if user is None else ["setpriv", f"--reuid={user}", f"--regid={user}", f"--groups={build.socket_gid}"]
     with tempfile.TemporaryFile("w+") as out:
-        proc = subprocess.Popen([*prefix, "./run_with_docker.sh"], cwd=PKG, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                text=True)
+        proc = subprocess.Popen([*prefix, "./run_with_docker.sh"], cwd=PKG, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, text=True)
         inspect: dict = {}
         try:
             while proc.poll() is None and not inspect:

@@ -53,8 +53,8 @@ apt_mirror() {
   done
   read -r -a uris <<< "${uris}"
   if [[ -z "${uris[0]:-}" ]]; then
-    mapfile -t uris < <(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null |
-      awk '$1 == "deb" { i = 2; if ($i ~ /^\[/) while ($i !~ /\]$/) i++; if ($i ~ /\]$/) i++; if ($(i + 1) == "bookworm") print $i }')
+    mapfile -t uris < <(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2> /dev/null |
+      awk '{ sub(/\[[^]]*\] */, ""); split($0, f, " ") } f[1] == "deb" && f[3] == "bookworm" { print f[2] }')
   fi
   echo "${uris[0]:-http://deb.debian.org/debian}"
 }
