@@ -8,9 +8,11 @@
 #   tools/ngc_standin.sh [TAG]          # default TAG: ngc-standin:bookworm
 #   docker build --network host --build-arg FROM_IMAGE_NAME=ngc-standin:bookworm -t mlperf-bert:cpu .
 #
-# The root filesystem is made once per machine and kept as a tarball in STANDIN_CACHE
-# (default build/ngc_standin at the repository root, git-ignored; remade when this script
-# or constraints.txt's torch pin changes); later calls only import it. Making it needs root
+# The root filesystem is made once per machine and kept in STANDIN_CACHE (default
+# build/ngc_standin at the repository root, git-ignored; remade when this script or
+# constraints.txt's torch pin changes); later calls only import it. It stays a directory,
+# streamed into `docker import`: a tarball of it would be another 1.1 GB to write (minutes on
+# a busy disk) and read back. Making it needs root
 # (debootstrap, chroot), the Debian mirror (DEBIAN_MIRROR, default the one apt uses here) and
 # the torch CPU wheel where pip finds it without an index (pip's find-links): the index's
 # torch is a CUDA build of several GB. The host's CA bundle (SSL_CERT_FILE, default
@@ -59,9 +61,9 @@ apt_mirror() {
   echo "${uris[0]:-http://deb.debian.org/debian}"
 }
 
-make_rootfs() { # make_rootfs TARBALL: debootstrap, pip, torch, the constraint file -> TARBALL
-  local tarball=$1 work rootfs wheels mirror whl pip_whl
-  [[ "$(id -u)" == 0 ]] || die "making the stand-in needs root (debootstrap, chroot); ${tarball} is not there yet"
+make_rootfs() { # make_rootfs DIR: debootstrap, pip, torch, the constraint file -> DIR
+  local dir=$1 work rootfs wheels mirror whl pip_whl
+  [[ "$(id -u)" == 0 ]] || die "making the stand-in needs root (debootstrap, chroot); ${dir} is not there yet"
   command -v debootstrap >/dev/null || die "no debootstrap (apt-get install debootstrap)"
   [[ -f "${ca_bundle}" ]] || die "no CA bundle at ${ca_bundle} (set SSL_CERT_FILE)"
   work="$(mktemp -d "${cache}/work.XXXXXX")"
@@ -103,9 +105,7 @@ make_rootfs() { # make_rootfs TARBALL: debootstrap, pip, torch, the constraint f
     "${rootfs}"/root/.cache
   mkdir -p "${rootfs}/workspace"
 
-  say "tarball ${tarball}"
-  tar -C "${rootfs}" --numeric-owner -cf "${work}/rootfs.tar" .
-  mv "${work}/rootfs.tar" "${tarball}"
+  mv "${rootfs}" "${dir}"  # whole or not at all
   rm -rf "${work}"
   trap - EXIT
 }
@@ -114,25 +114,25 @@ mkdir -p "${cache}"
 # One maker at a time per cache (two test sessions of one checkout).
 exec 9> "${cache}/.lock"
 flock 9
-# The tarball's name carries what it was made from: another script or torch pin, another file.
+# Its name carries what it was made from: another script or torch pin, another directory.
 key="$( (cat "${BASH_SOURCE[0]}"; echo "${torch_pin}") | sha256sum | cut -c1-16)"
-tarball="${cache}/rootfs-${key}.tar"
-if [[ -f "${tarball}" ]]; then
-  say "cached: ${tarball}"
+rootfs="${cache}/rootfs-${key}"
+if [[ -d "${rootfs}" ]]; then
+  say "cached: ${rootfs}"
 else
-  rm -f "${cache}"/rootfs-*.tar
-  make_rootfs "${tarball}"
-  say "made"
+  rm -rf "${cache}"/rootfs-*
+  make_rootfs "${rootfs}"
+  say "made: ${rootfs}"
 fi
 
 say "docker import as ${tag}"
 # What NGC's image config sets and we rely on; CMD as NGC's (a shell).
-docker import \
+tar -C "${rootfs}" --numeric-owner -c . | docker import \
   --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
   --change 'ENV LC_ALL=C.UTF-8' \
   --change 'ENV PIP_CONSTRAINT=/etc/pip/constraint.txt' \
   --change 'ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt' \
   --change 'WORKDIR /workspace' \
   --change 'CMD ["/bin/bash"]' \
-  "${tarball}" "${tag}" > /dev/null
+  - "${tag}" > /dev/null
 say "${tag}: $(docker image inspect --format '{{.Size}}' "${tag}" | awk '{ printf "%.0f MB", $1 / 1e6 }')"
