@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 import triton_interpret
+from docker_engine import ImageBuild, docker_unavailable
 
 # Before any test module imports triton through torch (test_triton_attention.py runs our
 # Triton kernels in Triton's CPU interpreter; tests/triton_interpret.py says why here).
@@ -194,3 +195,65 @@ def slurm_cluster(tmp_path_factory):
         yield cluster
     finally:
         cluster.stop()
+
+
+# -- the image (tests/test_docker.py): built in the background from the start ---------------
+
+_IMAGE_BUILD = pytest.StashKey[ImageBuild]()
+
+
+def _uses_image(item: pytest.Item) -> bool:
+    return "docker_image" in getattr(item, "fixturenames", ())
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The image's tests last: they wait for the image, which is made meanwhile."""
+    items.sort(key=_uses_image)  # stable: every other test keeps its place
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start dockerd and the image build now (minutes of network and disk, few CPU seconds)
+    when a selected test needs the image, so they overlap the tests that run first."""
+    if session.config.option.collectonly or docker_unavailable() or not any(map(_uses_image, session.items)):
+        return
+    build = ImageBuild(PKG, dict(os.environ, PATH=f"{VENV_BIN}:{os.environ['PATH']}"))
+    session.config.stash[_IMAGE_BUILD] = build
+    build.start()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    build = session.config.stash.get(_IMAGE_BUILD, None)
+    if build is not None:
+        build.stop()
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    build = config.stash.get(_IMAGE_BUILD, None)
+    if build is None:
+        return
+    r = build.result
+    times = ", ".join(f"{step} {s:.0f} s" for step, s in r.seconds.items())
+    if r.unavailable:
+        state = f"not built: dockerd could not start: {r.unavailable}"
+    elif r.error:
+        state = f"build failed ({times})"
+    else:
+        state = f"built on the {'cached' if r.standin_cached else 'newly made'} stand-in ({times}, in the background)"
+    terminalreporter.write_line(f"docker image (tests/test_docker.py): {state}")
+
+
+@pytest.fixture(scope="session")
+def docker_image(request) -> ImageBuild:
+    """The image built on the NGC stand-in, in a private engine (tests/docker_engine.py)."""
+    why = docker_unavailable()
+    if why:
+        pytest.skip(f"no Docker Engine here: {why}")
+    build = request.config.stash.get(_IMAGE_BUILD, None)
+    assert build is not None, "pytest_collection_finish did not start the image build"
+    # A fresh machine: debootstrap and two rounds of pip, under 8 minutes when the machine is idle.
+    result = build.wait(timeout=1200)
+    if result.unavailable:
+        pytest.skip(f"dockerd cannot start here: {result.unavailable}")
+    if result.error:
+        pytest.fail(result.error, pytrace=False)
+    return build

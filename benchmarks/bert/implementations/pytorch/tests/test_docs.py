@@ -47,8 +47,11 @@ CPU_DEMO = Covered("tests/conftest.py::trained", ("run_and_time.sh", "config_CPU
                    "session's trained run is that run (and CI runs make test itself)")
 ONE_NODE = Covered("tests/test_launchers.py::test_run_and_time_status_is_the_trainers_under_torchrun",
                    ("run_and_time.sh", "DATADIR", "EVALDIR"), "/data/train and /data/eval stand for your data")
-IMAGE = Covered("tests/test_lint.py::test_lint_hadolint_dockerfile", ("Dockerfile",),
-                "needs a docker engine and the NGC base image; the Dockerfile is linted")
+IMAGE = Covered("tests/docker_engine.py::build", ("docker", "build", "FROM_IMAGE_NAME", "ngc_standin.sh"),
+                "NGC's base cannot be pulled here: the Dockerfile is built on the stand-in tools/ngc_standin.sh makes")
+ONE_NODE_DOCKER = Covered("tests/test_docker.py::test_image_trains_the_demo_with_run_with_docker",
+                          ("run_with_docker.sh", "CONT", "NEXP"),
+                          "a DGX config needs GPUs and NGC's image; the test runs config_CPU_1x2.sh in the stand-in's")
 CHECKER = Covered("tests/conftest.py::run_checker", ("compliance_checker", "5.0.0"),
                   "the path is make demo's log; the tests run the same command on every log they write")
 
@@ -59,6 +62,10 @@ BLOCKS: dict[tuple[str, str, str], object] = {
     ("docs/cluster.md", "Running", "source config_CPU_1x2.sh"): ONE_NODE,
     ("README.md", "Build the image", "docker build"): IMAGE,
     ("docs/cluster.md", "The container image", "docker build"): IMAGE,
+    ("docs/cluster.md", "The container image", "sudo tools/ngc_standin.sh"): IMAGE,
+    ("README.md", "Build the image", "source config_DGXA100_1x8x56x1.sh"): ONE_NODE_DOCKER,
+    ("docs/cluster.md", "One node with docker: `run_with_docker.sh`", "source config_DGXA100_1x8x56x1.sh"):
+        ONE_NODE_DOCKER,
     ("README.md", "Check a log", "python -m mlperf_logging.compliance_checker"): CHECKER,
     ("docs/rules.md", "Checking a log", "python -m mlperf_logging.compliance_checker"): CHECKER,
     ("docs/cluster.md", "Running on a SLURM cluster: `run.sub`", "source config_DGXA100_8x8x48x1.sh"): Covered(
