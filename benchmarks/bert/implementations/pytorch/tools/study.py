@@ -51,6 +51,7 @@ weighted least squares on 1/B; below B_crit doubling the batch nearly halves the
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import copy
 import datetime
 import fcntl
@@ -62,6 +63,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -320,6 +322,10 @@ class Workdir:
         except BlockingIOError:
             raise StudyError(f"{path}: another study is running in this directory") from None
 
+    def unlock(self) -> None:
+        """For tools/tune.py's workers, which share their own directory safely (its journal)."""
+        fcntl.flock(self._lock, fcntl.LOCK_UN)
+
     def result(self, run: Run) -> dict | None:
         f = self.runs / run.key / "result.json"
         return json.loads(f.read_text()) if f.exists() else None
@@ -354,13 +360,14 @@ def prepare_data(plan: dict, wd: Workdir) -> dict[str, str]:
 
 
 class Runner:
-    """Runs what is not logged yet, one at a time, and prints progress."""
+    """Runs what is not logged yet, ``jobs`` at a time, and prints progress."""
 
-    def __init__(self, plan: dict, wd: Workdir, paths: dict[str, str], planned: int):
-        self.plan, self.wd, self.paths, self.planned = plan, wd, paths, planned
+    def __init__(self, plan: dict, wd: Workdir, paths: dict[str, str], planned: int, jobs: int = 1):
+        self.plan, self.wd, self.paths, self.planned, self.jobs = plan, wd, paths, planned, jobs
         self.done: set[str] = set()
         self.walls: list[float] = []  # runs made by this process
         self.start = time.monotonic()
+        self.lock = threading.Lock()  # done, walls and the progress lines, across the jobs
         self.stop = tune.Stop()
         self.stop.install()
         signal.signal(signal.SIGINT, self.stop._handle)
@@ -370,7 +377,7 @@ class Runner:
         left = self.planned - len(self.done)
         eta = ""
         if self.walls and left > 0:
-            rest = left * sum(self.walls) / len(self.walls)
+            rest = left * sum(self.walls) / len(self.walls) / self.jobs
             end = datetime.datetime.now() + datetime.timedelta(seconds=rest)
             eta = f" | expected end {end:%H:%M} (~{rest / 60:.0f} min left)"
         print(f"[{len(self.done)}/{self.planned}] {what} | elapsed {elapsed / 60:.1f} min{eta}", flush=True)
@@ -381,11 +388,22 @@ class Runner:
         fresh = res is None
         if fresh:
             res = self._execute(run, env_extra)
-        if run.key not in self.done:
-            self.done.add(run.key)
-            self.progress(f"{run.labels[0]}: {_outcome(res)}" + (f" in {res['wall_s']:.0f} s" if fresh
-                                                                  else " (logged before)"))
+        with self.lock:
+            if run.key not in self.done:
+                self.done.add(run.key)
+                self.progress(f"{run.labels[0]}: {_outcome(res)}" + (f" in {res['wall_s']:.0f} s" if fresh
+                                                                      else " (logged before)"))
         return res
+
+    def run_all(self, runs: list[Run], env_extra: dict[str, str]) -> dict[str, dict]:
+        """Each run's result by key, ``jobs`` runs at a time. A signal stops every run in
+        flight; the first error is raised once the others have ended."""
+        if self.jobs == 1:
+            return {r.key: self.run(r, env_extra) for r in runs}
+        with concurrent.futures.ThreadPoolExecutor(self.jobs) as pool:
+            futures = {r.key: pool.submit(self.run, r, env_extra) for r in runs}
+            concurrent.futures.wait(futures.values())
+        return {k: f.result() for k, f in futures.items()}
 
     def _execute(self, run: Run, env_extra: dict[str, str], attempt: int = 1) -> dict:
         rdir = self.wd.runs / run.key
@@ -404,7 +422,13 @@ class Runner:
             proc = subprocess.Popen(["./run_and_time.sh"], cwd=PKG, env=env, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
             sent = False
-            while proc.poll() is None:
+            while True:
+                # wait4, not poll: the run's CPU time (its ranks and torchrun included: each
+                # waited for its children) comes with its exit status.
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    proc.returncode = os.waitstatus_to_exitcode(status)
+                    break
                 time.sleep(POLL_S)
                 if self.stop.signum and not sent:
                     proc.send_signal(signal.SIGTERM)  # forwarded to the ranks: checkpoint, exit 3
@@ -427,7 +451,9 @@ class Runner:
             raise StudyError(f"{run.labels[0]}: exit {proc.returncode}, "
                              f"{'no usable log' if res is None else 'log read'}; see {rdir / 'run.out'}")
         res["wall_s"] = round(wall, 1)
-        self.walls.append(wall)
+        res["cpu_s"] = round(usage.ru_utime + usage.ru_stime, 1)
+        with self.lock:
+            self.walls.append(wall)
         _write_json(rdir / "result.json", res)
         return res
 
@@ -499,42 +525,49 @@ def tune_recipe(plan: dict, wd: Workdir, name: str) -> int:
     runner = Runner(plan, wd, prepare_data(plan, wd), 1 if plan["init"] else 0)
     os.environ.update(**runner.paths, **prepare_init(plan, runner),
                       PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
+    wd.unlock()  # data and init are ready: searches over other recipes may run beside this one
     print(f"study: tools/tune.py on recipe {name}: space {path}", flush=True)
     rc = tune.main(["worker", "--space", str(path), "--workdir", str(tdir)])
     return rc or tune.main(["report", "--space", str(path), "--workdir", str(tdir)])
 
 
-def execute(plan: dict, wd: Workdir, report_only: bool) -> tuple[dict[str, dict], dict[str, Run], list[Point]]:
-    """Every run of the plan (the ones already logged are read back); returns results by
-    key, runs by key and the scaling points."""
+def execute(plan: dict, wd: Workdir, report_only: bool,
+            jobs: int = 1) -> tuple[dict[str, dict], dict[str, Run], list[Point]]:
+    """Every run of the plan (the ones already logged are read back): the init, then the
+    ablation and the scaling grids, then the seeds of each grid's winner. Returns results
+    by key, runs by key (with every label that asked for each) and the scaling points."""
     _check_same(wd.path / "init.json", {"init": plan["init"]}, "an init model")
     ab, points = ablation_runs(plan), scaling_points(plan)
-    static = {r.key: r for r in ab + [r for p in points for r in p.grid.values()]}
-    planned = len(static) + sum(len(p.seeds) for p in points) + (1 if plan["init"] else 0)
-    runner = None if report_only else Runner(plan, wd, prepare_data(plan, wd), planned)
-    extra = {} if runner is None else prepare_init(plan, runner)
     runs: dict[str, Run] = {}
-    results: dict[str, dict] = {}
 
-    def add(run: Run, counted: bool = True) -> None:
-        if run.key in runs:
-            runs[run.key].labels += [x for x in run.labels if x not in runs[run.key].labels]
-            if not counted and runner:
-                runner.planned -= 1  # a seed run that another part had asked for already
-        else:
-            runs[run.key] = run
-        res = wd.result(run) if runner is None else runner.run(run, extra)
-        if res is not None:
-            results[run.key] = res
+    def register(batch: list[Run]) -> list[Run]:
+        """The runs of ``batch`` not asked for before; the others' labels are merged."""
+        new = []
+        for run in batch:
+            if run.key in runs:
+                runs[run.key].labels += [x for x in run.labels if x not in runs[run.key].labels]
+            else:
+                runs[run.key] = run
+                new.append(run)
+        return new
 
-    for run in ab:
-        add(run)
-    for point in points:
-        for run in point.grid.values():
-            add(run)
-        if all(r.key in results for r in point.grid.values()):
-            for run in seed_runs(plan, point, winner(point, results)):
-                add(run, counted=False)
+    first = register(ab + [r for p in points for r in p.grid.values()])
+    planned = len(first) + sum(len(p.seeds) for p in points) + (1 if plan["init"] else 0)
+    runner = None if report_only else Runner(plan, wd, prepare_data(plan, wd), planned, jobs)
+    extra = {} if runner is None else prepare_init(plan, runner)
+
+    def results_of(batch: list[Run]) -> dict[str, dict]:
+        if runner is None:
+            return {r.key: res for r in batch if (res := wd.result(r)) is not None}
+        return runner.run_all(batch, extra)
+
+    results = results_of(first)
+    seeds = [r for p in points if all(g.key in results for g in p.grid.values())
+             for r in seed_runs(plan, p, winner(p, results))]
+    second = register(seeds)
+    if runner:
+        runner.planned -= len(seeds) - len(second)  # seed runs another part had asked for already
+    results.update(results_of(second))
     return results, runs, points
 
 
@@ -574,6 +607,9 @@ def report(plan: dict, results: dict[str, dict], runs: dict[str, Run], points: l
              scaling_rules={k: v for k, v in (plan.get("scaling") or {}).items() if k != "optimizers"},
              runs={k: {"labels": r.labels, "seed": r.seed, "settings": r.settings,
                        **{x: y for x, y in results[k].items() if x != "curve"}} for k, r in runs.items() if k in results})
+    done = [results[k] for k in runs if k in results and "cpu_s" in results[k]]
+    a["cost"] = {"runs": len(done), "cpu_s": round(sum(r["cpu_s"] for r in done)),
+                 "wall_s": round(sum(r["wall_s"] for r in done))}
     _write_json(wd.path / "study.json", a)
     md = study_report.markdown(a)
     (wd.path / "study.md").write_text(md)
@@ -599,14 +635,18 @@ def main(argv: list[str] | None = None) -> int:
                     help="data, runs and outputs (default <repo>/results/study/<study>[_quick])")
     ap.add_argument("--report-only", action="store_true", help="run nothing: report the runs logged so far")
     ap.add_argument("--tune", metavar="RECIPE", help="instead: tools/tune.py over the plan's tune.RECIPE space")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="runs at a time (default 1: each run's 2 ranks fill a 2-core machine)")
     args = ap.parse_args(argv)
+    if args.jobs < 1:
+        ap.error(f"--jobs {args.jobs}: at least 1")
     try:
         plan = load_plan(args.plan, args.quick)
         wd = Workdir((args.workdir or ROOT / "results" / "study" / (plan["study"] + ("_quick" if args.quick else "")))
                      .resolve())
         if args.tune:
             return tune_recipe(plan, wd, args.tune)
-        results, runs, points = execute(plan, wd, args.report_only)
+        results, runs, points = execute(plan, wd, args.report_only, args.jobs)
         report(plan, results, runs, points, wd)
     except PlanError as e:
         print(f"study: plan: {e}", file=sys.stderr)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 import balance  # tools/balance.py (tools/study.py puts tools/ on the path)
-from bert import demo_data, sampler
+from bert import demo_data, ladder, sampler
 from bert.config import build_config
 
 BOOTSTRAP = 10000  # resamples of a ratio of means
@@ -124,7 +124,7 @@ def token_imbalance(config: Path, steps: int) -> dict:
     doc = json.loads(Path(config).read_text())
     cfg = build_config(config_file=str(config))
     world = int(doc["resolved"]["world_size"])
-    loaders = [sampler.train_batches(cfg, r, world) for r in range(world)]
+    loaders = [sampler.train_batches(cfg, r, world, ladder.layout_for(cfg, world)) for r in range(world)]
     ratios = []
     try:
         for _ in range(steps):
@@ -306,6 +306,10 @@ def markdown(a: dict) -> str:
         lines += ["", f"Critical batch of {c['larger']} larger than {c['than']}'s in {c['p_larger']:.1%} of the "
                   f"bootstrap resamples, smaller in {c['p_smaller']:.1%} (median ratio {_fmt(c['ratio_median'], 2)}): "
                   f"{c['verdict']}."]
+    cost = a.get("cost")
+    if cost:
+        lines += ["", f"{cost['runs']} runs made here: {cost['cpu_s']:,} CPU seconds (on 2 idle cores about "
+                  f"{cost['cpu_s'] / 120:.0f} minutes), {cost['wall_s'] / 60:,.0f} minutes of wall time."]
     return "\n".join(lines) + "\n"
 
 
