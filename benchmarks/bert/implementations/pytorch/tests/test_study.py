@@ -238,3 +238,14 @@ def test_quick_study_stops_continues_and_reports_what_the_logs_say(tmp_path):
     assert sorted(p.name for p in (wd / "runs").iterdir()) == before
     again = json.loads((wd / "study.json").read_text())
     assert again["ablation"][0]["samples_to_target"] == a["ablation"][0]["samples_to_target"]
+
+    # --tune: tools/tune.py over the recipe's space, its other settings fixed, its own values first.
+    rc, out = run_quick(wd, False, "--tune", "closed")
+    assert rc == 0 and "best: trial" in out, out[-3000:]
+    space = yaml.safe_load((wd / "tune" / "closed.yaml").read_text())
+    recipe = study.with_scaled(plan, study.recipes(plan)["closed"])
+    assert set(space["params"]) == set(plan["tune"]["closed"]["params"]) and space["trials"] == 1
+    assert space["fixed"] == {k: v for k, v in recipe.items() if k not in space["params"]}
+    assert {k: str(v) for k, v in space["enqueue"][0].items()} == {k: recipe[k] for k in space["params"]}
+    trials = (wd / "tune" / space["study"] / "trials.csv").read_text().splitlines()
+    assert len(trials) == 2 and ",target," in trials[1], trials
