@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -170,6 +171,32 @@ def test_workdir_refuses_other_data_and_a_second_study(tmp_path):
     other = dict(plan, data=dict(plan["data"], seed=2))
     with pytest.raises(study.StudyError, match="holds data made with"):
         study.prepare_data(other, wd)
+
+
+def test_parallel_runs_start_nothing_after_an_error(tmp_path):
+    """--jobs 2: one run fails; the runs not started yet are dropped, the error raised."""
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        runner = study.Runner(study.load_plan(PLAN), study.Workdir(tmp_path), {}, 6, jobs=2)
+        started = []
+
+        def run(r: study.Run, _extra: dict) -> dict:
+            started.append(r.key)
+            if r.key == "b":
+                raise study.StudyError("run b broke")
+            time.sleep(0.5)
+            return {"key": r.key}
+
+        runner.run = run
+        ok = runner.run_all([study.Run({}, 1, k) for k in "xy"], {})
+        assert ok == {"x": {"key": "x"}, "y": {"key": "y"}}
+        started.clear()
+        with pytest.raises(study.StudyError, match="run b broke"):
+            runner.run_all([study.Run({}, 1, k) for k in "abcdefgh"], {})
+        assert "b" in started and len(started) <= 4, started
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
 
 
 # -- the tool, end to end ------------------------------------------------------------------

@@ -8,6 +8,8 @@ does the statistics.
     python tools/study.py                        # the default study (tools/study_CPU_1x2.yaml)
     python tools/study.py --quick                # 2 recipes x 2 seeds, tiny: checks the tool
     python tools/study.py --report-only          # tables and plots from the runs logged so far
+    python tools/study.py --tune open            # tools/tune.py over the plan's tune.open space
+    python tools/study.py --jobs 4               # 4 runs at a time (a machine with 8 cores)
 
 The plan (YAML; tools/study_CPU_1x2.yaml is the default and documents every key):
 
@@ -28,13 +30,19 @@ The plan (YAML; tools/study_CPU_1x2.yaml is the default and documents every key)
 
 Outputs in the work directory (default <repo>/results/study/<study>): study.json (every
 run, every statistic), study.md (the tables), ablation.png, scaling.png; runs/<key>/ holds
-each run's MLPerf log, stdout and resolved config. A run is identified by its settings and
-seed (two parts asking for the same run share it). Progress is printed as runs finish.
+each run's MLPerf log, stdout, resolved config and result.json (what was read from them,
+its wall and CPU time). A run is identified by a hash of the variables it runs with and its
+seed (two parts asking for the same run share it; a changed setting is another run).
+Progress is printed as runs finish: runs done / planned, elapsed, expected end.
 
-Stopping: SIGINT or SIGTERM stops the run in flight (run_and_time.sh forwards it to the
+Stopping: SIGINT or SIGTERM stops the runs in flight (run_and_time.sh forwards it to the
 ranks) and exits 130/143; the same command again continues with the runs not yet logged
-(an interrupted run starts again). A work directory made with other settings for a run,
-other data or another init is refused, never overwritten.
+(an interrupted run starts again). A work directory whose data or init differ from the
+plan's is refused, never overwritten.
+
+``--tune RECIPE`` runs tools/tune.py over the plan's ``tune.RECIPE`` search space on the
+study's data and init model, the recipe's other settings fixed, its own values tried first
+(copy the best into the plan by hand: the plan says where its values came from).
 
 Statistics: samples to target is the MLPerf count (the first evaluation at or above the
 target); runs that miss are counted and left out of the means. Ratios of means come with a
@@ -397,12 +405,18 @@ class Runner:
 
     def run_all(self, runs: list[Run], env_extra: dict[str, str]) -> dict[str, dict]:
         """Each run's result by key, ``jobs`` runs at a time. A signal stops every run in
-        flight; the first error is raised once the others have ended."""
+        flight; after an error (or a stop) no further run starts, and the first error is
+        raised once the runs in flight have ended."""
         if self.jobs == 1:
             return {r.key: self.run(r, env_extra) for r in runs}
         with concurrent.futures.ThreadPoolExecutor(self.jobs) as pool:
             futures = {r.key: pool.submit(self.run, r, env_extra) for r in runs}
-            concurrent.futures.wait(futures.values())
+            _, pending = concurrent.futures.wait(futures.values(), return_when=concurrent.futures.FIRST_EXCEPTION)
+            for f in pending:
+                f.cancel()  # those not started yet
+        errors = [f.exception() for f in futures.values() if not f.cancelled() and f.exception()]
+        if errors:
+            raise errors[0]
         return {k: f.result() for k, f in futures.items()}
 
     def _execute(self, run: Run, env_extra: dict[str, str], attempt: int = 1) -> dict:
@@ -509,7 +523,7 @@ def tune_recipe(plan: dict, wd: Workdir, name: str) -> int:
     settings = with_scaled(plan, recipes(plan)[name])
     params = _need(spec, "params", f"tune.{name}")
     typed = {k: (int if all(isinstance(spec["params"][k].get(b), int) for b in ("low", "high")) else float)(settings[k])
-             for k in params if "choices" not in params[k]}
+             for k in params if "choices" not in params[k] and k in settings}
     fixed = {k: v for k, v in settings.items() if k not in params}
     # The search's name carries its fixed settings: an edited plan starts a new search.
     tag = hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()[:8]

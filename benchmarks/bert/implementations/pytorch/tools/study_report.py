@@ -342,10 +342,7 @@ def plots(a: dict, out: Path) -> list[Path]:
     cx.legend(fontsize=7)
     cx.grid(alpha=0.3)
     fig.suptitle(f"study {a['study']}: ablation, one technique at a time")
-    fig.tight_layout()
-    paths.append(out / "ablation.png")
-    fig.savefig(paths[-1], dpi=90)
-    plt.close(fig)
+    paths.append(_save(fig, out / "ablation.png"))
 
     if not a["scaling"]:
         return paths
@@ -378,8 +375,15 @@ def plots(a: dict, out: Path) -> list[Path]:
     ax.set_ylabel("steps to target")
     bx.set_ylabel("samples to target")
     fig.suptitle(f"study {a['study']}: where perfect scaling ends (dash-dot: critical batch)")
-    fig.tight_layout()
-    paths.append(out / "scaling.png")
-    fig.savefig(paths[-1], dpi=90)
-    plt.close(fig)
+    paths.append(_save(fig, out / "scaling.png"))
     return paths
+
+
+def _save(fig, path: Path) -> Path:
+    """The figure as a PNG of a size that can be committed (~50-100 KB at 90 dpi), closed."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
