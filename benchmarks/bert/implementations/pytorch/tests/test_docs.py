@@ -111,6 +111,10 @@ BLOCKS: dict[tuple[str, str, str], object] = {
     ("docs/tuning.md", "Tuning the optimizer: `tools/tune.py`, `tools/tune.sub`", "source config_CPU_1x2.sh"): Covered(
         "tests/test_tune.py::test_study_on_slurm_prunes_tiny_rate_and_picks_a_setting_that_reaches_target",
         ("tune.sub", "worker", "report"), "DATADIR and EVALDIR are yours; the test runs the study on its SLURM cluster"),
+    ("docs/study.md", "Running it", "python tools/study.py"): Covered(
+        "tests/test_study.py::test_quick_study_stops_continues_and_reports_what_the_logs_say",
+        ("tools/study.py", "--quick", "--report-only", "--tune"),
+        "the default study takes about 45 minutes of two cores; the test runs the same tool on --quick's plan"),
 }
 
 

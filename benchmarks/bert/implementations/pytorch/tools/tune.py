@@ -236,11 +236,17 @@ def _text(value: Any) -> str:
 
 def run_env(space: Space, values: dict[str, Any], base: dict[str, str]) -> dict[str, str]:
     """The environment of a trial's runs: ``base`` (the worker's), the base config, ``fixed``,
-    the trial's values. Names with a dot are bert.config keys, appended to EXTRA_PARAMS (a
-    later key=value wins in bert.config's override parsing)."""
-    env = source_config(space.base_config, base)
+    the trial's values."""
+    return config_env(space.base_config, {**space.fixed, **values}, base)
+
+
+def config_env(base_config: Path, settings: dict[str, Any], base: dict[str, str]) -> dict[str, str]:
+    """``base`` after sourcing ``base_config``, then ``settings`` (tools/study.py's runs too).
+    Names with a dot are bert.config keys, appended to EXTRA_PARAMS (a later key=value wins
+    in bert.config's override parsing); the others are config_*.sh variables."""
+    env = source_config(base_config, base)
     dotted = []
-    for name, value in {**space.fixed, **values}.items():
+    for name, value in settings.items():
         if "." in name:
             dotted.append(f"{name}={_text(value)}")
         else:
