@@ -143,7 +143,7 @@ def test_token_imbalance_replays_the_runs_loaders(demo_data, tmp_path):
     uniform = bert_config.build_config(common)
     for name, cfg in (("dealt", dealt), ("uniform", uniform)):
         (tmp_path / name).mkdir()
-        bert_config.dump(cfg, tmp_path / name / "run_config.json", {"world_size": 2})
+        (tmp_path / name / "run_config.json").write_text(bert_config.dumps(cfg, {"world_size": 2}))
     got = study_report.token_imbalance(tmp_path / "dealt" / "run_config.json", 12)
     index = sampler.LengthIndex.from_dir(demo_data.train)
     ranks = [sampler.build_sampler(dealt.sampler, index, r, 2, 16, 5, 128, dealt.model.hidden_size) for r in (0, 1)]
