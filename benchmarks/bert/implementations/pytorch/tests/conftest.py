@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -227,7 +228,29 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         build.stop()
 
 
+_STARTED = pytest.StashKey[float]()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_STARTED] = time.monotonic()
+
+
+def cpu_summary() -> str:
+    """The machine in a few words: the suite's time depends on it (issue 29: an AVX2-only CPU
+    emulates bf16 matrix work, several times slower than one with AVX-512 BF16 or AMX)."""
+    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
+    flags_line = re.search(r"^flags\s*:\s*(.+)$", text, re.M)
+    flags = set(flags_line.group(1).split()) if flags_line else set()
+    bf16 = "native bf16" if flags & {"avx512_bf16", "amx_bf16"} else "bf16 emulated"
+    return f"{os.cpu_count()} CPU(s), {model.group(1).strip() if model else 'unknown CPU'}, {bf16}"
+
+
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    started = config.stash.get(_STARTED, None)
+    if started is not None:
+        wall = time.monotonic() - started
+        terminalreporter.write_line(f"suite time: {wall / 60:.1f} min wall ({wall:.0f} s) on {cpu_summary()}")
     build = config.stash.get(_IMAGE_BUILD, None)
     if build is None:
         return

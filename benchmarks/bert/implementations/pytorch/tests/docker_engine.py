@@ -41,6 +41,34 @@ def docker_unavailable() -> str | None:
     return None
 
 
+def _umount_below(root: Path) -> None:
+    """Unmount everything mounted under ``root`` (deepest first): the data root's tmpfs, and
+    what a killed dockerd leaves (overlay layers, netns files)."""
+    mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+    for point in sorted((m for m in mounts if m.startswith(f"{root}/")), reverse=True):
+        subprocess.run(["umount", "-l", point], capture_output=True)
+
+
+def reap_stale(tmp: Path | None = None) -> list[Path]:
+    """Remove the engines of sessions that ended without their teardown (pytest killed by
+    SIGTERM or SIGKILL skips it): each ``bert-docker-*`` directory whose dockerd.pid names no
+    running process loses its mounts (an 8 GiB tmpfs) and its files. A directory without a
+    pid file is left alone: its session may be starting. Returns what was removed."""
+    removed = []
+    for root in sorted(Path(tmp or tempfile.gettempdir()).glob("bert-docker-*")):
+        pidfile = root / "dockerd.pid"
+        try:
+            pid = int(pidfile.read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if Path(f"/proc/{pid}").exists():
+            continue
+        _umount_below(root)
+        shutil.rmtree(root, ignore_errors=True)
+        removed.append(root)
+    return removed
+
+
 def _group_exists(gid: int) -> bool:
     try:
         grp.getgrgid(gid)
@@ -112,6 +140,8 @@ class ImageBuild:
         self.result.standin_cached = cached is not None
 
     def _start_engine(self, log) -> str | None:
+        for stale in reap_stale(self.root.parent):
+            log.write(f"(removed {stale}: an engine whose session was killed before its teardown)\n")
         (self.root / "data").mkdir()
         (self.root / "exec").mkdir()
         # The data root in memory (about 1.5 GB: the stand-in and the image's layers): the
@@ -184,8 +214,5 @@ class ImageBuild:
             except subprocess.TimeoutExpired:
                 self._dockerd.kill()
                 self._dockerd.wait()
-        # The data root's tmpfs, and what a killed dockerd leaves (overlay layers, netns files).
-        mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
-        for point in sorted((m for m in mounts if m.startswith(f"{self.root}/")), reverse=True):
-            subprocess.run(["umount", "-l", point], capture_output=True)
+        _umount_below(self.root)
         shutil.rmtree(self.root, ignore_errors=True)

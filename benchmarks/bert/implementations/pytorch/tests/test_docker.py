@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PKG, demo_run_env, mllog_events, run_checker
-from docker_engine import IMAGE
+from docker_engine import IMAGE, reap_stale
 from tools.image_constraints import image_constraints
 
 NOBODY = 65534  # a user that is not root, as docker's users usually are
@@ -59,6 +59,28 @@ def _launch_and_inspect(build, env: dict[str, str], user: int | None, container:
                 proc.kill()
         out.seek(0)
         return rc, out.read(), inspect
+
+
+def test_a_killed_sessions_engine_is_reaped_and_a_live_ones_kept(tmp_path):
+    """pytest killed by SIGTERM skips its teardown: the next session's engine start removes the
+    dead one's directory and its tmpfs; a live session's (its pid running) and one still
+    starting (no pid file yet) are left alone."""
+    dead, live, starting = (tmp_path / f"bert-docker-{n}" for n in ("dead", "live", "starting"))
+    for d in (dead, live, starting):
+        (d / "data").mkdir(parents=True)
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid that ran and ended: no process has it now
+    (dead / "dockerd.pid").write_text(f"{gone.pid}\n")
+    (live / "dockerd.pid").write_text(f"{os.getpid()}\n")
+    mounted = os.geteuid() == 0 and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "bert-docker-test", str(dead / "data")]).returncode == 0
+    try:
+        assert reap_stale(tmp_path) == [dead]
+        assert not dead.exists() and (live / "data").is_dir() and (starting / "data").is_dir()
+        if mounted:
+            assert str(dead / "data") not in Path("/proc/self/mounts").read_text()
+    finally:
+        subprocess.run(["umount", "-l", str(dead / "data")], capture_output=True)
 
 
 def test_run_with_docker_checks_its_input_before_running(demo_data, tmp_path):

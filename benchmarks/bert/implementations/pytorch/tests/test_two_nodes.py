@@ -181,7 +181,9 @@ def test_two_nodes_unreachable_interface_fails_fast_and_says_why(two_nodes, trai
     assert trained.returncode == 0, trained.stdout[-3000:]
     logdir = tmp_path / "logs"
     out_file = tmp_path / "job.out"
-    env = two_node_env(two_nodes, trained, demo_data, logdir, SEED="3", DATESTAMP="lo", GLOO_SOCKET_IFNAME="lo")
+    # STEP_WAIT_S: srun's 60 s wait for the rank still in its rendezvous is a timer, not what is tested.
+    env = two_node_env(two_nodes, trained, demo_data, logdir, SEED="3", DATESTAMP="lo", GLOO_SOCKET_IFNAME="lo",
+                       STEP_WAIT_S="10")
     job_id = sbatch(two_nodes, env, out_file)
     text = wait_for_output(two_nodes, job_id, out_file, r"bert: rank \d+ of 2 on")
     started = time.monotonic()
