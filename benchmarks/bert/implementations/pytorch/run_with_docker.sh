@@ -26,10 +26,10 @@
 # ${DATESTAMP}_${i}_ckpt (train-state checkpoints: on a signal, or as the config asks).
 #
 # Exit status: the worst run's: its training exit (run_and_time.sh's: 0 target, 1 sample
-# limit, 2 bad input, 3 stopped by a signal, 4 a rank failed), at least 1 for a log the checker
-# rejects; 2 for bad input found before the first run (nothing run, nothing written).
-# SIGTERM, SIGINT and SIGUSR1 go to the running container (its ranks checkpoint and exit 3);
-# no later run starts.
+# limit, 2 bad input, 3 stopped by SIGTERM/SIGUSR1, 4 a rank failed, 5 a write failed, 130
+# Ctrl-C), at least 1 for a log the checker rejects; 2 for bad input found before the first
+# run (nothing run, nothing written). SIGTERM, SIGINT and SIGUSR1 go to the running container
+# (its ranks checkpoint and exit 3; 130 for SIGINT); no later run starts.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 prog=run_with_docker.sh
