@@ -110,7 +110,11 @@ def machine() -> dict:
             "cpus": os.cpu_count(), "loadavg": os.getloadavg()}
     try:
         with open("/proc/cpuinfo") as f:
-            info["cpu"] = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+            lines = f.read().splitlines()
+        info["cpu"] = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), "")
+        flags = set(next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")), []))
+        # Without AVX-512 BF16 or AMX, torch emulates bf16 matrix work: several times slower.
+        info["bf16"] = "native" if flags & {"avx512_bf16", "amx_bf16"} else "emulated"
     except OSError:
         pass
     if torch.cuda.is_available():

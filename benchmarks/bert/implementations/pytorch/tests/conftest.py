@@ -27,6 +27,8 @@ from docker_engine import ImageBuild, docker_unavailable
 # Triton kernels in Triton's CPU interpreter; tests/triton_interpret.py says why here).
 triton_interpret.setup()
 
+from bench import common  # noqa: E402  (imports torch: after the interpreter's setup above)
+
 PKG = Path(__file__).resolve().parent.parent
 VENV_BIN = str(Path(sys.executable).parent)
 # Debian's procps: absent from minimal images, so the launchers must not need it (issue 29).
@@ -235,22 +237,14 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     session.config.stash[_STARTED] = time.monotonic()
 
 
-def cpu_summary() -> str:
-    """The machine in a few words: the suite's time depends on it (issue 29: an AVX2-only CPU
-    emulates bf16 matrix work, several times slower than one with AVX-512 BF16 or AMX)."""
-    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
-    flags_line = re.search(r"^flags\s*:\s*(.+)$", text, re.M)
-    flags = set(flags_line.group(1).split()) if flags_line else set()
-    bf16 = "native bf16" if flags & {"avx512_bf16", "amx_bf16"} else "bf16 emulated"
-    return f"{os.cpu_count()} CPU(s), {model.group(1).strip() if model else 'unknown CPU'}, {bf16}"
-
-
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     started = config.stash.get(_STARTED, None)
     if started is not None:
         wall = time.monotonic() - started
-        terminalreporter.write_line(f"suite time: {wall / 60:.1f} min wall ({wall:.0f} s) on {cpu_summary()}")
+        # The machine matters (issue 29): an AVX2-only CPU emulates bf16 matrix work.
+        m = common.machine()
+        terminalreporter.write_line(f"suite time: {wall / 60:.1f} min wall ({wall:.0f} s) on {m['cpus']} CPU(s), "
+                                    f"{m.get('cpu') or 'unknown CPU'}, bf16 {m.get('bf16', 'unknown')}")
     build = config.stash.get(_IMAGE_BUILD, None)
     if build is None:
         return

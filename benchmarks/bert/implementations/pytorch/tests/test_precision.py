@@ -258,7 +258,7 @@ def test_bf16_trains_demo_model_to_target_from_scratch(demo_data, small_demo, tm
     process, on the smaller demo data above. Must reach 0.720 (the run stops there, exit 0)
     and its log pass the checker. Narrower because CPUs without native bf16 (AVX2 only)
     emulate its matrix work: the demo's width took 295 s there (11,200 samples at ~0.84 s a
-    step), this one ~150 s (17,600 samples at ~0.27 CPU-s a step)."""
+    step), this one 129 s (17,600 samples)."""
     geometry = ["model.vocab_size=32", "model.max_position_embeddings=64", "data.max_seq_length=64",
                 "data.max_predictions_per_seq=10", "model.hidden_size=64", "model.num_heads=2",
                 "model.intermediate_size=256"]
