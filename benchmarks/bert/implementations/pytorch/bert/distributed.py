@@ -246,7 +246,7 @@ def init_process_group(denv: DistEnv, cfg: DistConfig, device: torch.device) -> 
     os.environ.update(chosen)  # read by gloo and NCCL when the group is made
     where = f"rank {denv.rank} of {denv.world_size} on {socket.gethostname()}"
     if denv.local_rank == 0:  # one line per node
-        print(f"bert: {where}: rendezvous {denv.master_addr}:{denv.master_port}; {how}", file=sys.stderr, flush=True)
+        rank_line(f"bert: {where}: rendezvous {denv.master_addr}:{denv.master_port}; {how}")
     # Our own store, so the rendezvous may wait cfg.startup_timeout_s for late ranks while
     # every collective fails after cfg.timeout_s (one timeout would have to be both).
     try:
@@ -290,6 +290,19 @@ def _connect_failure(store: dist.Store, denv: DistEnv, backend: str, where: str,
     return (f"{where}: the {backend} process group could not connect its ranks ({first}). "
             f"Interfaces: {'; '.join(sides)}{'; ...' if denv.world_size > 8 else ''}. "
             f"Set {var} to the interface through which the nodes reach each other")
+
+
+def rank_line(text: str, stream=None) -> None:
+    """Write ``text`` and its newline to ``stream`` (stderr) in one ``write``, then flush.
+
+    Every rank of a node shares one stderr pipe, and Python's stderr is unbuffered and
+    write-through (since 3.9), so ``print`` writes the text and the newline as two
+    ``write(2)`` calls: two ranks failing at once print ``error: rank 1: ...error: rank 0:
+    ...`` on one line and an empty one after (seen in CI, inside the container). One write
+    of under PIPE_BUF (4 KiB) bytes to a pipe is atomic, so each line stays whole."""
+    stream = sys.stderr if stream is None else stream
+    stream.write(text + "\n")
+    stream.flush()
 
 
 def shutdown() -> None:

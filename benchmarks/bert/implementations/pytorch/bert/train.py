@@ -388,7 +388,7 @@ def run(cfg: Config, dry_run: bool = False) -> int:
     try:
         start_from = resume.plan(ckpt_dir, cfg.ckpt.resume)  # filesystem only: before the log opens
     except resume.CheckpointError as e:
-        print(f"error: {e}", file=sys.stderr)
+        distributed.rank_line(f"error: {e}")
         return 2
     # A resumed run appends to the log of the run it continues, so the log shows both parts
     # (and the compliance checker rejects it: a timed result must not be resumed).
@@ -401,22 +401,22 @@ def run(cfg: Config, dry_run: bool = False) -> int:
         with stop.installed(cfg.ckpt.on_signal):
             return _run(cfg, denv, device, log, say, log_path, ckpt_dir, start_from, stop, dry_run)
     except BAD_INPUT as e:
-        print(f"error: rank {denv.rank}: {e}", file=sys.stderr)
+        distributed.rank_line(f"error: rank {denv.rank}: {e}")
         return 2
     except storage.WriteFailed as e:  # every rank, at the same point, with the same text
-        print(f"error: rank {denv.rank} of {denv.world_size}: {e}; {_after_write_failure(e, ckpt_dir)}",
-              file=sys.stderr)
+        distributed.rank_line(f"error: rank {denv.rank} of {denv.world_size}: {e}; "
+                              f"{_after_write_failure(e, ckpt_dir)}")
         return EXIT_WRITE_FAILED
     except distributed.ConnectError as e:  # names the addresses and interfaces; not a peer's death
         comm_failed = True
-        print(f"error: {e}", file=sys.stderr)
+        distributed.rank_line(f"error: {e}")
         return EXIT_COMM_FAILURE
     except Exception as e:
         if denv.world_size == 1 or not distributed.is_comm_failure(e):
             raise
         comm_failed = True  # destroying the group could block on the dead peer: skip it
-        print(f"error: rank {denv.rank} of {denv.world_size}: a collective failed: another rank died "
-              f"or did not answer within dist.timeout_s={cfg.dist.timeout_s:g} s ({e})", file=sys.stderr)
+        distributed.rank_line(f"error: rank {denv.rank} of {denv.world_size}: a collective failed: another rank "
+                              f"died or did not answer within dist.timeout_s={cfg.dist.timeout_s:g} s ({e})")
         return EXIT_COMM_FAILURE
     finally:
         log.close()

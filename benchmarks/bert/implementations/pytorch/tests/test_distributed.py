@@ -1,10 +1,12 @@
+import ast
+import io
 import subprocess
 import sys
 
 import pytest
 
 from bert.config import DistConfig
-from bert.distributed import detect, first_host
+from bert.distributed import detect, first_host, rank_line
 from conftest import PKG
 
 
@@ -73,3 +75,48 @@ def test_detect_torchrun_agent_store():
     env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"}
     assert not detect(DistConfig(), env).agent_store
     assert detect(DistConfig(), dict(env, TORCHELASTIC_USE_AGENT_STORE="True")).agent_store
+
+
+class _Pipe(io.RawIOBase):
+    """The write(2) calls a process makes on its stderr pipe."""
+
+    def __init__(self):
+        self.calls: list[bytes] = []
+
+    def writable(self):
+        return True
+
+    def write(self, b):
+        self.calls.append(bytes(b))
+        return len(b)
+
+
+def _stderr_like() -> tuple[io.TextIOWrapper, _Pipe]:
+    """A stream built the way CPython builds sys.stderr: unbuffered raw file, write-through,
+    line buffering (so the test holds whatever the test runner did to sys.stderr)."""
+    pipe = _Pipe()
+    return io.TextIOWrapper(pipe, encoding="utf-8", line_buffering=True, write_through=True), pipe
+
+
+def test_rank_line_is_one_write_where_print_is_two():
+    """Ranks share one stderr pipe; a line written in two calls interleaves with another
+    rank's (CI saw 'error: rank 1: ...error: rank 0: ...'); one call under PIPE_BUF does not."""
+    line = "error: rank 1: /data/empty: holds no shard files (*.hdf5, *.h5, *.hdf)"
+    stream, pipe = _stderr_like()
+    print(line, file=stream)
+    assert pipe.calls == [line.encode(), b"\n"]  # the premise: print splits the line
+    stream, pipe = _stderr_like()
+    rank_line(line, stream)
+    assert pipe.calls == [(line + "\n").encode()]
+
+
+def test_every_rank_writes_its_lines_with_rank_line():
+    """The code every rank runs (bert.train.run, the process group's rendezvous line) writes
+    to stderr only through rank_line: a print(..., file=sys.stderr) there can tear a line."""
+    for module, functions in (("bert/train.py", {"run"}), ("bert/distributed.py", {"init_process_group"})):
+        tree = ast.parse((PKG / module).read_text())
+        for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name in functions):
+            for call in (n for n in ast.walk(fn) if isinstance(n, ast.Call)):
+                if isinstance(call.func, ast.Name) and call.func.id == "print":
+                    assert not any(k.arg == "file" for k in call.keywords), (
+                        f"{module}:{call.lineno}: print(..., file=...) in {fn.name}; use distributed.rank_line")
