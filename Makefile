@@ -40,8 +40,12 @@ demo: $(STAMP)
 pretrain-demo: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PKG)/pretrain_demo.sh
 
+# One pytest-xdist worker per core (at most 8), a test file at a time each (its module
+# fixtures, such as a SLURM cluster, made once); TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= auto
 test: $(STAMP)
-	cd $(PKG) && PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q --durations=15
+	cd $(PKG) && PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q --durations=15 \
+	  -n $(TEST_WORKERS) --maxprocesses=8 --dist loadfile
 
 lint: $(STAMP)
 	cd $(PKG) && PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q -k lint

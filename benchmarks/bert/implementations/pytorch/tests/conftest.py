@@ -3,6 +3,13 @@
 The expensive fixture (``trained``: 2 CPU ranks through run_and_time.sh with
 config_CPU_1x2.sh, to 0.720) runs once per session; tests that need a converged model
 start from its weights and reach the target at their first evaluation.
+
+``make test`` runs the suite in parallel (pytest-xdist, one worker per core, a test file per
+worker at a time: its module fixtures, e.g. a SLURM cluster, are made once). The session
+fixtures are made once for all workers: the first worker to need one makes it under a file
+lock in the session's shared temp dir (``_made_once``), the others wait for it and read it.
+The image (tests/test_image.py) is built by the session's main process, which outlives the
+workers, so one engine serves whichever worker runs those tests.
 """
 
 from __future__ import annotations
@@ -14,11 +21,15 @@ import signal
 import socket
 import subprocess
 import sys
+import shutil
 import time
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Iterator
 
 import pytest
+from filelock import FileLock
 
 import triton_interpret
 from docker_engine import ImageBuild, docker_unavailable
@@ -138,15 +149,41 @@ class DemoData:
     path: str  # PATH for the launchers: no procps (no_procps_path)
 
 
+def _shared_dir(config: pytest.Config, tmp_path_factory) -> Path:
+    """The temp dir all workers of this session share: the base temp dir, whose children are
+    each xdist worker's own (``popen-gw0``, ...); without xdist, the session's own."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if hasattr(config, "workerinput") else base
+
+
+@contextmanager
+def _made_once(request: pytest.FixtureRequest, tmp_path_factory, name: str) -> Iterator[tuple[Path, bool]]:
+    """``(directory, ready)``, with this session's lock for ``name`` held: ``ready`` False means
+    the caller makes it now (the directory is new and empty); it counts as made when the block
+    ends without an exception, so a worker that failed halfway leaves it to be made again."""
+    path = _shared_dir(request.config, tmp_path_factory) / name
+    done = path / ".made"
+    with FileLock(f"{path}.lock"):
+        if done.exists():
+            yield path, True
+            return
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(parents=True)
+        yield path, False
+        done.touch()
+
+
 @pytest.fixture(scope="session")
-def demo_data(tmp_path_factory, no_procps_path) -> DemoData:
+def demo_data(request, tmp_path_factory, no_procps_path) -> DemoData:
     """The demo dataset of config_CPU_1x2.sh's geometry, smaller (the model sees it ~2x)."""
     from bert import demo_data as gen
 
     env = source_config("config_CPU_1x2.sh")
-    root = tmp_path_factory.mktemp("demo_data")
-    gen.generate(root, train_samples=16000, eval_samples=1000, seed=1, seq_len=int(env["DEMO_SEQ_LEN"]),
-                 max_pred=int(env["DEMO_MAX_PRED"]), vocab=int(env["DEMO_VOCAB"]), layout="variable", shards=4)
+    with _made_once(request, tmp_path_factory, "demo_data") as (root, ready):
+        if not ready:
+            gen.generate(root, train_samples=16000, eval_samples=1000, seed=1, seq_len=int(env["DEMO_SEQ_LEN"]),
+                         max_pred=int(env["DEMO_MAX_PRED"]), vocab=int(env["DEMO_VOCAB"]), layout="variable",
+                         shards=4)
     return DemoData(root, root / "train", root / "eval", env, no_procps_path)
 
 
@@ -171,15 +208,19 @@ def demo_run_env(trained: TrainedRun, demo_data, logdir: Path, **extra: str) -> 
 
 
 @pytest.fixture(scope="session")
-def trained(demo_data, tmp_path_factory) -> TrainedRun:
+def trained(request, demo_data, tmp_path_factory) -> TrainedRun:
     """config_CPU_1x2.sh through run_and_time.sh (torchrun, 2 gloo ranks) to the target."""
-    out = tmp_path_factory.mktemp("trained")
-    env = dict(os.environ, **demo_data.env)
-    env.update(PATH=demo_data.path, DATADIR=str(demo_data.train), EVALDIR=str(demo_data.eval),
-               LOGDIR=str(out), LOGFILE="result_0.txt", SEED="7", SAVE_CHECKPOINT=str(out / "model.pt"),
-               EXTRA_PARAMS=demo_data.env["EXTRA_PARAMS"] + " data.eval_samples=1000")
-    r = subprocess.run(["./run_and_time.sh"], cwd=PKG, env=env, capture_output=True, text=True, timeout=900)
-    return TrainedRun(out / "model.pt", out / "result_0.txt", r.stdout + r.stderr, r.returncode)
+    with _made_once(request, tmp_path_factory, "trained") as (out, ready):
+        if not ready:
+            env = dict(os.environ, **demo_data.env)
+            env.update(PATH=demo_data.path, DATADIR=str(demo_data.train), EVALDIR=str(demo_data.eval),
+                       LOGDIR=str(out), LOGFILE="result_0.txt", SEED="7", SAVE_CHECKPOINT=str(out / "model.pt"),
+                       EXTRA_PARAMS=demo_data.env["EXTRA_PARAMS"] + " data.eval_samples=1000")
+            r = subprocess.run(["./run_and_time.sh"], cwd=PKG, env=env, capture_output=True, text=True, timeout=900)
+            made = TrainedRun(out / "model.pt", out / "result_0.txt", r.stdout + r.stderr, r.returncode)
+            (out / "trained.json").write_text(json.dumps(asdict(made), default=str))
+        run = json.loads((out / "trained.json").read_text())
+    return TrainedRun(Path(run["checkpoint"]), Path(run["log"]), run["stdout"], run["returncode"])
 
 
 # -- a one-node SLURM cluster (tests/test_launchers.py, tests/test_tune.py) --------------------
@@ -200,27 +241,64 @@ def slurm_cluster(tmp_path_factory):
         cluster.stop()
 
 
-# -- the image (tests/test_docker.py): built in the background from the start ---------------
+# -- the image (tests/test_image.py): built in the background from the start ---------------
 
 _IMAGE_BUILD = pytest.StashKey[ImageBuild]()
+IMAGE_TESTS = "tests/test_image.py::"  # the tests that use docker_image, and only they
 
 
 def _uses_image(item: pytest.Item) -> bool:
     return "docker_image" in getattr(item, "fixturenames", ())
 
 
+def _xdist_main(config: pytest.Config) -> bool:
+    """This process hands the tests to pytest-xdist workers (``-n N``, N > 0)."""
+    return not hasattr(config, "workerinput") and config.getoption("dist", "no") != "no"
+
+
+def _image_build() -> ImageBuild:
+    return ImageBuild(PKG, dict(os.environ, PATH=f"{VENV_BIN}:{os.environ['PATH']}"))
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The image's tests last: they wait for the image, which is made meanwhile."""
+    """The image's tests last: they wait for the image, which is made meanwhile. Which tests
+    those are is known by file (the main process of an xdist session sees only test ids)."""
+    for item in items:
+        assert _uses_image(item) == item.nodeid.startswith(IMAGE_TESTS), \
+            f"{item.nodeid}: the tests using docker_image are those of {IMAGE_TESTS[:-2]}, and only they"
     items.sort(key=_uses_image)  # stable: every other test keeps its place
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under xdist the main process owns the engine (it outlives every worker); its directory
+    is made now, so that each worker can be told where it will be (pytest_configure_node)."""
+    if _xdist_main(config) and not config.option.collectonly and docker_unavailable() is None:
+        config.stash[_IMAGE_BUILD] = _image_build()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    build = node.config.stash.get(_IMAGE_BUILD, None)
+    if build is not None:
+        node.workerinput["bert_image_root"] = str(build.root)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
+    """The main process: start the build when the first worker has collected an image test."""
+    build = node.config.stash.get(_IMAGE_BUILD, None)
+    if build is not None and not build.started and any(i.startswith(IMAGE_TESTS) for i in ids):
+        build.start()
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start dockerd and the image build now (minutes of network and disk, few CPU seconds)
-    when a selected test needs the image, so they overlap the tests that run first."""
-    if session.config.option.collectonly or docker_unavailable() or not any(map(_uses_image, session.items)):
+    """Without xdist: start dockerd and the image build now (minutes of network and disk, few
+    CPU seconds) when a selected test needs the image, so they overlap the tests that run first."""
+    config = session.config
+    if hasattr(config, "workerinput") or config.option.collectonly or docker_unavailable() \
+            or not any(map(_uses_image, session.items)):
         return
-    build = ImageBuild(PKG, dict(os.environ, PATH=f"{VENV_BIN}:{os.environ['PATH']}"))
-    session.config.stash[_IMAGE_BUILD] = build
+    build = config.stash[_IMAGE_BUILD] = _image_build()
     build.start()
 
 
@@ -246,7 +324,7 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
         terminalreporter.write_line(f"suite time: {wall / 60:.1f} min wall ({wall:.0f} s) on {m['cpus']} CPU(s), "
                                     f"{m.get('cpu') or 'unknown CPU'}, bf16 {m.get('bf16', 'unknown')}")
     build = config.stash.get(_IMAGE_BUILD, None)
-    if build is None:
+    if build is None or not build.started:
         return
     r = build.result
     times = ", ".join(f"{step} {s:.0f} s" for step, s in r.seconds.items())
@@ -256,7 +334,7 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
         state = f"build failed ({times})"
     else:
         state = f"built on the {'cached' if r.standin_cached else 'newly made'} stand-in ({times}, in the background)"
-    terminalreporter.write_line(f"docker image (tests/test_docker.py): {state}")
+    terminalreporter.write_line(f"docker image (tests/test_image.py): {state}")
 
 
 @pytest.fixture(scope="session")
@@ -265,8 +343,12 @@ def docker_image(request) -> ImageBuild:
     why = docker_unavailable()
     if why:
         pytest.skip(f"no Docker Engine here: {why}")
-    build = request.config.stash.get(_IMAGE_BUILD, None)
-    assert build is not None, "pytest_collection_finish did not start the image build"
+    shared = getattr(request.config, "workerinput", {}).get("bert_image_root")
+    if shared is not None:  # an xdist worker: the main process builds it (pytest_configure)
+        build = ImageBuild.attach(Path(shared), dict(os.environ, PATH=f"{VENV_BIN}:{os.environ['PATH']}"))
+    else:
+        build = request.config.stash.get(_IMAGE_BUILD, None)
+        assert build is not None, "pytest_collection_finish did not start the image build"
     # A fresh machine: debootstrap and two rounds of pip, under 8 minutes when the machine is idle.
     result = build.wait(timeout=1200)
     if result.unavailable:

@@ -1,4 +1,4 @@
-"""A private Docker Engine for tests/test_docker.py, and the image built in it in the background.
+"""A private Docker Engine for tests/test_image.py, and the image built in it in the background.
 
 dockerd runs as root with its data root, exec root, pid file and socket in a temporary
 directory, so it shares nothing with a system engine or another session's. It starts with
@@ -9,7 +9,9 @@ the host's network; it is ended by its PID, and the host's firewall is left as i
 The image takes minutes to make on a fresh machine (debootstrap, the stand-in's wheels, pip
 inside ``docker build``), mostly waiting on the network and the disk. conftest.py starts it
 when the session begins (``ImageBuild.start``), so that those minutes overlap the CPU-bound
-tests, and orders the tests that use it last; they wait for it (``ImageBuild.wait``).
+tests, and orders the tests that use it last; they wait for it (``ImageBuild.wait``). Under
+pytest-xdist the session's main process builds it and writes the outcome to ``result.json``
+in the engine's directory; a worker's tests reach the same engine (``ImageBuild.attach``).
 """
 
 from __future__ import annotations
@@ -23,12 +25,20 @@ import signal
 import subprocess
 import tempfile
 import threading
+import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 STANDIN = "ngc-standin:bookworm"
 IMAGE = "mlperf-bert:test"
+PKG = Path(__file__).resolve().parents[1]
+
+
+def run_with_docker(env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess:
+    """./run_with_docker.sh with ``env``, its output captured."""
+    return subprocess.run(["./run_with_docker.sh"], cwd=PKG, env=env, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def docker_unavailable() -> str | None:
@@ -105,10 +115,40 @@ class ImageBuild:
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self.build, name="docker-image-build", daemon=True)
 
+    @classmethod
+    def attach(cls, root: Path, env: dict[str, str]) -> ImageBuild:
+        """The engine another process (the session's main one) builds in ``root``: ``wait``
+        reads its ``result.json``; ``stop`` leaves it to its owner."""
+        self = cls.__new__(cls)
+        self.root, self.pkg, self.log, self.socket = root, PKG, root / "build.log", root / "docker.sock"
+        self.client_env = {"DOCKER_HOST": f"unix://{self.socket}", "DOCKER_CONFIG": str(root / "client")}
+        self.env = dict(env, **self.client_env)
+        self.socket_gid, self.result, self._thread = -1, BuildResult(), None
+        return self
+
+    @property
+    def _published(self) -> Path:
+        return self.root / "result.json"
+
     def start(self) -> None:
         self._thread.start()
 
+    @property
+    def started(self) -> bool:
+        return self._thread is not None and self._thread.ident is not None
+
     def wait(self, timeout: float) -> BuildResult:
+        if self._thread is None:  # attached: the owner writes result.json when its build ends
+            deadline = time.monotonic() + timeout
+            while not self._published.exists() and time.monotonic() < deadline:
+                time.sleep(1)
+            if not self._published.exists():
+                self.result.error = f"the image build took over {timeout:.0f} s"
+                return self.result
+            state = json.loads(self._published.read_text())
+            self.socket_gid = state.pop("socket_gid")
+            self.result = BuildResult(**state)
+            return self.result
         self._thread.join(timeout)
         if self._thread.is_alive():
             self.result.error = f"the image build took over {timeout:.0f} s"
@@ -123,7 +163,16 @@ class ImageBuild:
     # -- the background thread -----------------------------------------------------------
 
     def build(self) -> None:
-        """The background thread: dockerd, then the stand-in, then ``docker build`` on it."""
+        """The background thread: dockerd, then the stand-in, then ``docker build`` on it; the
+        outcome published for other processes (``attach``), written whole (rename)."""
+        try:
+            self._build()
+        finally:
+            part = self._published.with_suffix(".part")
+            part.write_text(json.dumps(dict(asdict(self.result), socket_gid=self.socket_gid)))
+            part.rename(self._published)
+
+    def _build(self) -> None:
         with self.log.open("a") as log:
             why = self._start_engine(log)
             if why:
@@ -196,7 +245,13 @@ class ImageBuild:
     # -- the end of the session ---------------------------------------------------------
 
     def stop(self) -> None:
-        """End the build step (if any) and dockerd by their PIDs; remove the temporary directory."""
+        """End the build step (if any) and dockerd by their PIDs; remove the temporary directory
+        (an attached engine is its owner's to stop)."""
+        if self._thread is None:
+            return
+        if not self.started:  # made for the workers, never needed
+            shutil.rmtree(self.root, ignore_errors=True)
+            return
         self._stopping.set()
         step = self._step
         if step is not None and step.poll() is None:

@@ -19,6 +19,7 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,17 +160,22 @@ class SlurmCluster:
             self.pidfiles[f"slurmd_{node}"] = root / f"slurmd_{node}.pid"
         self.conf = root / "slurm.conf"
         self.env = dict(os.environ, SLURM_CONF=str(self.conf))
+        self.sockets: Path | None = None
 
     def start(self) -> None:
         r = self.root
         (r / "state").mkdir()
+        # The Unix sockets (munged's; slurmstepd's in each spool dir, e.g. localhost_1.4294967291)
+        # take 108 bytes at most: a short directory of their own, not under a test's temp dir
+        # (an xdist worker's is 10 characters longer; slurmstepd then cannot start the job).
+        self.sockets = Path(tempfile.mkdtemp(prefix="bert-slurm-"))
         for node in self.node_names:
-            (r / f"spool_{node}").mkdir()
+            (self.sockets / f"spool_{node}").mkdir()
         key = r / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o600)
         # A Unix socket: reachable from every network namespace (same file system).
-        sock = r / "munge.socket"
+        sock = self.sockets / "munge.socket"
         subprocess.run(["munged", "--force", f"--key-file={key}", f"--socket={sock}", f"--seed-file={r / 'seed'}",
                         f"--pid-file={self.pidfiles['munged']}", f"--log-file={r / 'munged.log'}"],
                        check=True, timeout=30)
@@ -195,7 +201,7 @@ AuthType=auth/munge
 AuthInfo=socket={sock}
 CredType=cred/munge
 StateSaveLocation={r / 'state'}
-SlurmdSpoolDir={r / 'spool_%n'}
+SlurmdSpoolDir={self.sockets / 'spool_%n'}
 SlurmctldPidFile={self.pidfiles['slurmctld']}
 SlurmdPidFile={r / 'slurmd_%n.pid'}
 SlurmctldLogFile={r / 'slurmctld.log'}
@@ -238,6 +244,8 @@ PartitionName=ci Nodes={node_list} Default=YES MaxTime=INFINITE State=UP
             pidfile = self.pidfiles[name]
             if pidfile.exists():
                 _end_pid(int(pidfile.read_text().split()[0]))
+        if self.sockets is not None:
+            shutil.rmtree(self.sockets, ignore_errors=True)
 
     def job_fields(self, job_id: str) -> dict[str, str]:
         out = subprocess.run(["scontrol", "show", "job", job_id], env=self.env, capture_output=True,

@@ -49,7 +49,7 @@ ONE_NODE = Covered("tests/test_launchers.py::test_run_and_time_status_is_the_tra
                    ("run_and_time.sh", "DATADIR", "EVALDIR"), "/data/train and /data/eval stand for your data")
 IMAGE = Covered("tests/docker_engine.py::build", ("docker", "build", "FROM_IMAGE_NAME", "ngc_standin.sh"),
                 "NGC's base cannot be pulled here: the Dockerfile is built on the stand-in tools/ngc_standin.sh makes")
-ONE_NODE_DOCKER = Covered("tests/test_docker.py::test_image_trains_the_demo_with_run_with_docker",
+ONE_NODE_DOCKER = Covered("tests/test_image.py::test_image_trains_the_demo_with_run_with_docker",
                           ("run_with_docker.sh", "CONT", "NEXP"),
                           "a DGX config needs GPUs and NGC's image; the test runs config_CPU_1x2.sh in the stand-in's")
 CHECKER = Covered("tests/conftest.py::run_checker", ("compliance_checker", "5.0.0"),
