@@ -17,11 +17,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
-import shutil
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -256,8 +256,9 @@ def _xdist_main(config: pytest.Config) -> bool:
     return not hasattr(config, "workerinput") and config.getoption("dist", "no") != "no"
 
 
-def _image_build() -> ImageBuild:
-    return ImageBuild(PKG, dict(os.environ, PATH=f"{VENV_BIN}:{os.environ['PATH']}"))
+def _image_build(root: Path | None = None) -> ImageBuild:
+    """The engine this process owns, or (``root``) the one the session's main process owns."""
+    return ImageBuild(dict(os.environ, PATH=f"{VENV_BIN}:{os.environ['PATH']}"), root)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -345,7 +346,7 @@ def docker_image(request) -> ImageBuild:
         pytest.skip(f"no Docker Engine here: {why}")
     shared = getattr(request.config, "workerinput", {}).get("bert_image_root")
     if shared is not None:  # an xdist worker: the main process builds it (pytest_configure)
-        build = ImageBuild.attach(Path(shared), dict(os.environ, PATH=f"{VENV_BIN}:{os.environ['PATH']}"))
+        build = _image_build(Path(shared))
     else:
         build = request.config.stash.get(_IMAGE_BUILD, None)
         assert build is not None, "pytest_collection_finish did not start the image build"

@@ -11,12 +11,13 @@ inside ``docker build``), mostly waiting on the network and the disk. conftest.p
 when the session begins (``ImageBuild.start``), so that those minutes overlap the CPU-bound
 tests, and orders the tests that use it last; they wait for it (``ImageBuild.wait``). Under
 pytest-xdist the session's main process builds it and writes the outcome to ``result.json``
-in the engine's directory; a worker's tests reach the same engine (``ImageBuild.attach``).
+in the engine's directory; a worker's tests reach the same engine (``ImageBuild(env, root)``).
 """
 
 from __future__ import annotations
 
 import grp
+import json
 import os
 import random
 import re
@@ -25,7 +26,6 @@ import signal
 import subprocess
 import tempfile
 import threading
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -99,10 +99,13 @@ class ImageBuild:
     """dockerd, then tools/ngc_standin.sh, then ``docker build`` of the Dockerfile on the
     stand-in, in a background thread; every step's output in ``log``."""
 
-    def __init__(self, pkg: Path, env: dict[str, str]):
+    def __init__(self, env: dict[str, str], root: Path | None = None):
+        """A new engine (``root`` None: this process owns it, builds it and stops it), or the one
+        another process (the session's main one) builds in ``root``: then ``wait`` reads its
+        ``result.json`` and ``stop`` leaves it to its owner."""
+        self.owner = root is None
         # A short path: unix sockets (dockerd's, containerd's under the exec root) take 108 bytes.
-        self.root = Path(tempfile.mkdtemp(prefix="bert-docker-"))
-        self.pkg = pkg
+        self.root = Path(tempfile.mkdtemp(prefix="bert-docker-")) if root is None else root
         self.log = self.root / "build.log"
         self.socket = self.root / "docker.sock"
         # What a docker client needs to reach this engine (DOCKER_CONFIG: not the user's ~/.docker).
@@ -115,17 +118,6 @@ class ImageBuild:
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self.build, name="docker-image-build", daemon=True)
 
-    @classmethod
-    def attach(cls, root: Path, env: dict[str, str]) -> ImageBuild:
-        """The engine another process (the session's main one) builds in ``root``: ``wait``
-        reads its ``result.json``; ``stop`` leaves it to its owner."""
-        self = cls.__new__(cls)
-        self.root, self.pkg, self.log, self.socket = root, PKG, root / "build.log", root / "docker.sock"
-        self.client_env = {"DOCKER_HOST": f"unix://{self.socket}", "DOCKER_CONFIG": str(root / "client")}
-        self.env = dict(env, **self.client_env)
-        self.socket_gid, self.result, self._thread = -1, BuildResult(), None
-        return self
-
     @property
     def _published(self) -> Path:
         return self.root / "result.json"
@@ -135,10 +127,10 @@ class ImageBuild:
 
     @property
     def started(self) -> bool:
-        return self._thread is not None and self._thread.ident is not None
+        return self._thread.ident is not None
 
     def wait(self, timeout: float) -> BuildResult:
-        if self._thread is None:  # attached: the owner writes result.json when its build ends
+        if not self.owner:  # the owner writes result.json when its build ends
             deadline = time.monotonic() + timeout
             while not self._published.exists() and time.monotonic() < deadline:
                 time.sleep(1)
@@ -164,7 +156,7 @@ class ImageBuild:
 
     def build(self) -> None:
         """The background thread: dockerd, then the stand-in, then ``docker build`` on it; the
-        outcome published for other processes (``attach``), written whole (rename)."""
+        outcome published for other processes (``ImageBuild(env, root)``), written whole (rename)."""
         try:
             self._build()
         finally:
@@ -178,7 +170,7 @@ class ImageBuild:
             if why:
                 self.result.unavailable = why
                 return
-            for name, cmd in (("stand-in", [str(self.pkg / "tools" / "ngc_standin.sh"), STANDIN]),
+            for name, cmd in (("stand-in", [str(PKG / "tools" / "ngc_standin.sh"), STANDIN]),
                               ("docker build", ["docker", "build", "--network", "host", "--build-arg",
                                                 f"FROM_IMAGE_NAME={STANDIN}", "-t", IMAGE, "."])):
                 rc = self._run_step(name, cmd, log)
@@ -236,7 +228,7 @@ class ImageBuild:
         t0 = time.monotonic()
         # Its own session, so that stop() ends the step with everything it started (debootstrap's
         # chroots, docker's client) by the step's PID.
-        self._step = subprocess.Popen(cmd, cwd=self.pkg, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+        self._step = subprocess.Popen(cmd, cwd=PKG, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                       start_new_session=True)
         rc = self._step.wait()
         self.result.seconds[name] = time.monotonic() - t0
@@ -246,8 +238,8 @@ class ImageBuild:
 
     def stop(self) -> None:
         """End the build step (if any) and dockerd by their PIDs; remove the temporary directory
-        (an attached engine is its owner's to stop)."""
-        if self._thread is None:
+        (another process's engine is its owner's to stop)."""
+        if not self.owner:
             return
         if not self.started:  # made for the workers, never needed
             shutil.rmtree(self.root, ignore_errors=True)
