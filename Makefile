@@ -41,11 +41,12 @@ pretrain-demo: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PKG)/pretrain_demo.sh
 
 # One pytest-xdist worker per core (at most 8), a test file at a time each (its module
-# fixtures, such as a SLURM cluster, made once); TEST_WORKERS=0 runs it in one process.
+# fixtures, such as a SLURM cluster, made once), in the order conftest.py sorts the files;
+# TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= auto
 test: $(STAMP)
 	cd $(PKG) && PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q --durations=15 \
-	  -n $(TEST_WORKERS) --maxprocesses=8 --dist loadfile
+	  -n $(TEST_WORKERS) --maxprocesses=8 --dist loadfile --no-loadscope-reorder
 
 lint: $(STAMP)
 	cd $(PKG) && PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q -k lint

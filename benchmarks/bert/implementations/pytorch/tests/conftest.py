@@ -1,7 +1,8 @@
 """Shared fixtures: the demo data, a model trained to the demo target, the MLPerf checker.
 
 The expensive fixture (``trained``: 2 CPU ranks through run_and_time.sh with
-config_CPU_1x2.sh, to 0.720) runs once per session; tests that need a converged model
+config_CPU_1x2.sh, to 0.720) runs once per session, in the background from the end of
+collection, while the files that do not need it run; tests that need a converged model
 start from its weights and reach the target at their first evaluation.
 
 ``make test`` runs the suite in parallel (pytest-xdist, one worker per core, a test file per
@@ -134,12 +135,6 @@ def mllog_events(log: Path) -> list[dict]:
     return [json.loads(line.split(":::MLLOG", 1)[1]) for line in log.read_text().splitlines() if ":::MLLOG" in line]
 
 
-@pytest.fixture(scope="session")
-def no_procps_path(tmp_path_factory) -> str:
-    """The PATH the launcher tests run with: every program but procps's (path_without)."""
-    return path_without(tmp_path_factory.mktemp("no_procps"))
-
-
 @dataclass
 class DemoData:
     root: Path
@@ -149,19 +144,19 @@ class DemoData:
     path: str  # PATH for the launchers: no procps (no_procps_path)
 
 
-def _shared_dir(config: pytest.Config, tmp_path_factory) -> Path:
+def _shared_dir(config: pytest.Config) -> Path:
     """The temp dir all workers of this session share: the base temp dir, whose children are
     each xdist worker's own (``popen-gw0``, ...); without xdist, the session's own."""
-    base = tmp_path_factory.getbasetemp()
+    base = config._tmp_path_factory.getbasetemp()  # what the tmp_path_factory fixture uses
     return base.parent if hasattr(config, "workerinput") else base
 
 
 @contextmanager
-def _made_once(request: pytest.FixtureRequest, tmp_path_factory, name: str) -> Iterator[tuple[Path, bool]]:
+def _made_once(config: pytest.Config, name: str) -> Iterator[tuple[Path, bool]]:
     """``(directory, ready)``, with this session's lock for ``name`` held: ``ready`` False means
     the caller makes it now (the directory is new and empty); it counts as made when the block
     ends without an exception, so a worker that failed halfway leaves it to be made again."""
-    path = _shared_dir(request.config, tmp_path_factory) / name
+    path = _shared_dir(config) / name
     done = path / ".made"
     with FileLock(f"{path}.lock"):
         if done.exists():
@@ -173,18 +168,33 @@ def _made_once(request: pytest.FixtureRequest, tmp_path_factory, name: str) -> I
         done.touch()
 
 
-@pytest.fixture(scope="session")
-def demo_data(request, tmp_path_factory, no_procps_path) -> DemoData:
-    """The demo dataset of config_CPU_1x2.sh's geometry, smaller (the model sees it ~2x)."""
+def _demo_data(config: pytest.Config) -> DemoData:
     from bert import demo_data as gen
 
     env = source_config("config_CPU_1x2.sh")
-    with _made_once(request, tmp_path_factory, "demo_data") as (root, ready):
+    with _made_once(config, "demo_data") as (root, ready):
         if not ready:
             gen.generate(root, train_samples=16000, eval_samples=1000, seed=1, seq_len=int(env["DEMO_SEQ_LEN"]),
                          max_pred=int(env["DEMO_MAX_PRED"]), vocab=int(env["DEMO_VOCAB"]), layout="variable",
                          shards=4)
-    return DemoData(root, root / "train", root / "eval", env, no_procps_path)
+    return DemoData(root, root / "train", root / "eval", env, _no_procps(config))
+
+
+def _no_procps(config: pytest.Config) -> str:
+    with _made_once(config, "no_procps") as (directory, _):
+        return path_without(directory)  # links only what is missing: the same PATH when made
+
+
+@pytest.fixture(scope="session")
+def no_procps_path(request) -> str:
+    """The PATH the launcher tests run with: every program but procps's (path_without)."""
+    return _no_procps(request.config)
+
+
+@pytest.fixture(scope="session")
+def demo_data(request) -> DemoData:
+    """The demo dataset of config_CPU_1x2.sh's geometry, smaller (the model sees it ~2x)."""
+    return _demo_data(request.config)
 
 
 @dataclass
@@ -207,20 +217,46 @@ def demo_run_env(trained: TrainedRun, demo_data, logdir: Path, **extra: str) -> 
     return env
 
 
+TRAINED_TIMEOUT_S = 900
+_TRAINED_RUN = pytest.StashKey[subprocess.Popen]()
+
+
+def _start_trained(config: pytest.Config) -> None:
+    """config_CPU_1x2.sh through run_and_time.sh to the target, in the background: started
+    once per session, by the first process (worker) whose tests need it, when it has collected
+    them, so that its two minutes of training overlap the tests that run first instead of
+    keeping a worker idle. Its exit status is written last (``returncode``): the sign it ended."""
+    demo = _demo_data(config)
+    with _made_once(config, "trained") as (out, ready):
+        if ready:
+            return
+        env = dict(os.environ, **demo.env)
+        env.update(PATH=demo.path, DATADIR=str(demo.train), EVALDIR=str(demo.eval), LOGDIR=str(out),
+                   LOGFILE="result_0.txt", SEED="7", SAVE_CHECKPOINT=str(out / "model.pt"),
+                   EXTRA_PARAMS=demo.env["EXTRA_PARAMS"] + " data.eval_samples=1000")
+        script = './run_and_time.sh >"$1/output.txt" 2>&1; echo $? >"$1/returncode.tmp"; mv "$1/returncode.tmp" "$1/returncode"'
+        config.stash[_TRAINED_RUN] = subprocess.Popen(["bash", "-c", script, "trained", str(out)], cwd=PKG, env=env,
+                                                      start_new_session=True, stdin=subprocess.DEVNULL)
+
+
+def _needs_trained(items: list[pytest.Item]) -> bool:
+    return any("trained" in getattr(item, "fixturenames", ()) for item in items)
+
+
 @pytest.fixture(scope="session")
-def trained(request, demo_data, tmp_path_factory) -> TrainedRun:
-    """config_CPU_1x2.sh through run_and_time.sh (torchrun, 2 gloo ranks) to the target."""
-    with _made_once(request, tmp_path_factory, "trained") as (out, ready):
-        if not ready:
-            env = dict(os.environ, **demo_data.env)
-            env.update(PATH=demo_data.path, DATADIR=str(demo_data.train), EVALDIR=str(demo_data.eval),
-                       LOGDIR=str(out), LOGFILE="result_0.txt", SEED="7", SAVE_CHECKPOINT=str(out / "model.pt"),
-                       EXTRA_PARAMS=demo_data.env["EXTRA_PARAMS"] + " data.eval_samples=1000")
-            r = subprocess.run(["./run_and_time.sh"], cwd=PKG, env=env, capture_output=True, text=True, timeout=900)
-            made = TrainedRun(out / "model.pt", out / "result_0.txt", r.stdout + r.stderr, r.returncode)
-            (out / "trained.json").write_text(json.dumps(asdict(made), default=str))
-        run = json.loads((out / "trained.json").read_text())
-    return TrainedRun(Path(run["checkpoint"]), Path(run["log"]), run["stdout"], run["returncode"])
+def trained(request) -> TrainedRun:
+    """config_CPU_1x2.sh through run_and_time.sh (torchrun, 2 gloo ranks) to the target,
+    started at collection (_start_trained); here, its outcome, waited for."""
+    _start_trained(request.config)  # a no-op once started (by this process or another)
+    out = _shared_dir(request.config) / "trained"
+    deadline = (out / ".made").stat().st_mtime + TRAINED_TIMEOUT_S
+    while not (out / "returncode").exists():
+        if time.time() > deadline:
+            pytest.fail(f"the trained demo run did not end within {TRAINED_TIMEOUT_S} s; its output so far:\n"
+                        + (out / "output.txt").read_text()[-3000:], pytrace=False)
+        time.sleep(0.5)
+    return TrainedRun(out / "model.pt", out / "result_0.txt", (out / "output.txt").read_text(),
+                      int((out / "returncode").read_text()))
 
 
 # -- a one-node SLURM cluster (tests/test_launchers.py, tests/test_tune.py) --------------------
@@ -261,13 +297,33 @@ def _image_build(root: Path | None = None) -> ImageBuild:
     return ImageBuild(dict(os.environ, PATH=f"{VENV_BIN}:{os.environ['PATH']}"), root)
 
 
+# The files that take a worker longest (seconds, `--durations=0` under two workers on two AMD
+# EPYC cores, summed per file: launchers 425, tune 257, pretrain 223, precision 211, resume 194,
+# sampler 182, bench 153, budget 125, two_nodes 115, study 112, configs 97), in that order: a
+# long file taken last would run alone at the end. A stale list costs minutes, not a result.
+LONGEST_FIRST = ("test_launchers.py", "test_tune.py", "test_pretrain.py", "test_precision.py", "test_resume.py",
+                 "test_sampler.py", "test_bench.py", "test_budget.py", "test_two_nodes.py", "test_study.py",
+                 "test_configs.py")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The image's tests last: they wait for the image, which is made meanwhile. Which tests
-    those are is known by file (the main process of an xdist session sees only test ids)."""
+    """The order files run in (with `--no-loadscope-reorder`, the order xdist hands them out):
+    the files that need no `trained` run first, while it trains in the background
+    (_start_trained); then those that need it; the image's tests last, as they wait for the
+    image, which is made meanwhile; in each group the longest first (LONGEST_FIRST), the others
+    in their place. Which tests use the image is known by file (the main process of an xdist
+    session sees only test ids)."""
     for item in items:
         assert _uses_image(item) == item.nodeid.startswith(IMAGE_TESTS), \
             f"{item.nodeid}: the tests using docker_image are those of {IMAGE_TESTS[:-2]}, and only they"
-    items.sort(key=_uses_image)  # stable: every other test keeps its place
+    needs = {item.path for item in items if "trained" in getattr(item, "fixturenames", ())}
+
+    def key(item: pytest.Item) -> tuple:
+        name = item.path.name
+        rank = LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+        return _uses_image(item), item.path in needs, rank
+
+    items.sort(key=key)  # stable: a file's tests stay together and in their order
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -293,9 +349,12 @@ def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Without xdist: start dockerd and the image build now (minutes of network and disk, few
-    CPU seconds) when a selected test needs the image, so they overlap the tests that run first."""
+    """The trained demo run starts now where a selected test needs it (_start_trained). Without
+    xdist, dockerd and the image build too (minutes of network and disk, few CPU seconds) when a
+    selected test needs the image, so they overlap the tests that run first."""
     config = session.config
+    if not config.option.collectonly and _needs_trained(session.items):
+        _start_trained(config)
     if hasattr(config, "workerinput") or config.option.collectonly or docker_unavailable() \
             or not any(map(_uses_image, session.items)):
         return
@@ -303,7 +362,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     build.start()
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    run = session.config.stash.get(_TRAINED_RUN, None)
+    if run is not None and run.poll() is None:  # this process started it: end it or let it end
+        try:  # another worker may still wait for it, unless the session was interrupted
+            run.wait(timeout=0 if exitstatus == pytest.ExitCode.INTERRUPTED else TRAINED_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
     build = session.config.stash.get(_IMAGE_BUILD, None)
     if build is not None:
         build.stop()

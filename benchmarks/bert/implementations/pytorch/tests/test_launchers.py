@@ -111,8 +111,9 @@ def test_slurm_usr1_checkpoints_requeues_and_resumes(slurm_cluster, trained, dem
     start skips run 1, resumes run 2 from its checkpoint and finishes it."""
     assert trained.returncode == 0, trained.stdout[-3000:]
     logdir = tmp_path / "logs"
-    # 50 steps of 64 samples before the first (target-reaching) eval; progress and polls every 5.
-    env = demo_run_env(trained, demo_data, logdir, NEXP="2", SEED="7", DATESTAMP="rq", EVAL_ITER_SAMPLES="3200", MAX_SAMPLES_TERMINATION="6400",
+    # 25 steps of 64 samples before the first (target-reaching) eval; progress and polls every 5:
+    # the signal, sent at step 5, is seen at step 10, 15 steps before the run would end.
+    env = demo_run_env(trained, demo_data, logdir, NEXP="2", SEED="7", DATESTAMP="rq", EVAL_ITER_SAMPLES="1600", MAX_SAMPLES_TERMINATION="3200",
                    SLURM_CONF=slurm_cluster.env["SLURM_CONF"])
     env["EXTRA_PARAMS"] += " log.progress_interval_steps=5 ckpt.poll_steps=5"
     out_file = tmp_path / "job.out"
@@ -187,7 +188,7 @@ def test_run_and_time_torchrun_forwards_usr1_to_workers_then_resumes(trained, de
     """SIGUSR1 to run_and_time.sh (torchrun) reaches the two workers, not torchrun (which would
     die of it and take them along): they checkpoint and stop; the same command then resumes."""
     assert trained.returncode == 0, trained.stdout[-3000:]
-    env = demo_run_env(trained, demo_data, tmp_path, SEED="3", EVAL_ITER_SAMPLES="3200", MAX_SAMPLES_TERMINATION="6400",
+    env = demo_run_env(trained, demo_data, tmp_path, SEED="3", EVAL_ITER_SAMPLES="1600", MAX_SAMPLES_TERMINATION="3200",
                    CKPT_DIR=str(tmp_path / "ckpt"))
     env["EXTRA_PARAMS"] += " log.progress_interval_steps=5 ckpt.poll_steps=5"
     rc, first = run_and_time_signalled(env)

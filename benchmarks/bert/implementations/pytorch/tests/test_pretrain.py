@@ -92,7 +92,7 @@ def test_submit_pretrain_chains_phases_and_survives_a_preemption(demo_data, tmp_
     cluster = SlurmCluster(tmp_path / "slurm")
     (tmp_path / "slurm").mkdir()
     demo = source_config("config_CPU_1x2.sh")
-    for p, steps in ((1, 60), (2, 10)):
+    for p, steps in ((1, 40), (2, 10)):  # phase 1: signalled at step 10, seen at 15
         (tmp_path / f"phase{p}.sh").write_text(
             f"export DGXSYSTEM=CPU_1x2 DGXNNODES=1 DGXNGPU=2 WALLTIME=10 CPU_THREADS_PER_RANK=1 DIVISION=open\n"
             f"export BATCHSIZE=16 GRADIENT_STEPS=2 LR=0.005 MAX_STEPS={steps} WARMUP_STEPS=2 EVAL_ITER_SAMPLES=640\n"

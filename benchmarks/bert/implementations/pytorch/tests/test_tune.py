@@ -209,8 +209,8 @@ def test_requeued_worker_trial_is_retried_once_and_counted_once(slurm_cluster, t
     requeued task), and the study counts each setting once. Two seeds per setting: a
     trial's value is the mean of its runs' samples to target."""
     assert trained.returncode == 0, trained.stdout[-3000:]
-    # 50 steps before the first evaluation: time to requeue mid-run. Progress every 5 steps.
-    fixed = dict(FIXED, EVAL_ITER_SAMPLES=3200, MAX_SAMPLES_TERMINATION=3200)
+    # 25 steps before the first evaluation: time to requeue mid-run. Progress every 5 steps.
+    fixed = dict(FIXED, EVAL_ITER_SAMPLES=1600, MAX_SAMPLES_TERMINATION=1600)
     fixed["log.progress_interval_steps"] = 5
     space_file = write_space(tmp_path / "space.yaml", study="requeue", trials=2, repeats=2, seed=11, fixed=fixed,
                              enqueue=[{"LR": 5e-3, "OPT_LAMB_BETA_1": 0.9}, {"LR": 4e-3, "OPT_LAMB_BETA_1": 0.85}])

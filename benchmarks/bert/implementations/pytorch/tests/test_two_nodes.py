@@ -121,9 +121,9 @@ def test_two_nodes_usr1_checkpoints_requeues_and_resumes(two_nodes, trained, dem
     assert trained.returncode == 0, trained.stdout[-3000:]
     logdir = tmp_path / "logs"
     out_file = tmp_path / "job.out"
-    # 50 steps of 64 samples before the first (target-reaching) eval; progress and polls every 5.
-    env = two_node_env(two_nodes, trained, demo_data, logdir, SEED="9", DATESTAMP="rq2", EVAL_ITER_SAMPLES="3200",
-                       MAX_SAMPLES_TERMINATION="6400")
+    # 25 steps of 64 samples before the first (target-reaching) eval; progress and polls every 5.
+    env = two_node_env(two_nodes, trained, demo_data, logdir, SEED="9", DATESTAMP="rq2", EVAL_ITER_SAMPLES="1600",
+                       MAX_SAMPLES_TERMINATION="3200")
     env["EXTRA_PARAMS"] += " log.progress_interval_steps=5 ckpt.poll_steps=5"
     job_id = sbatch(two_nodes, env, out_file, "--requeue")
     wait_for_output(two_nodes, job_id, out_file, r"step +5 \|")
