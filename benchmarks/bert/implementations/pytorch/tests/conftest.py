@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -239,8 +239,8 @@ def _start_trained(config: pytest.Config) -> None:
                                                       start_new_session=True, stdin=subprocess.DEVNULL)
 
 
-def _needs_trained(items: list[pytest.Item]) -> bool:
-    return any("trained" in getattr(item, "fixturenames", ()) for item in items)
+def _uses_trained(item: pytest.Item) -> bool:
+    return "trained" in getattr(item, "fixturenames", ())
 
 
 @pytest.fixture(scope="session")
@@ -316,7 +316,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         assert _uses_image(item) == item.nodeid.startswith(IMAGE_TESTS), \
             f"{item.nodeid}: the tests using docker_image are those of {IMAGE_TESTS[:-2]}, and only they"
-    needs = {item.path for item in items if "trained" in getattr(item, "fixturenames", ())}
+    needs = {item.path for item in items if _uses_trained(item)}
 
     def key(item: pytest.Item) -> tuple:
         name = item.path.name
@@ -353,7 +353,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     xdist, dockerd and the image build too (minutes of network and disk, few CPU seconds) when a
     selected test needs the image, so they overlap the tests that run first."""
     config = session.config
-    if not config.option.collectonly and _needs_trained(session.items):
+    if not config.option.collectonly and any(map(_uses_trained, session.items)):
         _start_trained(config)
     if hasattr(config, "workerinput") or config.option.collectonly or docker_unavailable() \
             or not any(map(_uses_image, session.items)):
