@@ -40,13 +40,10 @@ demo: $(STAMP)
 pretrain-demo: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PKG)/pretrain_demo.sh
 
-# One pytest-xdist worker per core and one more (at most 8), a test file at a time each (its
-# module fixtures, such as a SLURM cluster, made once), in the order conftest.py sorts the
-# files; TEST_WORKERS=0 runs it in one process. The extra worker: the tests wait part of the
-# time on the runs and daemons they start (SLURM, torchrun, docker); with a worker per core,
-# two cores were 72-74% busy (1876-1995 CPU-s in 1297-1352 s), with three workers 77% (1932
-# CPU-s in 1246 s). nproc without the OMP_* variables, which it would honour.
-TEST_WORKERS ?= $(shell echo $$(( $$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) + 1 )))
+# One pytest-xdist worker per core (at most 8), a test file at a time each (its module
+# fixtures, such as a SLURM cluster, made once), in the order conftest.py sorts the files;
+# TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= auto
 test: $(STAMP)
 	cd $(PKG) && PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q --durations=15 \
 	  -n $(TEST_WORKERS) --maxprocesses=8 --dist loadfile --no-loadscope-reorder

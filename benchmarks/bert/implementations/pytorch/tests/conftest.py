@@ -5,7 +5,7 @@ config_CPU_1x2.sh, to 0.720) runs once per session, in the background from the e
 collection, while the files that do not need it run; tests that need a converged model
 start from its weights and reach the target at their first evaluation.
 
-``make test`` runs the suite in parallel (pytest-xdist, a worker per core and one more, a test file per
+``make test`` runs the suite in parallel (pytest-xdist, one worker per core, a test file per
 worker at a time: its module fixtures, e.g. a SLURM cluster, are made once). The session
 fixtures are made once for all workers: the first worker to need one makes it under a file
 lock in the session's shared temp dir (``_made_once``), the others wait for it and read it.

@@ -1,13 +1,9 @@
 """The order `make test` hands the test files to its workers (conftest.pytest_collection_modifyitems):
 the files that need no `trained` run first, while it trains in the background; those that need
-it after; the image's last; the longest first within each group; a file's tests together. And
-how many workers it starts: one per core and one more, or TEST_WORKERS."""
+it after; the image's last; the longest first within each group; a file's tests together."""
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
 from types import SimpleNamespace
 
 from conftest import LONGEST_FIRST, PKG, pytest_collection_modifyitems
@@ -37,21 +33,3 @@ def test_longest_first_names_files_that_exist():
 def test_make_test_keeps_that_order():
     """xdist would otherwise hand out the files with the most tests first (its loadscope reorder)."""
     assert "--dist loadfile --no-loadscope-reorder" in (ROOT / "Makefile").read_text()
-
-
-def _make_test_workers(**env: str) -> int:
-    """The -n that `make test` passes to pytest (make -n: printed, not run)."""
-    r = subprocess.run(["make", "-n", "--no-print-directory", "-C", str(ROOT), "test"], capture_output=True,
-                       text=True, timeout=60, env={**os.environ, **env})
-    found = re.findall(r" -n (\S+) --maxprocesses=8 ", r.stdout)
-    assert r.returncode == 0 and len(found) == 1, r.stdout + r.stderr
-    return int(found[0])
-
-
-def test_make_test_runs_a_worker_per_core_and_one_more():
-    """One more than the cores this process may use (nproc), whatever OMP_NUM_THREADS says
-    (nproc would honour it); TEST_WORKERS overrides, 0 for one process."""
-    cores = len(os.sched_getaffinity(0))
-    assert _make_test_workers() == cores + 1
-    assert _make_test_workers(OMP_NUM_THREADS="1") == cores + 1
-    assert _make_test_workers(TEST_WORKERS="0") == 0
