@@ -39,8 +39,8 @@ from docker_engine import ImageBuild, docker_unavailable
 # test starts (read by libgomp when torch loads it: before the first `import torch` below).
 # The suite runs more threads than cores (two workers, each with torch's thread per core,
 # beside the runs they launch); a spinning thread burns a core another process needs. Beside
-# two busy processes, test_pretrain_mode_ends_at_its_step_count_with_curves took 17-18 CPU-s
-# spinning and 12 sleeping; alone, the same either way (11 CPU-s).
+# two busy processes, pytest running test_pretrain_mode_ends_at_its_step_count_with_curves
+# took 17-18 CPU-s spinning and 12 sleeping; on an idle machine, 10-11 either way.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # Before any test module imports triton through torch (test_triton_attention.py runs our
