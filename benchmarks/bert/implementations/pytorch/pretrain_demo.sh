@@ -42,7 +42,7 @@ for phase in "1 128 20" "2 512 80"; do
     --max-seq-length "${seq}" --max-predictions-per-seq "${pred}" --dupe-factor "${PD_DUPE}" --layout variable
   prep create --input "${out}/text/eval" --vocab "${out}/vocab.txt" --output "${out}/p${p}_evalraw" \
     --max-seq-length "${seq}" --max-predictions-per-seq "${pred}" --dupe-factor "${PD_DUPE}" --layout variable
-  n=$(python -c "import sys; from bert.data import list_shards, shard_size
+  n=$(python -c "import sys; from bert.shards import list_shards, shard_size
 print(min(int(sys.argv[2]), sum(shard_size(p) for p in list_shards(sys.argv[1]))))" "${out}/p${p}_evalraw" "${PD_EVAL_SAMPLES}")
   python -m input_preprocessing eval --input "${out}/p${p}_evalraw" --output "${out}/p${p}_eval" \
     --num-samples "${n}" > /dev/null

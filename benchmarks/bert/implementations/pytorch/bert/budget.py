@@ -39,7 +39,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from .data import IGNORE_INDEX, Sample, collate
+from .data import IGNORE_INDEX, collate
+from .shards import Sample
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bert.data import SHARD_SUFFIXES, DataError, Shard, write_shard
+from bert.shards import SHARD_SUFFIXES, DataError, Shard, write_shard
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
 FIRST_CONTENT = 5

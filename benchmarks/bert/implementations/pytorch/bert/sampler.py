@@ -55,7 +55,8 @@ import torch
 
 from .config import ConfigError  # a ValueError: callers catching ValueError still do
 from .budget import BudgetCollate, Layout
-from .data import DataError, Sample, Shard, TrainLoader, _row_offsets, collate, list_shards, read_shard
+from .data import TrainLoader, collate
+from .shards import DataError, Sample, Shard, list_shards, read_shard, row_offsets
 
 MANIFEST_FORMAT = "mlperf-bert-strata/1"
 DEALS = ("none", "snake", "greedy", "cost")
@@ -270,7 +271,7 @@ class LengthIndex:
         lengths = np.concatenate(parts) if parts else np.zeros(0, np.uint16)
         if int(man.get("total_samples", len(lengths))) != len(lengths):
             raise DataError(f"{root}: manifest says {man['total_samples']} samples, the index holds {len(lengths)}")
-        return LengthIndex(paths, lengths, _row_offsets(np.array([len(p) for p in parts])), tuple(bounds))
+        return LengthIndex(paths, lengths, row_offsets(np.array([len(p) for p in parts])), tuple(bounds))
 
     @staticmethod
     def from_dir(directory: str | Path) -> LengthIndex:
@@ -281,7 +282,7 @@ class LengthIndex:
             return LengthIndex.from_manifest(d)
         paths = list_shards(d)
         parts = [read_shard(p).lengths.astype(np.uint16) for p in paths]
-        return LengthIndex(paths, np.concatenate(parts), _row_offsets(np.array([len(p) for p in parts])))
+        return LengthIndex(paths, np.concatenate(parts), row_offsets(np.array([len(p) for p in parts])))
 
     def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         shard = np.searchsorted(self.offsets, ids, side="right") - 1

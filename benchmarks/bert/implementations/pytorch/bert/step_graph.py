@@ -55,8 +55,8 @@ import numpy as np
 import torch
 
 from .config import Config, ConfigError
-from .data import Sample
 from .model import mlm_correct_and_count, pretraining_loss
+from .shards import Sample
 
 # Eager forward + backward passes on a side stream before each capture: the first use of
 # a cuBLAS handle, of autograd's engine and of each allocation size must not be recorded

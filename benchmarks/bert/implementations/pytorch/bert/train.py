@@ -39,11 +39,12 @@ from . import distributed, fp8, grad_sync, ladder, pretrain, resume, sampler, st
 from .config import (Config, ConfigError, build_config, dumps, eval_interval_samples, global_batch_size,
                      is_benchmark_model, max_samples, parse_overrides, timed_run_problems)
 from .checkpoint import load_weights, tf_tensor_names
-from .data import DataError, EvalSet, check_eval_dir
+from .data import EvalSet, check_eval_dir
 from .mlperf_log import MLPerfLogger, clock_ms, hyperparameters, logged_seed
 from .model import BertForPreTraining, pretraining_loss
 from .optim import build_optimizer, build_scheduler
 from .precision import Precision, build_precision, build_scaler, loss_scale
+from .shards import DataError
 
 LABEL_KEYS = ("mlm_labels", "nsp_labels")
 BAD_INPUT = (ConfigError, DataError, resume.CheckpointError)  # exit 2 with the message, no traceback

@@ -1,6 +1,6 @@
 """check: scan every sample of every shard for what breaks training or silently spoils it.
 
-``bert.data.read_shard`` stops at the first malformed sample it cannot use; this scan goes
+``bert.shards.read_shard`` stops at the first malformed sample it cannot use; this scan goes
 on, counts every defect of every sample per shard, and names a known cause when the counts
 carry its signature. Defects (a sample may have several):
 
@@ -41,7 +41,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from bert.data import SHARD_SUFFIXES
+from bert.shards import SHARD_SUFFIXES
 
 DEFECTS = ("empty_sample", "too_long", "pad_inside", "mask_not_prefix", "mask_outside", "mask_on_special",
            "mask_duplicate", "no_predictions", "id_out_of_vocab", "bad_segments", "bad_nsp_label", "unreadable")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from bert.data import SHARD_SUFFIXES
+from bert.shards import SHARD_SUFFIXES
 
 from .common import PrepError, parallel_map, write_text
 

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from bert.data import Shard, write_shard
+from bert.shards import Shard, write_shard
 
 RUN_RECORD = ".run.json"  # in every output directory: which step, with which parameters
 

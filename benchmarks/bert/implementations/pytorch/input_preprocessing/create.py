@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bert.data import Shard
+from bert.shards import Shard
 
 from .common import PrepError, file_fingerprint, parallel_map, prepare_output, write_shard_atomic
 

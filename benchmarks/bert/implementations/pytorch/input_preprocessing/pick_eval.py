@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bert.data import DataError, Shard, list_shards, read_shard
+from bert.shards import DataError, Shard, list_shards, read_shard
 
 from .common import PrepError, file_fingerprint, prepare_output, shard_geometry, write_shard_atomic
 

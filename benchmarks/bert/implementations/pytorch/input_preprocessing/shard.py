@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bert.data import DataError, Shard, list_shards, read_shard, shard_size
+from bert.shards import DataError, Shard, list_shards, read_shard, shard_size
 
 from .common import PrepError, file_fingerprint, parallel_map, prepare_output, shard_geometry, write_shard_atomic
 

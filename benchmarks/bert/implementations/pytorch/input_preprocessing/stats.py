@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bert.data import DataError, read_shard
+from bert.shards import DataError, read_shard
 
 from .checksum import find_shards
 from .common import PrepError, atomic_write, write_json

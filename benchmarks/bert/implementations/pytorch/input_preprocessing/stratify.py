@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bert.data import DataError, list_shards, read_shard
+from bert.shards import DataError, list_shards, read_shard
 
 from .common import (PrepError, file_fingerprint, parallel_map, prepare_output, save_npz, shard_geometry,
                      write_json, write_shard_atomic)

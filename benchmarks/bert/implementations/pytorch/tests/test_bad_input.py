@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from bert import train
-from bert.data import read_shard, write_shard
+from bert.shards import read_shard, write_shard
 from test_resume import TINY, checkpoints, no_partial_files, tiny_data  # noqa: F401 - fixture
 
 

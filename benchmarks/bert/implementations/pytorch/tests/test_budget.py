@@ -15,8 +15,9 @@ from bert import budget, ladder
 from bert import sampler as smp
 from bert.attention import build_attention
 from bert.config import ConfigError, ModelConfig, build_config, parse_budgets
-from bert.data import IGNORE_INDEX, Sample, collate
+from bert.data import IGNORE_INDEX, collate
 from bert.model import BertForPreTraining, pretraining_loss
+from bert.shards import Sample
 
 S, P, V = 32, 5, 64  # max_seq_length, max predictions per sample, vocab of the tiny model
 TINY = ModelConfig(vocab_size=V, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,

@@ -11,7 +11,7 @@ import h5py
 import numpy as np
 import pytest
 
-from bert.data import Sample, Shard, read_shard, write_shard
+from bert.shards import Sample, Shard, read_shard, write_shard
 from input_preprocessing.__main__ import main
 from input_preprocessing.check import DEFECTS, WRAP_SIGNATURE, Vocabulary, check
 

@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from bert.config import ModelConfig
-from bert.data import EvalSet, TrainLoader, list_shards, read_shard
+from bert.data import EvalSet, TrainLoader
 from bert.model import BertForPreTraining, pretraining_loss
+from bert.shards import list_shards, read_shard
 from input_preprocessing.common import PrepError
 from input_preprocessing.create import CreateOptions, create, load_vocab
 from input_preprocessing.toy_corpus import make_corpus, train_vocab

@@ -1,4 +1,4 @@
-"""bert.data and bert.demo_data: shard formats, collation, rank splits, demo data quality.
+"""bert.shards, bert.data and bert.demo_data: shard formats, collation, rank splits, demo data quality.
 
 Shards for the format tests are written here with raw h5py, following NVIDIA's layout,
 so the reader is checked against the format and not only against our own writer.
@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from bert import demo_data
-from bert.data import (DataError, EvalSet, RandomShardOrder, Sample, Shard, TrainLoader, collate,
-                       list_shards, read_shard, shard_size, write_shard)
+from bert.data import EvalSet, RandomShardOrder, TrainLoader, collate
+from bert.shards import DataError, Sample, Shard, list_shards, read_shard, shard_size, write_shard
 
 S, P = 32, 6  # sequence length and prediction slots of the hand-made shards
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from bert import demo_data
-from bert.data import Shard, list_shards, read_shard
+from bert.shards import Shard, list_shards, read_shard
 from input_preprocessing.__main__ import main
 from input_preprocessing.checksum import checksum, verify
 from input_preprocessing.common import PrepError
@@ -31,7 +31,7 @@ def parts(tmp_path_factory):
                        layout="fixed", shards=5)
     d = root / "train"
     first = list_shards(d)[0]  # make sizes uneven: cut the first part short
-    from bert.data import write_shard
+    from bert.shards import write_shard
     write_shard(first, read_shard(first).subset(np.arange(61)), "fixed", 64, 10)
     return d, root / "eval"
 
@@ -157,3 +157,38 @@ def test_cli_every_step(parts, tmp_path, capsys):
     r = subprocess.run([sys.executable, "-m", "input_preprocessing", "stratify", "--input", str(tmp_path / "none"),
                         "--output", str(tmp_path / "o2")], cwd=PKG_ROOT, capture_output=True, text=True)
     assert r.returncode == 2 and "none: no such directory" in r.stderr
+
+
+def test_data_preparation_imports_no_torch(tmp_path):
+    """Every step but ``checkpoint`` (which converts torch weights), and the demo data, run in
+    one interpreter that never imports torch: bert/shards.py holds the shard format apart from
+    the loader. Importing torch costs 2-3 CPU-s a process; prepare_data.sh starts a dozen
+    steps, and this suite ~40."""
+    from input_preprocessing.toy_corpus import make_corpus
+
+    text = tmp_path / "text"
+    make_corpus(text, parts=2, docs_per_part=8, seed=1)
+    d = {k: str(tmp_path / k) for k in ("vocab.txt", "created", "strata", "shards", "eval", "stats", "demo")}
+    steps = [["vocab", "--input", str(text), "--output", d["vocab.txt"], "--size", "300"],
+             ["create", "--input", str(text), "--vocab", d["vocab.txt"], "--output", d["created"],
+              "--max-seq-length", "64", "--max-predictions-per-seq", "10", "--workers", "1"],
+             ["stratify", "--input", d["created"], "--output", d["strata"], "--bounds", "32,64",
+              "--max-seq-length", "64", "--workers", "1"],
+             ["shard", "--input", d["created"], "--output", d["shards"], "--num-shards", "2", "--layout", "variable",
+              "--max-seq-length", "64", "--max-predictions", "10", "--workers", "1"],
+             ["eval", "--input", d["created"], "--output", d["eval"], "--num-samples", "20"],
+             ["checksum", "--input", d["shards"], "--workers", "1"], ["verify", "--input", d["shards"], "--workers", "1"],
+             ["check", "--input", d["shards"], "--vocab", d["vocab.txt"], "--max-seq-length", "64"],
+             ["stats", "--input", d["shards"], "--output", d["stats"], "--max-seq-length", "64"]]
+    script = ("import json, sys\nfrom input_preprocessing.__main__ import main\nfrom bert import demo_data\n"
+              "rcs = [main(step) for step in json.loads(sys.argv[1])]\n"
+              "demo_data.main(['--output', sys.argv[2], '--train-samples', '200', '--eval-samples', '50', "
+              "'--shards', '2'])\n"
+              "print('RESULT', json.dumps({'rcs': rcs, 'torch': sorted(m for m in sys.modules if m.split('.')[0] == 'torch')}))\n")
+    r = subprocess.run([sys.executable, "-c", script, json.dumps(steps), d["demo"]], cwd=PKG_ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    result = json.loads(r.stdout.rsplit("RESULT ", 1)[1])
+    assert result["rcs"] == [0] * len(steps), r.stdout[-3000:]
+    assert result["torch"] == [], f"torch was imported: {result['torch'][:5]}"
+    assert len(list_shards(tmp_path / "shards")) == 2 and len(read_shard(tmp_path / "eval" / "eval_20.hdf5")) == 20

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bert.data import list_shards, read_shard
+from bert.shards import list_shards, read_shard
 from input_preprocessing.toy_corpus import make_corpus, train_vocab
 
 PKG = Path(__file__).resolve().parent.parent

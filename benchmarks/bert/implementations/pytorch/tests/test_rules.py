@@ -193,7 +193,7 @@ def test_closed_bert_large_needs_the_phase1_checkpoint_and_the_full_eval_set(tmp
 
 def test_closed_bert_large_eval_set_must_hold_10000_samples(demo_data):
     """The set itself is counted once open (after run_start): 1,000 samples are refused."""
-    from bert.data import DataError
+    from bert.shards import DataError
 
     cfg = build_config(parse_overrides([f"data.train_dir={demo_data.train}", f"data.eval_dir={demo_data.eval}",
                                         "data.eval_samples=0", "run.init_checkpoint=x", "run.seed=1"]))

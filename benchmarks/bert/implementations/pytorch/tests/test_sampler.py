@@ -18,8 +18,9 @@ import torch
 from bert import sampler as smp
 from bert.attention import build_attention, varlen_via_padded
 from bert.config import ConfigError, ModelConfig, SamplerConfig, build_config
-from bert.data import Sample, Shard, collate, read_shard, write_shard
+from bert.data import collate
 from bert.model import BertForPreTraining
+from bert.shards import Sample, Shard, read_shard, write_shard
 from conftest import end_worker, free_port
 
 PKG = Path(__file__).resolve().parent.parent

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from bert import demo_data
-from bert.data import list_shards, read_shard
+from bert.shards import list_shards, read_shard
 from input_preprocessing.common import PrepError
 from input_preprocessing.stratify import load_manifest, stratify, strata_ranges
 

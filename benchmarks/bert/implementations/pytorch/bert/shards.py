@@ -1,0 +1,339 @@
+"""The MLPerf BERT shard format: NVIDIA-layout hdf5 files <-> ragged in-memory shards.
+
+Torch-free, so that the data-preparation steps (``python -m input_preprocessing``) and the
+tools that only read or write shards start without importing torch (2-3 CPU-s a process;
+bert/data.py turns these shards into batches of tensors).
+
+Two on-disk layouts are read, detected per file from the shape of ``input_ids``:
+
+fixed-length (2-D ``input_ids``)
+    ``input_ids`` [N,S], ``input_mask`` [N,S] (a prefix of ones), ``segment_ids`` [N,S],
+    ``masked_lm_positions`` [N,P], ``masked_lm_ids`` [N,P], ``next_sentence_labels`` [N].
+variable-length (1-D vlen ``input_ids``)
+    the same names without ``input_mask``; every per-token and per-prediction dataset holds
+    one vlen row per sample, already cut to its real length (as NVIDIA's
+    ``convert_fixed2variable`` / ``chop_hdf5_files`` write them).
+
+Prediction slots whose ``masked_lm_positions`` is 0 are padding (position 0 is always
+[CLS], which is never a prediction); they are dropped in both layouts, so everything past
+the reader sees real predictions only.
+
+In memory a shard is ragged (CSR): one flat array of real tokens plus row offsets. That
+keeps variable-length data free of padding until ``bert.data.collate`` decides the batch
+layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple, Sequence
+
+import h5py
+import numpy as np
+
+# Matching the glob MLPerf users keep their shards under; ``.hdf`` is what NVIDIA's
+# re-chopping script names its output.
+SHARD_SUFFIXES = (".hdf5", ".h5", ".hdf")
+
+FIXED_DATASETS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions",
+                  "masked_lm_ids", "next_sentence_labels")
+VARIABLE_DATASETS = ("input_ids", "segment_ids", "masked_lm_positions", "masked_lm_ids",
+                     "next_sentence_labels")
+
+
+class DataError(ValueError):
+    """A shard, or the directory that should hold shards, is malformed; names the path."""
+
+
+class Sample(NamedTuple):
+    """One sample, real tokens only (views into its shard's arrays)."""
+
+    input_ids: np.ndarray  # [L] token ids
+    segment_ids: np.ndarray  # [L] 0 for sentence A (and [CLS]), 1 for sentence B
+    masked_positions: np.ndarray  # [M] positions in 1..L-1 of the real predictions
+    masked_ids: np.ndarray  # [M] original token ids there
+    nsp_label: int  # 0 = B follows A (IsNext), 1 = random B
+
+
+# ---------------------------------------------------------------- ragged in-memory shard
+
+
+def row_offsets(lengths: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=out[1:])
+    return out
+
+
+def _gather_rows(flat: np.ndarray, offsets: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows ``rows`` of a CSR array, as a new (flat, offsets); one vectorized gather."""
+    lengths = offsets[rows + 1] - offsets[rows]
+    new_offsets = row_offsets(lengths)
+    # index of every output element in ``flat``: its row's source start + its rank in the row
+    src = np.repeat(offsets[rows] - new_offsets[:-1], lengths) + np.arange(new_offsets[-1])
+    return flat[src], new_offsets
+
+
+@dataclass
+class Shard:
+    """The samples of one file (or a subset/concatenation), in ragged form.
+
+    ``tokens``/``segments`` hold every sample's real tokens back to back, sample i at
+    ``offsets[i]:offsets[i+1]``; ``mlm_positions``/``mlm_ids`` likewise with ``mlm_offsets``.
+    """
+
+    path: str
+    tokens: np.ndarray
+    segments: np.ndarray
+    offsets: np.ndarray  # int64 [N+1]
+    mlm_positions: np.ndarray
+    mlm_ids: np.ndarray
+    mlm_offsets: np.ndarray  # int64 [N+1]
+    nsp: np.ndarray  # [N]
+
+    def __len__(self) -> int:
+        return len(self.nsp)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Real length (tokens incl. [CLS]/[SEP]) of every sample, int64 [N]."""
+        return np.diff(self.offsets)
+
+    def __getitem__(self, i: int) -> Sample:
+        a, b = self.offsets[i], self.offsets[i + 1]
+        p, q = self.mlm_offsets[i], self.mlm_offsets[i + 1]
+        return Sample(self.tokens[a:b], self.segments[a:b], self.mlm_positions[p:q],
+                      self.mlm_ids[p:q], int(self.nsp[i]))
+
+    def subset(self, rows: np.ndarray | Sequence[int]) -> Shard:
+        rows = np.asarray(rows, dtype=np.int64)
+        tokens, offsets = _gather_rows(self.tokens, self.offsets, rows)
+        segments, _ = _gather_rows(self.segments, self.offsets, rows)
+        mlm_positions, mlm_offsets = _gather_rows(self.mlm_positions, self.mlm_offsets, rows)
+        mlm_ids, _ = _gather_rows(self.mlm_ids, self.mlm_offsets, rows)
+        return Shard(self.path, tokens, segments, offsets, mlm_positions, mlm_ids, mlm_offsets,
+                     self.nsp[rows])
+
+    @staticmethod
+    def concat(shards: Sequence[Shard], path: str = "") -> Shard:
+        if not shards:
+            raise ValueError("Shard.concat: no shards")
+
+        def offs(name: str) -> np.ndarray:
+            parts = [np.diff(getattr(s, name)) for s in shards]
+            return row_offsets(np.concatenate(parts))
+
+        cat = lambda name: np.concatenate([getattr(s, name) for s in shards])  # noqa: E731
+        return Shard(path or shards[0].path, cat("tokens"), cat("segments"), offs("offsets"),
+                     cat("mlm_positions"), cat("mlm_ids"), offs("mlm_offsets"), cat("nsp"))
+
+    @staticmethod
+    def from_samples(samples: Sequence[Sample], path: str = "") -> Shard:
+        """Build from per-sample arrays (tests, small tools); dtypes follow the file layout."""
+        lens = np.array([len(s.input_ids) for s in samples], dtype=np.int64)
+        mlens = np.array([len(s.masked_positions) for s in samples], dtype=np.int64)
+
+        def cat(field: str, dtype: Any) -> np.ndarray:
+            parts = [np.asarray(getattr(s, field), dtype=dtype) for s in samples]
+            return np.concatenate(parts) if parts else np.zeros(0, dtype)
+
+        return Shard(path, cat("input_ids", np.int16), cat("segment_ids", np.int8), row_offsets(lens),
+                     cat("masked_positions", np.int16), cat("masked_ids", np.int16), row_offsets(mlens),
+                     np.array([s.nsp_label for s in samples], dtype=np.int8))
+
+
+# ---------------------------------------------------------------- reading and writing files
+
+
+def list_shards(directory: str | Path) -> list[Path]:
+    """Sorted shard files (*.hdf5, *.h5, *.hdf) directly inside ``directory``."""
+    d = Path(directory)
+    if not str(directory):
+        raise DataError("no data directory given (empty path)")
+    if not d.exists():
+        raise DataError(f"{d}: no such directory")
+    if not d.is_dir():
+        raise DataError(f"{d}: is not a directory")
+    paths = sorted(p for p in d.iterdir() if p.suffix in SHARD_SUFFIXES and p.is_file())
+    if not paths:
+        raise DataError(f"{d}: holds no shard files ({', '.join('*' + s for s in SHARD_SUFFIXES)})")
+    return paths
+
+
+def _open(path: str | Path) -> h5py.File:
+    try:
+        return h5py.File(path, "r")
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path}: cannot open as hdf5: {e}") from None
+
+
+def _detect_layout(path: Any, f: h5py.File) -> str:
+    if "input_ids" not in f:
+        raise DataError(f"{path}: missing dataset 'input_ids' (has: {sorted(f.keys())})")
+    ds = f["input_ids"]
+    if not isinstance(ds, h5py.Dataset):
+        raise DataError(f"{path}: 'input_ids' is a group, not a dataset")
+    if ds.ndim == 2:
+        return "fixed"
+    if ds.ndim == 1 and h5py.check_vlen_dtype(ds.dtype) is not None:
+        return "variable"
+    raise DataError(f"{path}: 'input_ids' has shape {ds.shape} and dtype {ds.dtype}; expected "
+                    "[N, S] integers (fixed-length) or [N] vlen integer rows (variable-length)")
+
+
+def shard_size(path: str | Path) -> int:
+    """Number of samples in a shard, from metadata only (no data read)."""
+    with _open(path) as f:
+        if "next_sentence_labels" not in f:
+            raise DataError(f"{path}: missing dataset 'next_sentence_labels'")
+        return int(f["next_sentence_labels"].shape[0])
+
+
+def _check_int(path: Any, name: str, dtype: np.dtype) -> None:
+    if dtype.kind not in "iu":
+        raise DataError(f"{path}: dataset '{name}' has dtype {dtype}; expected an integer type")
+
+
+def _read_fixed(path: Any, f: h5py.File) -> Shard:
+    arr = {k: f[k][()] for k in FIXED_DATASETS}
+    for k, a in arr.items():
+        _check_int(path, k, a.dtype)
+    n, s = arr["input_ids"].shape
+    for k in ("input_mask", "segment_ids"):
+        if arr[k].shape != (n, s):
+            raise DataError(f"{path}: dataset '{k}' has shape {arr[k].shape}; "
+                            f"expected {(n, s)} like 'input_ids'")
+    pos, ids = arr["masked_lm_positions"], arr["masked_lm_ids"]
+    if pos.ndim != 2 or pos.shape[0] != n or ids.shape != pos.shape:
+        raise DataError(f"{path}: 'masked_lm_positions' {pos.shape} and 'masked_lm_ids' {ids.shape} "
+                        f"must both be [{n}, P]")
+    raw_nsp = arr["next_sentence_labels"]
+    nsp = raw_nsp.reshape(-1) if raw_nsp.ndim == 2 else raw_nsp  # some tools write [N, 1]
+    if nsp.shape != (n,):
+        raise DataError(f"{path}: 'next_sentence_labels' has shape {raw_nsp.shape}; expected ({n},)")
+    keep = arr["input_mask"] != 0
+    lengths = keep.sum(axis=1)
+    # A mask with holes would make "real tokens" ambiguous; costs one [N,S] compare.
+    if not np.array_equal(keep, np.arange(s)[None, :] < lengths[:, None]):
+        bad = int(np.nonzero((keep != (np.arange(s)[None, :] < lengths[:, None])).any(axis=1))[0][0])
+        raise DataError(f"{path}: 'input_mask' of sample {bad} is not a prefix of ones")
+    real = pos != 0
+    return Shard(str(path), arr["input_ids"][keep], arr["segment_ids"][keep], row_offsets(lengths),
+                 pos[real], ids[real], row_offsets(real.sum(axis=1)), nsp)
+
+
+def _read_variable(path: Any, f: h5py.File) -> Shard:
+    rows: dict[str, np.ndarray] = {}
+    n = f["input_ids"].shape[0]
+    for k in VARIABLE_DATASETS[:-1]:
+        ds = f[k]
+        base = h5py.check_vlen_dtype(ds.dtype)
+        if ds.ndim != 1 or base is None:
+            raise DataError(f"{path}: dataset '{k}' has shape {ds.shape} and dtype {ds.dtype}; "
+                            "expected [N] vlen rows in a variable-length shard")
+        _check_int(path, k, np.dtype(base))
+        if ds.shape[0] != n:
+            raise DataError(f"{path}: dataset '{k}' has {ds.shape[0]} rows; 'input_ids' has {n}")
+        rows[k] = ds[()]  # object array of 1-D arrays; one Python object per row
+    nsp = f["next_sentence_labels"][()]
+    _check_int(path, "next_sentence_labels", nsp.dtype)
+    nsp = nsp.reshape(-1) if nsp.ndim == 2 else nsp
+    if nsp.shape != (n,):
+        raise DataError(f"{path}: 'next_sentence_labels' has shape {nsp.shape}; expected ({n},)")
+
+    def lens(k: str) -> np.ndarray:
+        return np.fromiter((len(r) for r in rows[k]), dtype=np.int64, count=n)
+
+    def flat(k: str, dtype: Any) -> np.ndarray:
+        return np.concatenate(rows[k]) if n else np.zeros(0, dtype)
+
+    lengths, plen = lens("input_ids"), lens("masked_lm_positions")
+    for k, ref, what in (("segment_ids", lengths, "input_ids"), ("masked_lm_ids", plen, "masked_lm_positions")):
+        mism = np.nonzero(lens(k) != ref)[0]
+        if len(mism):
+            raise DataError(f"{path}: sample {int(mism[0])}: '{k}' and '{what}' rows differ in length")
+    pos, ids = flat("masked_lm_positions", np.int16), flat("masked_lm_ids", np.int16)
+    # Tolerate padded prediction rows (position 0) here too, so both layouts mean the same.
+    real = pos != 0
+    row_of = np.repeat(np.arange(n), plen)
+    return Shard(str(path), flat("input_ids", np.int16), flat("segment_ids", np.int8), row_offsets(lengths),
+                 pos[real], ids[real], row_offsets(np.bincount(row_of[real], minlength=n)), nsp)
+
+
+def _check_values(shard: Shard, max_seq_length: int | None) -> None:
+    path, lengths = shard.path, shard.lengths
+    if len(lengths) and lengths.min() < 1:
+        raise DataError(f"{path}: sample {int(np.argmin(lengths))} has no tokens")
+    if max_seq_length is not None and len(lengths) and lengths.max() > max_seq_length:
+        i = int(np.argmax(lengths))
+        raise DataError(f"{path}: sample {i} has {int(lengths[i])} tokens > max_seq_length {max_seq_length}: "
+                        f"data made for longer sequences; set data.max_seq_length and "
+                        f"model.max_position_embeddings to at least {int(lengths.max())} "
+                        f"(EXTRA_PARAMS), or point DATADIR/EVALDIR at data of this length")
+    if len(shard.tokens) and shard.tokens.min() < 0:
+        raise DataError(f"{path}: negative token id {int(shard.tokens.min())} (int16 overflow?)")
+    row_of = np.repeat(np.arange(len(shard)), np.diff(shard.mlm_offsets))
+    out_of_range = (shard.mlm_positions < 0) | (shard.mlm_positions >= lengths[row_of])
+    if out_of_range.any():
+        j = int(np.argmax(out_of_range))
+        raise DataError(f"{path}: sample {int(row_of[j])}: masked_lm_position {int(shard.mlm_positions[j])} "
+                        f"is outside its {int(lengths[row_of[j]])} real tokens")
+
+
+def read_shard(path: str | Path, max_seq_length: int | None = None) -> Shard:
+    """Read and validate one shard (either layout). Raises ``DataError`` naming the file."""
+    with _open(path) as f:
+        layout = _detect_layout(path, f)
+        names = FIXED_DATASETS if layout == "fixed" else VARIABLE_DATASETS
+        missing = [k for k in names if k not in f]
+        if missing:
+            raise DataError(f"{path}: missing dataset(s) {missing} for a {layout}-length shard "
+                            f"(has: {sorted(f.keys())})")
+        try:
+            shard = _read_fixed(path, f) if layout == "fixed" else _read_variable(path, f)
+        except OSError as e:  # a truncated or damaged file can open and fail mid-read
+            raise DataError(f"{path}: cannot read (truncated or corrupt?): {e}") from None
+    _check_values(shard, max_seq_length)
+    return shard
+
+
+def write_shard(path: str | Path, shard: Shard, layout: str, max_seq_length: int = 0,
+                max_predictions: int = 0) -> None:
+    """Write ``shard`` in NVIDIA's fixed (padded to S, P) or variable (vlen rows) layout.
+
+    Fixed-length needs ``max_seq_length`` and ``max_predictions``; prediction padding slots
+    are position 0, id 0, as create_pretraining_data writes them.
+    """
+    n, lengths, plens = len(shard), shard.lengths, np.diff(shard.mlm_offsets)
+    with h5py.File(path, "w") as f:
+        if layout == "fixed":
+            if n and (lengths.max() > max_seq_length or plens.max() > max_predictions):
+                raise ValueError(f"{path}: samples exceed max_seq_length={max_seq_length} "
+                                 f"or max_predictions={max_predictions}")
+            mask = np.arange(max_seq_length)[None, :] < lengths[:, None]
+            pmask = np.arange(max_predictions)[None, :] < plens[:, None]
+
+            def pad(flat: np.ndarray, m: np.ndarray, dtype: Any) -> np.ndarray:
+                out = np.zeros(m.shape, dtype=dtype)
+                out[m] = flat
+                return out
+
+            f.create_dataset("input_ids", data=pad(shard.tokens, mask, np.int16))
+            f.create_dataset("input_mask", data=mask.astype(np.int8))
+            f.create_dataset("segment_ids", data=pad(shard.segments, mask, np.int8))
+            f.create_dataset("masked_lm_positions", data=pad(shard.mlm_positions, pmask, np.int16))
+            f.create_dataset("masked_lm_ids", data=pad(shard.mlm_ids, pmask, np.int16))
+        elif layout == "variable":
+
+            def vlen(name: str, flat: np.ndarray, offsets: np.ndarray, dtype: Any) -> None:
+                rows = np.empty(n, dtype=object)
+                rows[:] = np.split(flat.astype(dtype), offsets[1:-1]) if n else []
+                f.create_dataset(name, shape=(n,), dtype=h5py.vlen_dtype(np.dtype(dtype)), data=rows)
+
+            vlen("input_ids", shard.tokens, shard.offsets, np.int16)
+            vlen("segment_ids", shard.segments, shard.offsets, np.int8)
+            vlen("masked_lm_positions", shard.mlm_positions, shard.mlm_offsets, np.int16)
+            vlen("masked_lm_ids", shard.mlm_ids, shard.mlm_offsets, np.int16)
+        else:
+            raise ValueError(f"layout must be 'fixed' or 'variable', got {layout!r}")
+        f.create_dataset("next_sentence_labels", data=shard.nsp.astype(np.int8))
