@@ -22,7 +22,7 @@ from typing import Any, Iterator, Protocol, Sequence
 import numpy as np
 import torch
 
-from .shards import SHARD_SUFFIXES, DataError, Sample, Shard, list_shards, read_shard, row_offsets
+from .shards import SHARD_SUFFIXES, DataError, Sample, Shard, list_shards, read_shard, row_offsets, shard_size
 
 IGNORE_INDEX = -100  # label of positions that are not predicted (torch's cross_entropy default)
 
