@@ -12,13 +12,14 @@ import numpy as np
 import pytest
 
 from bert import demo_data
-from bert.shards import Shard, list_shards, read_shard
+from bert.shards import Shard, list_shards, read_shard, write_shard
 from input_preprocessing.__main__ import main
 from input_preprocessing.checksum import checksum, verify
 from input_preprocessing.common import PrepError
 from input_preprocessing.pick_eval import pick_eval, pick_indices
 from input_preprocessing.shard import shard
 from input_preprocessing.stats import stats
+from input_preprocessing.toy_corpus import make_corpus
 
 PKG_ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,7 +32,6 @@ def parts(tmp_path_factory):
                        layout="fixed", shards=5)
     d = root / "train"
     first = list_shards(d)[0]  # make sizes uneven: cut the first part short
-    from bert.shards import write_shard
     write_shard(first, read_shard(first).subset(np.arange(61)), "fixed", 64, 10)
     return d, root / "eval"
 
@@ -162,10 +162,8 @@ def test_cli_every_step(parts, tmp_path, capsys):
 def test_data_preparation_imports_no_torch(tmp_path):
     """Every step but ``checkpoint`` (which converts torch weights), and the demo data, run in
     one interpreter that never imports torch: bert/shards.py holds the shard format apart from
-    the loader. Importing torch costs 2-3 CPU-s a process; prepare_data.sh starts a dozen
-    steps, and this suite ~40."""
-    from input_preprocessing.toy_corpus import make_corpus
-
+    the loader. Importing torch costs 2-3 CPU-s a process; prepare_data.sh starts ten such
+    steps, and this suite about 30."""
     text = tmp_path / "text"
     make_corpus(text, parts=2, docs_per_part=8, seed=1)
     d = {k: str(tmp_path / k) for k in ("vocab.txt", "created", "strata", "shards", "eval", "stats", "demo")}
