@@ -103,7 +103,8 @@ def load_vocab(path: str | Path) -> Vocab:
     return Vocab(p, len(words), ids["[CLS]"], ids["[SEP]"], ids["[MASK]"], hashlib.md5(raw).hexdigest())
 
 
-def _tokenizer(vocab: Vocab, lowercase: bool):
+def wordpiece_tokenizer(vocab: Vocab, lowercase: bool):
+    """BERT's tokenizer for ``vocab`` (the pretraining data's; tools/glue_data.py's for fine-tuning)."""
     from tokenizers import BertWordPieceTokenizer  # BERT's normalizer, pre-tokenizer and WordPiece
 
     return BertWordPieceTokenizer(str(vocab.path), lowercase=lowercase, strip_accents=lowercase,
@@ -246,7 +247,7 @@ def _instances(docs: list[list[list[int]]], d: int, o: CreateOptions, v: Vocab, 
 def examples_of_part(path: Path, vocab: Vocab, o: CreateOptions, tokenizer=None) -> tuple[Shard, int]:
     """All examples of one text part, shuffled, as a Shard (the unit of parallel work), and
     the number of empty documents dropped from it."""
-    tokenizer = tokenizer or _tokenizer(vocab, o.lowercase)
+    tokenizer = tokenizer or wordpiece_tokenizer(vocab, o.lowercase)
     docs, dropped = read_documents(path, tokenizer, o.strict_documents)
     rng = random.Random(o.seed)
     rng.shuffle(docs)
