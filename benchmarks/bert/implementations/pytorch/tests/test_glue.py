@@ -436,3 +436,22 @@ def test_array_on_slurm_runs_one_run_per_task_and_the_table_follows(slurm_cluste
     assert glue.main(["table", "--grid", str(grid), "--workdir", str(tmp_path / "w")]) == 0
     table = json.loads((tmp_path / "w" / "t" / "table.json").read_text())["inits"]["pretrained"]
     assert table["tasks"]["RTE"]["complete"] and table["tasks"]["CoLA"]["complete"]
+
+
+def test_compare_wins_only_when_every_pretrained_seed_beats_every_random_one_by_the_margin(tmp_path, capsys):
+    g = glue.load_grid(None, ["model=m", "glue_dir=d", "tasks=[STDLIB-SAME-DOC]", "inits=[pretrained, random]",
+                              "lrs=[1e-4, 3e-4]", "seeds=[1, 2, 3]"])
+    root = tmp_path / g.name
+    scores = {("pretrained", 1e-4): [0.70, 0.70, 0.70], ("pretrained", 3e-4): [0.80, 0.75, 0.78],
+              ("random", 1e-4): [0.50, 0.55, 0.52], ("random", 3e-4): [0.60, 0.65, 0.70]}
+    for (init, lr), values in scores.items():
+        for seed, v in zip((1, 2, 3), values):
+            _result(root, init, "STDLIB-SAME-DOC", lr, seed, {"accuracy": v})
+    c = glue.compare(g, tmp_path, "STDLIB-SAME-DOC", 0.05)
+    assert c["pretrained"]["best_lr"] == 3e-4 and c["random"]["best_lr"] == 3e-4  # each at its own best rate
+    assert c["worst_minus_best"] == pytest.approx(0.75 - 0.70) and c["median_difference"] == pytest.approx(0.78 - 0.65)
+    args = ["compare", "--task", "STDLIB-SAME-DOC", "--workdir", str(tmp_path), "model=m", "glue_dir=d",
+            "tasks=[STDLIB-SAME-DOC]", "inits=[pretrained, random]", "lrs=[1e-4, 3e-4]", "seeds=[1, 2, 3]"]
+    assert glue.main([*args, "--margin", "0.049"]) == 0
+    assert glue.main([*args, "--margin", "0.051"]) == 1
+    assert "does NOT win" in capsys.readouterr().out
