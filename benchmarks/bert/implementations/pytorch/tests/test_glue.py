@@ -455,3 +455,17 @@ def test_compare_wins_only_when_every_pretrained_seed_beats_every_random_one_by_
     assert glue.main([*args, "--margin", "0.049"]) == 0
     assert glue.main([*args, "--margin", "0.051"]) == 1
     assert "does NOT win" in capsys.readouterr().out
+
+
+def test_a_signal_stops_a_run_without_a_result_and_the_rerun_does_it(tmp_path, tiny_model):
+    rng = random.Random(4)
+    write_task(tmp_path / "glue", "SST-2", examples("SST-2", 32, rng), examples("SST-2", 8, rng))
+    g = glue.load_grid(_grid(tmp_path, tiny_model, tmp_path / "glue", tasks=["SST-2"]))
+    stop = glue.Stop()
+    stop.signum = 15  # as tools/tune.py's handler records SIGTERM
+    with pytest.raises(glue.Stopped, match="signal 15 at step 0"):
+        glue.run_grid(g, tmp_path / "w", stop=stop)
+    assert not list((tmp_path / "w").rglob("*.json*"))  # no result, no temporary
+    stop.signum = 0
+    assert glue.run_grid(g, tmp_path / "w", stop=stop) == 0
+    assert glue.runs(g)[0].path(tmp_path / "w" / g.name).exists()
