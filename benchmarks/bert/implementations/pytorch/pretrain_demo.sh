@@ -10,7 +10,11 @@
 #   4. the curves of both phases in one plot; phase 2 must end well above phase 1's start
 #      and not collapse at the hand-over;
 #   5. export to HF format, load with BertForMaskedLM, top-1 fill-mask on held-out sentences
-#      against the unigram guess.
+#      against the unigram guess;
+#   6. downstream: a sentence-pair task from docstrings pretraining never saw (do two sentences
+#      come from the same docstring?), fine-tuned by tools/glue.py from the pretrained model and
+#      from a randomly initialised twin, over several seeds; the pretrained one's worst seed
+#      must beat the twin's best seed by PD_GLUE_MARGIN (dev accuracy).
 # Sizes come from PD_* variables (defaults: 150 s measured on 2 shared CPU cores); the test suite
 # runs a smaller version. Outputs in PD_OUT (default <repo>/build/pretrain_demo).
 set -euo pipefail
@@ -24,6 +28,8 @@ out="${PD_OUT:-${root}/build/pretrain_demo}"
 : "${PD_STEPS1:=300}" "${PD_BATCH1:=32}" "${PD_ACCUM1:=1}" "${PD_LR1:=1e-2}" "${PD_EVAL1:=3200}"
 : "${PD_STEPS2:=120}" "${PD_BATCH2:=8}" "${PD_ACCUM2:=2}" "${PD_LR2:=5e-3}" "${PD_EVAL2:=640}"
 : "${PD_SENTENCES:=400}" "${PD_RANKS:=2}" "${PD_DROPOUT:=0}"
+: "${PD_GLUE_PAIRS:=1}" "${PD_GLUE_EPOCHS:=3}" "${PD_GLUE_LRS:=[1.0e-4, 3.0e-4]}" "${PD_GLUE_SEEDS:=[1, 2, 3]}"
+: "${PD_GLUE_MARGIN:=0.02}"
 rm -rf "${out}"
 mkdir -p "${out}"
 prep() { python -m input_preprocessing "$@" --workers 2 > /dev/null; }
@@ -100,4 +106,27 @@ cp "${out}/vocab.txt" "${out}/hf/vocab.txt"
 python tools/pretrain_demo.py fill-mask --model "${out}/hf" --vocab "${out}/vocab.txt" \
   --text "${out}/text/eval/eval.txt" --train-text "${out}/text/train" --sentences "${PD_SENTENCES}" \
   --out "${out}/fill_mask.json"
-echo "pretrain-demo: both phases done; curves ${out}/curves.png; HF model ${out}/hf"
+echo "== 6. downstream: same-docstring pairs, fine-tuned from the pretrained model and from random weights"
+python tools/pretrain_demo.py same-doc-task --text "${out}/text/downstream.txt" --output "${out}/downstream" \
+  --pairs "${PD_GLUE_PAIRS}"
+grid="${out}/same_doc_grid.yaml"
+cat > "${grid}" <<EOF
+name: same_doc
+model: ${out}/hf
+glue_dir: ${out}/downstream
+tasks: [STDLIB-SAME-DOC]
+inits: [pretrained, random]
+lrs: ${PD_GLUE_LRS}
+seeds: ${PD_GLUE_SEEDS}
+epochs: ${PD_GLUE_EPOCHS}
+threads: 1
+EOF
+glue() { python tools/glue.py "$1" --grid "${grid}" --workdir "${out}/glue" "${@:2}"; }
+# Two runs at a time, single-threaded, as two array tasks would run them.
+seq 0 $(( $(glue plan --count) - 1 )) | xargs -P "${PD_RANKS}" -I{} \
+  python tools/glue.py run --grid "${grid}" --workdir "${out}/glue" --index {}
+glue table > /dev/null
+cat "${out}/glue/same_doc/table.md"
+glue compare --task STDLIB-SAME-DOC --margin "${PD_GLUE_MARGIN}" --out "${out}/same_doc_compare.json"
+echo "pretrain-demo: both phases done; curves ${out}/curves.png; HF model ${out}/hf;" \
+  "downstream ${out}/glue/same_doc/table.md"

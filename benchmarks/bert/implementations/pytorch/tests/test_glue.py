@@ -469,3 +469,32 @@ def test_a_signal_stops_a_run_without_a_result_and_the_rerun_does_it(tmp_path, t
     stop.signum = 0
     assert glue.run_grid(g, tmp_path / "w", stop=stop) == 0
     assert glue.runs(g)[0].path(tmp_path / "w" / g.name).exists()
+
+
+def test_the_downstream_task_is_made_from_documents_pretraining_never_sees(tmp_path):
+    """tools/pretrain_demo.py: the corpus keeps its downstream documents out of the training
+    and held-out text; same-doc-task's positives are a sentence and the next of one docstring,
+    its negatives a sentence and one of another, no docstring in both train and dev."""
+    import pretrain_demo
+
+    summary = pretrain_demo.write_corpus(tmp_path / "text", max_docs=400)
+    train = [d for part in sorted((tmp_path / "text" / "train").glob("*.txt")) for d in pretrain_demo._read_documents(part)]
+    held = pretrain_demo._read_documents(tmp_path / "text" / "eval" / "eval.txt")
+    down = pretrain_demo._read_documents(tmp_path / "text" / "downstream.txt")
+    assert len(train) + len(held) + len(down) == summary["documents"] == 400 and 30 < len(down) < 100
+    keys = [{" ".join(d) for d in part} for part in (train, held, down)]
+    assert not (keys[0] & keys[2]) and not (keys[1] & keys[2])
+    counts = pretrain_demo.same_doc_task(tmp_path / "text" / "downstream.txt", tmp_path / "glue", pairs=1)
+    data = glue_data.read_glue_dir(tmp_path / "glue", glue_data.TASKS["STDLIB-SAME-DOC"])
+    assert len(data.train) == counts["train"]["pairs"] and len(data.dev[""]) == counts["dev"]["pairs"]
+    nxt = {(d[k], d[k + 1]) for d in down for k in range(len(d) - 1)}
+    for rows in (data.train, data.dev[""]):
+        assert sum(e.label for e in rows) * 2 == len(rows)  # balanced
+        assert all(((e.text_a, e.text_b) in nxt) == (e.label == 1) for e in rows)
+    owners: dict[str, set[int]] = {}
+    for i, d in enumerate(down):
+        for sentence in d:
+            owners.setdefault(sentence, set()).add(i)
+    docs_of = [{i for e in rows for i in owners[e.text_a]} for rows in (data.train, data.dev[""])]
+    unique = [{i for e in rows if len(owners[e.text_a]) == 1 for i in owners[e.text_a]} for rows in (data.train, data.dev[""])]
+    assert not (unique[0] & docs_of[1]) and not (unique[1] & docs_of[0])  # no docstring on both sides

@@ -58,12 +58,16 @@ def test_pretrain_mode_ends_at_its_step_count_with_curves(demo_data, tmp_path):
 
 
 def test_pretrain_demo_small_both_phases_and_transformers(tmp_path, no_procps_path):
-    """pretrain_demo.sh at test size: real text (stdlib docstrings), both phases, HF export."""
+    """pretrain_demo.sh at test size: real text (stdlib docstrings), both phases, HF export, the
+    downstream fine-tuning of the pretrained model and its random twin."""
     env = dict(os.environ, PATH=no_procps_path, PD_OUT=str(tmp_path / "pd"),
                PD_MAX_DOCS="1500", PD_VOCAB="1000", PD_DUPE="2", PD_EVAL_SAMPLES="200", PD_HIDDEN="64",
                PD_LAYERS="2", PD_HEADS="2", PD_STEPS1="300", PD_BATCH1="32", PD_ACCUM1="1", PD_LR1="2e-2",
                PD_EVAL1="3200", PD_STEPS2="20", PD_BATCH2="8", PD_ACCUM2="2", PD_LR2="5e-3", PD_EVAL2="160",
-               PD_SENTENCES="200", PD_DROPOUT="0")
+               PD_SENTENCES="200", PD_DROPOUT="0",
+               # the downstream step at its smallest; its margin is the full demo's (BENCHMARKS.md), here none
+               PD_GLUE_PAIRS="1", PD_GLUE_EPOCHS="1", PD_GLUE_SEEDS="[1, 2]", PD_GLUE_LRS="[3.0e-4]",
+               PD_GLUE_MARGIN="-1")
     r = subprocess.run(["./pretrain_demo.sh"], cwd=PKG, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     out = tmp_path / "pd"
@@ -74,6 +78,10 @@ def test_pretrain_demo_small_both_phases_and_transformers(tmp_path, no_procps_pa
     for p in (1, 2):
         assert json.loads((out / f"p{p}_check.json").read_text())["defects"] == {}
     assert (out / "curves.png").stat().st_size > 1000 and (out / "hf" / "config.json").exists()
+    # the downstream task: both inits fine-tuned on every seed, the table written
+    c = json.loads((out / "same_doc_compare.json").read_text())
+    assert {i: len(c[i]["per_seed"]) for i in ("pretrained", "random")} == {"pretrained": 2, "random": 2}, c
+    assert "| STDLIB-SAME-DOC | acc " in (out / "glue" / "same_doc" / "table.md").read_text()
 
 
 # ---------------------------------------------------------------- SLURM: both phases, chained
