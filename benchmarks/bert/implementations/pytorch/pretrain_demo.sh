@@ -15,7 +15,7 @@
 #      come from the same docstring?), fine-tuned by tools/glue.py from the pretrained model and
 #      from a randomly initialised twin, over several seeds; the pretrained one's worst seed
 #      must beat the twin's best seed by PD_GLUE_MARGIN (dev accuracy).
-# Sizes come from PD_* variables (defaults: 150 s measured on 2 shared CPU cores); the test suite
+# Sizes come from PD_* variables (defaults: BENCHMARKS.md, section 8, says what they cost); the test suite
 # runs a smaller version. Outputs in PD_OUT (default <repo>/build/pretrain_demo).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

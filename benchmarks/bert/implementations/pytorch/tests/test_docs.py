@@ -101,6 +101,14 @@ BLOCKS: dict[tuple[str, str, str], object] = {
     ("docs/pretraining.md", "The plan before the spend (`tools/plan.py`)", "python tools/plan.py --recipe"): Covered(
         "tests/test_plan.py::test_throughput_from_a_bench_json", ("throughputs_from_bench",),
         "gpu_bert_large.json comes from a device run"),
+    ("docs/pretraining.md", "From the pretrained model to a GLUE table (`tools/glue.py`)",
+     "python -m input_preprocessing checkpoint"): Covered(
+        "tests/test_pretrain.py::test_pretrain_demo_small_both_phases_and_transformers", ("pretrain_demo.sh",),
+        "OUTDIR is your run's; pretrain_demo.sh exports its phase-2 weights this way, then fine-tunes them"),
+    ("docs/pretraining.md", "From the pretrained model to a GLUE table (`tools/glue.py`)", "python tools/glue.py plan"):
+        Covered("tests/test_glue.py::test_array_on_slurm_runs_one_run_per_task_and_the_table_follows",
+                ("glue.sub", "plan", "table"),
+                "GLUE's data and a GPU cluster are yours; the test runs the array over generated tasks on its cluster"),
     ("docs/published_recipe.md", "The paper's recipe, as published (Kim et al. 2024, open division)",
      "python tools/schedule.py"): RUN,
     ("docs/published_recipe.md", "The paper's recipe, as published (Kim et al. 2024, open division)",
