@@ -60,7 +60,7 @@ class ModelConfig:
     # Needs unpad=false.
     pack: bool = False
     # Run each encoder layer through torch.compile (inductor), applied from outside by
-    # bert.train.build so the module stays plain eager code. Costs compile time at the
+    # bert.trainer.build_learner so the module stays plain eager code. Costs compile time at the
     # first steps (and a recompile when a new batch shape appears); off = eager.
     compile_layers: bool = False
     # Q, K and V projected by one [3 * hidden, hidden] GEMM instead of three [hidden, hidden]
@@ -231,8 +231,6 @@ class EvalConfig:
     interval_samples: int = -1
     target_accuracy: float = 0.720  # masked-LM accuracy that ends the run
     batch_size: int = 125  # per rank
-    # Evaluate once before training starts (costs one eval pass; not a timed event).
-    at_start: bool = False
 
 
 @dataclass

@@ -14,10 +14,10 @@ import torch.nn as nn
 
 pytest.importorskip("torchao.float8")
 
-from bert import fp8, train  # noqa: E402
+from bert import fp8  # noqa: E402
 from bert.config import ConfigError, build_config  # noqa: E402
-from bert.distributed import DistEnv  # noqa: E402
 from bert.model import BertForPreTraining, pretraining_loss  # noqa: E402
+from bert.trainer import build_learner  # noqa: E402
 from test_model import TINY, hf_model, make_batch, ours_from, pack  # noqa: E402
 
 BF16 = functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16)
@@ -27,7 +27,6 @@ BF16 = functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16)
 # weight's gradient within 35% (measured: <= 14.4%). A wrong scale (a missing 1/scale) or a
 # transposed cast is off by orders of magnitude.
 LOSS_RTOL, GRAD_RTOL, GRAD_COS, PER_WEIGHT_RTOL = 0.03, 0.20, 0.98, 0.35
-SINGLE = DistEnv(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=29500, launcher="single")
 
 
 def _loss_and_grads(model, autocast):
@@ -96,19 +95,19 @@ def _cfg(**over):
     return build_config({**base, **over})
 
 
-def test_build_model_converts_once_and_off_leaves_the_model_alone():
-    parts, _ = train.build_model(_cfg(**{"model.compile_layers": "false"}), SINGLE, torch.device("cpu"))
-    q = parts.model.bert.encoder.layer[0].attention.self.query
+def test_build_learner_converts_once_and_off_leaves_the_model_alone():
+    learner, _ = build_learner(_cfg(**{"model.compile_layers": "false"}), 1, torch.device("cpu"))
+    q = learner.model.bert.encoder.layer[0].attention.self.query
     assert type(q).__name__ == "Float8Linear" and q.config.emulate
-    assert parts.precision.hyperparameters(_cfg().precision)["fp8_gemms"] == "tensorwise"
-    parts, _ = train.build_model(_cfg(**{"precision.fp8": "off"}), SINGLE, torch.device("cpu"))
-    assert not any(type(m).__name__ == "Float8Linear" for m in parts.model.modules())
+    assert learner.precision.hyperparameters(_cfg().precision)["fp8_gemms"] == "tensorwise"
+    learner, _ = build_learner(_cfg(**{"precision.fp8": "off"}), 1, torch.device("cpu"))
+    assert not any(type(m).__name__ == "Float8Linear" for m in learner.model.modules())
 
 
 def test_a_compiled_layer_traces_fp8_whole_with_autograd():
     """dynamo + AOT autograd (aot_eager: inductor's front end without its code generation)
     take a converted layer, fused QKV included, as one graph with dynamic shapes (as
-    bert.train compiles each layer), with eager's result."""
+    bert.trainer compiles each layer), with eager's result."""
     model = BertForPreTraining(dataclasses.replace(TINY, unpad=True, fused_qkv=True))
     fp8.convert(model, "tensorwise", "cpu")
     layer = model.bert.encoder.layer[0]
