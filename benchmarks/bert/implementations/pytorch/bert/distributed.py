@@ -33,7 +33,7 @@ from typing import Mapping, NoReturn
 import torch
 import torch.distributed as dist
 
-from .config import DistConfig
+from .config import LAUNCHER_VARIABLES, DistConfig
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,12 @@ def launch_rank() -> int:
         return detect(DistConfig()).rank
     except ValueError:
         return 0
+
+
+def launcher_variables(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The launcher's settings (``bert.config.LAUNCHER_VARIABLES``) that are set and not empty."""
+    env = os.environ if env is None else env
+    return {k: env[k] for k in LAUNCHER_VARIABLES if env.get(k)}
 
 
 def _free_port() -> int:

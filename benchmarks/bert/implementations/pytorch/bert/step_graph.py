@@ -19,7 +19,7 @@ Two costs the timed run should not pay, and what this module does about them:
   ``data.token_budgets`` pads every micro-batch's token count to one of a few budgets
   (bert/budget.py), so there are a few shapes, each captured once during the warm-up.
 
-What graph capture requires, and where it is checked (``check``): CUDA; one process (DDP's
+What graph capture requires, and where it is checked (``bert.config.check_cuda_graphs``): CUDA; one process (DDP's
 reducer and our comm hooks are not captured here); not fp16 (GradScaler's step syncs the
 host to decide whether to skip); a capturable optimizer (step count and learning rate on
 the device: ``build_optimizer(..., capturable=True)``; the scheduler fills the learning-rate
@@ -320,27 +320,6 @@ class GraphedStep:
 
 
 # ---------------------------------------------------------------- choosing and preparing
-
-
-def check(cfg: Config, device: torch.device, world_size: int) -> None:
-    """Refuse, naming the key, what graph capture cannot do (module docstring)."""
-    if not cfg.run.cuda_graphs:
-        return
-    why = None
-    if device.type != "cuda":
-        why = f"needs a CUDA device (device is {device.type!r})"
-    elif world_size > 1:
-        why = f"captures a single process's step; this run has {world_size} ranks (DDP's allreduce is not captured)"
-    elif cfg.precision.dtype == "fp16":
-        why = "fp16's loss scaler syncs the host to skip overflowing steps: use precision.dtype=bf16"
-    elif cfg.optim.impl == "apex":
-        why = "apex's fused optimizers are not capturable: use optim.impl=compiled or torch"
-    elif not cfg.data.token_budgets:
-        why = "needs static batch shapes: set data.token_budgets (e.g. auto)"
-    elif cfg.run.warmup_steps < 1:
-        why = "needs run.warmup_steps >= 1 (the optimizer state must exist before capture)"
-    if why:
-        raise ConfigError(f"run.cuda_graphs: {why}")
 
 
 def capturable(optimizer: torch.optim.Optimizer) -> bool:

@@ -31,8 +31,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import distributed, fp8, grad_sync, ladder, resume, rng, sampler, step_graph, storage
 from .checkpoint import load_weights, tf_tensor_names
-from .config import (Config, ConfigError, dumps, eval_interval_samples, global_batch_size, is_benchmark_model,
-                     max_samples)
+from .config import (Config, ConfigError, check_for_device, dumps, eval_interval_samples, global_batch_size,
+                     is_benchmark_model, max_samples)
 from .data import EvalSet, check_eval_dir, split_labels, to_device
 from .evaluate import held_out_metrics, mlm_accuracy, warm_up_eval
 from .exit_status import ExitStatus
@@ -97,7 +97,8 @@ def _scale_or_one(scaler: torch.amp.GradScaler) -> torch.Tensor | float:
 def build_learner(cfg: Config, world_size: int, device: torch.device) -> tuple[Learner, str]:
     """The model (and the phase-1 weights), precision, DDP, gradient sync, optimizer and
     schedule, and the optimizer implementation's name. Touches no training or eval file."""
-    fp8.check(cfg, device.type)  # what FP8 GEMMs cannot do, refused by name
+    # What CUDA graphs and FP8 GEMMs cannot do on this device and world size, refused by name.
+    check_for_device(cfg, device.type, world_size, torch.cuda.get_device_capability if device.type == "cuda" else None)
     # Built on the device (factories and the normal init there): BERT-Large's 335 M
     # parameters are neither initialised on the host nor copied over. The init then draws
     # from the device's generator (seeded like the host's).
@@ -133,7 +134,6 @@ def build_learner(cfg: Config, world_size: int, device: torch.device) -> tuple[L
     hook_scale = functools.partial(_scale_or_one, scaler) if scaler.is_enabled() else None
     sync = grad_sync.build(cfg.grad_sync, train_model if isinstance(train_model, DDP) else None,
                            model.parameters(), cfg.optim.max_grad_norm, hook_scale)
-    step_graph.check(cfg, device, world_size)  # what CUDA graphs cannot do, refused by name
     # Graphs: step counts and learning rates on the device, read by the optimizer graph.
     optimizer, impl = build_optimizer(model, cfg.optim, device.type, capturable=cfg.run.cuda_graphs)
     scheduler = build_scheduler(optimizer, cfg.optim)

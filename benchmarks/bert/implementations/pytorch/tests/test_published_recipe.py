@@ -26,7 +26,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from bert import grad_sync
+from bert import config_script, grad_sync
 from bert.config import GradSyncConfig, PrecisionConfig, build_config, eval_interval_samples, max_samples
 from bert.model import BertForPreTraining, pretraining_loss
 from bert.optim import lr_at
@@ -34,7 +34,12 @@ from bert.precision import build_precision, build_scaler
 from bert.state import Learner
 from bert.trainer import train_step
 from conftest import PKG, demo_run_env, end_worker, free_port, mllog_events, run_checker
-from tools.schedule import resolve
+
+
+def resolve(config_sh, extra_env=None):
+    """The Config a config script gives (the trainer's own reading: bert.config_script)."""
+    return config_script.load(config_sh, {"PATH": os.environ["PATH"], **(extra_env or {})})[0]
+
 
 CONFIG = PKG / "config_DGXA100_128x8.sh"
 

@@ -10,7 +10,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import torch
 
 from bert import train
 from bert.config import build_config, parse_overrides, timed_run_problems

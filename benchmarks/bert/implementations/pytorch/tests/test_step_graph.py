@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from bert import evaluate, ladder, rng, sampler, step_graph, train
-from bert.config import ConfigError, build_config, parse_overrides
+from bert.config import ConfigError, build_config, check_cuda_graphs, parse_overrides
 from bert.optim import build_optimizer, build_scheduler
 from bert.distributed import DistEnv
 from bert.trainer import Trainer, train_step
@@ -180,11 +180,11 @@ def test_graphed_step_computes_the_eager_step(demo_data, tmp_path, accum, caplog
 
 
 def test_check_refuses_what_graphs_cannot_do(demo_data, tmp_path):
-    cuda = torch.device("cuda")  # only its type is read: nothing runs on it
+    cuda = "cuda"  # a device type: nothing runs on it
     ok = ["run.cuda_graphs=true", "run.warmup_steps=2", "data.token_budgets=auto", "precision.dtype=bf16"]
-    step_graph.check(_cfg(demo_data, tmp_path, *ok), cuda, 1)
+    check_cuda_graphs(_cfg(demo_data, tmp_path, *ok), "cuda", 1)
     cases = [
-        ((), torch.device("cpu"), 1, "CUDA device"),
+        ((), "cpu", 1, "CUDA device"),
         ((), cuda, 2, "2 ranks"),
         (("precision.dtype=fp16",), cuda, 1, "fp16"),
         (("optim.impl=apex",), cuda, 1, "apex"),
@@ -193,8 +193,8 @@ def test_check_refuses_what_graphs_cannot_do(demo_data, tmp_path):
     ]
     for extra, device, world, words in cases:
         with pytest.raises(ConfigError, match=r"run\.cuda_graphs:.*" + words.replace(".", r"\.")):
-            step_graph.check(_cfg(demo_data, tmp_path, *ok, *extra), device, world)
-    step_graph.check(_cfg(demo_data, tmp_path, "run.cuda_graphs=false"), torch.device("cpu"), 4)
+            check_cuda_graphs(_cfg(demo_data, tmp_path, *ok, *extra), device, world)
+    check_cuda_graphs(_cfg(demo_data, tmp_path, "run.cuda_graphs=false"), "cpu", 4)
     with pytest.raises(ConfigError, match="run.warmup_steps"):
         _cfg(demo_data, tmp_path, "run.warmup_steps=-1")
 
