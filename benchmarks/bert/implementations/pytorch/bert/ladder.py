@@ -41,7 +41,7 @@ def layout_for(cfg: Any, world_size: int) -> Layout | None:
     """The run's budget layout (None when ``data.token_budgets`` is off); touches no data,
     so it may be built before run_start (warm-up, graph capture) and again by the loader."""
     d, local_batch = cfg.data, cfg.run.local_batch_size
-    spec = d.token_budgets.strip()
+    spec = d.token_budgets
     if not spec:
         return None
     rungs = parse_budgets(spec, local_batch, d.max_seq_length)
@@ -55,7 +55,7 @@ def eval_layout_for(cfg: Any, world_size: int) -> Layout | None:
     for ``run.mode=pretrain``, whose evaluation also scores next-sentence prediction, which
     a filler sample would join): the ``auto`` ladder for ``eval.batch_size`` samples drawn at
     random, ``eval.batch_size * max_predictions_per_seq`` masked slots. Touches no data."""
-    if not cfg.data.token_budgets.strip() or cfg.run.mode == "pretrain":
+    if not cfg.data.token_budgets or cfg.run.mode == "pretrain":
         return None
     n, s = cfg.eval.batch_size, cfg.data.max_seq_length
     rungs = auto_ladder(random_token_pmf(length_pmf(s), n), n * s)
@@ -96,7 +96,7 @@ def simulated_token_counts(cfg: Any, world_size: int, pmf: np.ndarray, draws: in
     population = rng.choice(len(pmf), size=max(65536, 4 * draws), p=pmf)
     strata = None
     if sm.mode == "stratified":
-        n = len(sm.counts.split(",")) if sm.counts else 4
+        n = len(sm.counts) if sm.counts else 4
         strata = Strata.from_lengths(population, even_bounds(s, sm.strata_width or math.ceil(s / n)))
     group = min(sm.group_size or world_size, world_size) if sm.deal != "none" else 1
     sampler = IndexSampler(population, strata, 0, group, local_batch, seed, group=group, draw=sm.draw,

@@ -197,19 +197,19 @@ class Strata:
         los = np.array([lo for lo, _ in self.bounds] + [np.iinfo(np.int64).max])
         return np.where((k < len(his)) & (lengths >= los[np.minimum(k, len(his))]), k, -1)
 
-    def counts(self, unit: int, override: str = "") -> np.ndarray:
+    def counts(self, unit: int, override: Sequence[int] = ()) -> np.ndarray:
         """Samples per stratum per draw unit of ``unit`` samples: largest-remainder rounding
-        of the shares, or ``override`` ("6,3,2,5"), which must sum to ``unit``."""
+        of the shares, or ``override`` ([6, 3, 2, 5]), which must sum to ``unit``."""
         return self.schedule(unit, override=override).fixed
 
-    def schedule(self, unit: int, rounding: str = "fixed", override: str = "") -> CountSchedule:
+    def schedule(self, unit: int, rounding: str = "fixed", override: Sequence[int] = ()) -> CountSchedule:
         c = None
-        if override:
+        if len(override):
             if rounding != "fixed":
                 raise ConfigError("sampler.counts fixes the counts; it needs sampler.rounding=fixed")
-            c = np.array([int(x) for x in override.split(",")], dtype=np.int64)
+            c = np.array(override, dtype=np.int64)
             if len(c) != len(self.bounds) or c.sum() != unit or (c < 0).any():
-                raise ConfigError(f"sampler.counts={override!r}: need {len(self.bounds)} "
+                raise ConfigError(f"sampler.counts={list(override)}: need {len(self.bounds)} "
                                  f"non-negative counts summing to {unit}")
         return CountSchedule(self.shares, unit, rounding, c)
 
@@ -302,7 +302,7 @@ class IndexSampler:
 
     def __init__(self, lengths: np.ndarray, strata: Strata | None, rank: int, world_size: int,
                  local_batch: int, seed: int, *, group: int = 1, draw: str = "rank",
-                 deal_policy: str = "none", counts: str = "", rounding: str = "fixed",
+                 deal_policy: str = "none", counts: Sequence[int] = (), rounding: str = "fixed",
                  hidden: int = 1024):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")

@@ -142,14 +142,14 @@ def test_rung_choice_at_the_edges():
     above = collate(samples(4, 0, lengths=[32, 32, 30, 30]), True, S)  # 124 > every listed rung
     assert budget.pad_batch(above, lay)["input_ids"].numel() == 4 * S  # the full grid takes it
     # an explicit list that stops short of the full grid gets it appended
-    assert parse_budgets("64,96", 4, S) == (64, 96, 128)
-    assert parse_budgets("64,128", 4, S) == (64, 128)
+    assert parse_budgets([64, 96], 4, S) == (64, 96, 128)
+    assert parse_budgets([64, 128], 4, S) == (64, 128)
     too_many = budget.Layout((4 * S,), 3, S)  # fewer prediction slots than the batch holds
     with pytest.raises(ValueError, match="max_predictions_per_seq"):
         budget.pad_batch(collate(samples(4, 1, lengths=[20] * 4), True, S), too_many)
 
 
-@pytest.mark.parametrize("spec, why", [("abc", "increasing token counts"), ("0,64", ">= 1"),
+@pytest.mark.parametrize("spec, why", [("abc", "a list of integers"), ("0,64", ">= 1"),
                                        ("96,64", "strictly increasing"), ("64,64", "strictly increasing"),
                                        ("99999", "full grid")])
 def test_bad_budgets_name_the_key(spec, why):
@@ -161,7 +161,7 @@ def test_budgets_need_the_unpadded_layout():
     with pytest.raises(ConfigError, match=r"data\.token_budgets.*model\.unpad=true"):
         build_config({"data.token_budgets": "auto", "model.unpad": "false"})
     cfg = build_config({"data.token_budgets": "auto"})  # the default layout is unpadded
-    assert build_config({}).data.token_budgets == ""  # off by default: today's behaviour
+    assert build_config({}).data.token_budgets == []  # off by default: today's behaviour
     assert ladder.layout_for(build_config({}), 1) is None
     lay = ladder.layout_for(cfg, 1)
     assert lay.rungs[-1] == cfg.run.local_batch_size * 512 and lay.max_seq_length == 512

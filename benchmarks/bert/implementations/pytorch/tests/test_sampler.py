@@ -95,10 +95,10 @@ def test_wikipedia_manifest_counts_are_6_3_2_5(tmp_path):
     assert index.bounds == ((1, 128), (129, 256), (257, 384), (385, 512))
     s = smp.build_sampler(SamplerConfig(mode="stratified"), index, 0, 1, 16, 0, 512, 1024)
     assert s.counts.tolist() == [6, 3, 2, 5]
-    s = smp.build_sampler(SamplerConfig(mode="stratified", counts="5,4,2,5"), index, 0, 1, 16, 0, 512, 1024)
+    s = smp.build_sampler(SamplerConfig(mode="stratified", counts=[5, 4, 2, 5]), index, 0, 1, 16, 0, 512, 1024)
     assert s.counts.tolist() == [5, 4, 2, 5]
     with pytest.raises(ValueError, match="summing to 16"):
-        smp.build_sampler(SamplerConfig(mode="stratified", counts="5,4,2,4"), index, 0, 1, 16, 0, 512, 1024)
+        smp.build_sampler(SamplerConfig(mode="stratified", counts=[5, 4, 2, 4]), index, 0, 1, 16, 0, 512, 1024)
 
 
 def test_largest_remainder():
@@ -171,7 +171,7 @@ MODES = [  # (mode, deal, draw, group, counts or rounding)
 def samplers(lengths, world, mode, deal, draw, group, counts, seed=3):
     strata = smp.Strata.from_lengths(lengths, BOUNDS) if mode == "stratified" else None
     rounding = "carry" if counts == "carry" else "fixed"
-    counts = "" if counts == "carry" else counts
+    counts = [] if counts in ("", "carry") else [int(c) for c in counts.split(",")]
     return [smp.IndexSampler(lengths, strata, r, world, 4, seed, group=group, draw=draw, deal_policy=deal,
                              counts=counts, rounding=rounding) for r in range(world)]
 
@@ -313,7 +313,7 @@ def _gloo_worker(rank, port, root, out):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     res = {}
     for deal in ("snake", "greedy"):
-        base = dict(mode="stratified", group_size=2, counts="2,1,1")
+        base = dict(mode="stratified", group_size=2, counts=[2, 1, 1])
         plain = smp.train_batches(_cfg(root, **base), rank, 2)
         local = smp.train_batches(_cfg(root, **base, deal=deal), rank, 2)
         gathered = smp.train_batches(_cfg(root, **base, deal=deal, lengths="gather"), rank, 2)
