@@ -208,13 +208,16 @@ def _check_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cls-id", type=int, default=101)
     p.add_argument("--sep-id", type=int, default=102)
     p.add_argument("--max-seq-length", type=int, default=512)
+    p.add_argument("--digests", default="", help="also write each shard's examples_md5 (the md5 of its examples, "
+                   "the same in either layout) to this file, '<md5>  <shard>' a line: compare it with the same "
+                   "file made from shards made elsewhere, part by part")
 
 
 def _run_check(a: argparse.Namespace) -> object:
     from .check import Vocabulary, check
 
     vocab = Vocabulary.from_file(a.vocab) if a.vocab else Vocabulary(a.vocab_size, a.cls_id, a.sep_id)
-    out = check(a.input, vocab, a.max_seq_length)
+    out = check(a.input, vocab, a.max_seq_length, a.digests)
     for line in out["diagnosis"]:
         print(f"diagnosis: {line}", file=sys.stderr)
     if "other_vocabulary" in out:

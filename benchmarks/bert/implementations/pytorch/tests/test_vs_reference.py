@@ -347,3 +347,27 @@ def test_draws_are_random_random_s():
                 assert ours_.randint(2, m + 2) == theirs.randint(2, m + 2) and ours_.random() == theirs.random()
         assert ours_.random() == theirs.random()
 
+
+def test_check_digests_say_a_part_made_by_the_reference_is_ours(mixed, tmp_path, capsys):
+    """The reference's examples of a part, written to hdf5 as NVIDIA's scripts lay them out
+    (int64, padded), and ours of the same part, in both layouts: one examples_md5, which
+    `check --digests` writes; another part's differs."""
+    parts, vocabs = mixed
+    ref = reference(parts[0], vocabs[True], SMALL)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    with h5py.File(theirs / "part-00000.hdf5", "w") as f:
+        for k in FEATURES:
+            f.create_dataset(k, data=ref[k].reshape(len(ref[k]), -1).squeeze(-1) if k == "next_sentence_labels"
+                             else ref[k])
+    create(parts[0].parent, vocabs[True], tmp_path / "fixed", SMALL, pattern="part-0000[01].txt")
+    create(parts[0].parent, vocabs[True], tmp_path / "variable", CreateOptions(**{**SMALL.__dict__, "layout": "variable"}),
+           pattern="part-0000[01].txt")
+    digests = {}
+    for name in ("theirs", "fixed", "variable"):
+        assert main(["check", "--input", str(tmp_path / name), "--vocab", str(vocabs[True]), "--max-seq-length", "128",
+                     "--digests", str(tmp_path / f"{name}.md5")]) == 0
+        capsys.readouterr()
+        digests[name] = dict(ln.split("  ")[::-1] for ln in (tmp_path / f"{name}.md5").read_text().splitlines())
+    assert digests["theirs"]["part-00000.hdf5"] == digests["fixed"]["part-00000.hdf5"] == \
+        digests["variable"]["part-00000.hdf5"] != digests["fixed"]["part-00001.hdf5"]
