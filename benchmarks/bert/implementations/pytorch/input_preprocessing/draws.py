@@ -171,14 +171,10 @@ class Stream:
         # integer test that the first word nearly always decides alone (both are used anyway)
         m_hi, m_lo = _P80
         k_hi, k_lo = _P50
-        s, out = 32 - k, []
-        self._ensure(4 * n + 64)
+        s, out, need = 32 - k, [], 5 * n + 64  # 2 + 2 + 1 words a position, and retries
+        self._ensure(need)
         w, p = self._w, self._p
         for _ in range(n):
-            if len(w) - p < 4:
-                self._p = p
-                self._ensure(4 * n + 64)
-                w, p = self._w, self._p
             a = w[p] >> 5
             p += 2
             if a < m_hi or a == m_hi and w[p - 1] >> 6 < m_lo:
@@ -191,10 +187,10 @@ class Stream:
                 continue
             r = w[p] >> s
             p += 1
-            while r >= vocab_size:
-                if p >= len(w):
+            while r >= vocab_size:  # a retry: the only draw beyond the budget above
+                if len(w) - p < need:
                     self._p = p
-                    self._ensure(4 * n + 64)
+                    self._ensure(need)
                     w, p = self._w, self._p
                 r = w[p] >> s
                 p += 1
