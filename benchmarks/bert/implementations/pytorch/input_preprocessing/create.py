@@ -38,7 +38,7 @@ from bert.shards import Shard
 
 from .common import PrepError, file_fingerprint, parallel_map, prepare_output, write_shard_atomic
 from .draws import MASK, reference_random
-from .wordpiece import Tokenizer, vocab_tokens
+from .wordpiece import UNICODE_VERSION, Tokenizer, vocab_tokens
 
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 MAX_TOKEN_ID = 32767  # shards store token ids as int16
@@ -343,7 +343,10 @@ def create(input_dir: str | Path, vocab_path: str | Path, output_dir: str | Path
     opts.check()
     vocab = load_vocab(vocab_path)
     parts = list_parts(input_dir, pattern)
+    # The tokenizer and its Unicode tables decide the examples as much as the flags: a run is
+    # not resumed by a create that tokenizes otherwise (an older one, another Python's tables).
     out = prepare_output(output_dir, "create", {**asdict(opts), "vocab_md5": vocab.md5,
+                                                "tokenizer": f"reference, Unicode {UNICODE_VERSION}",
                                                 "inputs": file_fingerprint(parts, Path(input_dir))})
     t0 = time.perf_counter()
     results = parallel_map(_create_one, [_Job(p, out, vocab, opts) for p in parts], workers, "create")

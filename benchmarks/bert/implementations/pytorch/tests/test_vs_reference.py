@@ -371,3 +371,19 @@ def test_check_digests_say_a_part_made_by_the_reference_is_ours(mixed, tmp_path,
         digests[name] = dict(ln.split("  ")[::-1] for ln in (tmp_path / f"{name}.md5").read_text().splitlines())
     assert digests["theirs"]["part-00000.hdf5"] == digests["fixed"]["part-00000.hdf5"] == \
         digests["variable"]["part-00000.hdf5"] != digests["fixed"]["part-00001.hdf5"]
+
+
+def test_a_run_of_another_tokenizer_is_not_resumed(mixed, tmp_path):
+    """A directory an older create (Hugging Face's tokenizer) or another Python's Unicode
+    tables began is refused, not completed with parts made otherwise."""
+    import json
+
+    parts, vocabs = mixed
+    out = tmp_path / "o"
+    create(parts[0].parent, vocabs[True], out, SMALL, pattern=parts[0].name)
+    record = json.loads((out / ".run.json").read_text())
+    assert record["params"]["tokenizer"] == f"reference, Unicode {unicodedata.unidata_version}"
+    del record["params"]["tokenizer"]  # as the create before this one wrote it
+    (out / ".run.json").write_text(json.dumps(record))
+    with pytest.raises(PrepError, match=r"already holds a different run \(different tokenizer\)"):
+        create(parts[0].parent, vocabs[True], out, SMALL, pattern=parts[0].name)
