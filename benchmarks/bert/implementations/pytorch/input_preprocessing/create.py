@@ -36,7 +36,7 @@ import numpy as np
 
 from bert.shards import Shard
 
-from .common import PrepError, file_fingerprint, parallel_map, prepare_output, write_shard_atomic
+from .common import PrepError, file_fingerprint, parallel_map, prepare_output, reference_lines, write_shard_atomic
 from .draws import MASK, reference_random
 from .wordpiece import UNICODE_VERSION, Tokenizer, vocab_tokens
 
@@ -121,18 +121,7 @@ def read_documents(path: Path, tokenizer: Tokenizer, strict: bool) -> tuple[list
         raw = path.read_bytes()
     except OSError as e:
         raise PrepError(f"{path}: cannot read: {e.strerror}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw[:e.start].count(b"\n") + 1
-        raise PrepError(f"{path}: line {line}: not UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
-    # Lines end at "\n" only, as GFile reads them: not at the other breaks str.splitlines()
-    # knows (U+2028/2029/0085, form feed, vertical tab, U+001C-1E, a lone "\r"), which stay
-    # inside their line for the tokenizer to clean.
-    lines = text.split("\n")
-    if lines[-1] == "":  # the last "\n" ends a line; it starts none
-        lines.pop()
-    lines = [ln.strip() for ln in lines]
+    lines = reference_lines(path, raw)
     if not any(lines):
         raise PrepError(f"{path}: empty part (no text)")
 

@@ -37,7 +37,7 @@ import unicodedata
 from pathlib import Path
 from typing import Sequence
 
-from .common import PrepError
+from .common import PrepError, reference_lines
 
 UNICODE_VERSION = unicodedata.unidata_version
 UNK = "[UNK]"
@@ -50,15 +50,7 @@ def vocab_tokens(path: Path, raw: bytes) -> list[str]:
     ``str.strip``). A token on two lines is refused, naming both: the reference keeps the
     first and numbers the next token one lower, so every later id would differ from its
     line's."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw[:e.start].count(b"\n") + 1
-        raise PrepError(f"{path}: line {line}: vocab is not UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
-    lines = text.split("\n")
-    if lines[-1] == "":  # the last "\n" ends a line; it starts none
-        lines.pop()
-    tokens = [ln.strip() for ln in lines]
+    tokens = reference_lines(path, raw, "vocab is ")
     first: dict[str, int] = {}
     for i, t in enumerate(tokens):
         j = first.setdefault(t, i)
