@@ -277,14 +277,18 @@ def _cfg(root, **sampler):
                          "run.seed": 1, **{f"sampler.{k}": v for k, v in sampler.items()}})
 
 
+def _loader(cfg, rank, world):
+    return smp.train_batches(cfg.data, cfg.sampler, cfg.model, cfg.run.local_batch_size, cfg.run.seed, rank, world)
+
+
 def test_loader_resumes_mid_epoch(strata_dir):
     root, _ = strata_dir
     cfg = _cfg(root, mode="stratified", deal="greedy", group_size=2)
-    first = smp.train_batches(cfg, 1, 4)
+    first = _loader(cfg, 1, 4)
     batches = [next(first) for _ in range(7)]
     state = first.state_dict()
     first.close()
-    again = smp.train_batches(cfg, 1, 4)
+    again = _loader(cfg, 1, 4)
     again.load_state_dict(state)
     for _ in range(3):
         want, got = next(first), next(again)
@@ -299,7 +303,7 @@ def test_train_batches_picks_the_closed_loader(demo_data):
 
     cfg = build_config({"data.train_dir": str(demo_data.train), "data.max_seq_length": 128,
                         "model.max_position_embeddings": 128, "data.max_predictions_per_seq": 20, "run.seed": 1})
-    assert isinstance(smp.train_batches(cfg, 0, 2), TrainLoader)
+    assert isinstance(_loader(cfg, 0, 2), TrainLoader)
     with pytest.raises(ConfigError, match="closed division"):
         build_config({"sampler.mode": "stratified"})
 
@@ -314,9 +318,9 @@ def _gloo_worker(rank, port, root, out):
     res = {}
     for deal in ("snake", "greedy"):
         base = dict(mode="stratified", group_size=2, counts=[2, 1, 1])
-        plain = smp.train_batches(_cfg(root, **base), rank, 2)
-        local = smp.train_batches(_cfg(root, **base, deal=deal), rank, 2)
-        gathered = smp.train_batches(_cfg(root, **base, deal=deal, lengths="gather"), rank, 2)
+        plain = _loader(_cfg(root, **base), rank, 2)
+        local = _loader(_cfg(root, **base, deal=deal), rank, 2)
+        gathered = _loader(_cfg(root, **base, deal=deal, lengths="gather"), rank, 2)
         for step in range(6):
             res[(deal, step)] = {name: [uid_of(s) for s in loader.samples(step)]
                                  for name, loader in (("plain", plain), ("local", local), ("gather", gathered))}
