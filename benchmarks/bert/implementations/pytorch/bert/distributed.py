@@ -33,6 +33,7 @@ from typing import Mapping, NoReturn
 import torch
 import torch.distributed as dist
 
+from . import tether
 from .config import DistConfig
 
 
@@ -121,6 +122,23 @@ def launch_rank() -> int:
         return detect(DistConfig()).rank
     except ValueError:
         return 0
+
+
+def tether_to_launcher(env: Mapping[str, str] | None = None) -> None:
+    """End with the launcher: when ``BERT_PARENT_PID`` names one (run_and_time.sh sets it:
+    torchrun, or the script itself for LAUNCHER=task), this process gets SIGKILL when that
+    parent dies (bert/tether.py), and ends at once, saying so, if it died already."""
+    env = os.environ if env is None else env
+    value = env.get(tether.PARENT_VAR, "")
+    if not value:
+        return
+    try:
+        parent = int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {tether.PARENT_VAR}={value!r} is not a PID") from None
+    if not tether.tether(parent):
+        rank_line(f"bert: the launcher (PID {parent}) ended before this process could follow it: not training")
+        exit_process(tether.EXIT_ORPHANED)
 
 
 def _free_port() -> int:

@@ -216,10 +216,11 @@ class StopFlag:
     """Set by signals, read by the loops at their next poll (``Checkpointer.at_boundary``) and
     between evaluation batches (``interrupted``).
 
-    SIGTERM / SIGUSR1 (``ckpt.on_signal``): write a checkpoint, then stop (exit 3). SIGINT
-    (Ctrl-C; always): stop (exit 130). Its handler then gives SIGINT its default action back,
-    so a second Ctrl-C ends the process at once: a Python handler would run only once the
-    main thread is back in the interpreter, not inside a collective or a long kernel.
+    SIGTERM / SIGUSR1 (``ckpt.on_signal``): write a checkpoint, then stop (exit 3); without
+    ``ckpt.on_signal`` they end the process as their default action would. SIGINT (Ctrl-C;
+    always): stop (exit 130). Its handler then gives SIGINT its default action back, so a
+    second Ctrl-C ends the process at once: a Python handler would run only once the main
+    thread is back in the interpreter, not inside a collective or a long kernel.
 
     The handlers only store a number and reset a disposition: no I/O and no locks, which
     could deadlock when the signal lands inside a collective or a write.
@@ -238,19 +239,51 @@ class StopFlag:
         self.interrupted = True
         signal.signal(signal.SIGINT, signal.SIG_DFL)
 
+    @staticmethod
+    def _default(signum: int, _frame: Any) -> None:
+        # Caught (so that run_and_time.sh sees a handler and delivers it), then what the
+        # default action does: end the process by this signal.
+        signal.signal(signum, signal.SIG_DFL)
+        signal.raise_signal(signum)
+
     @contextlib.contextmanager
-    def installed(self, on_signal: bool) -> Iterator[StopFlag]:
-        """Handlers for the duration (main thread only: Python delivers signals there)."""
+    def installed(self, on_signal: bool, pending: Path | None = None) -> Iterator[StopFlag]:
+        """Handlers for the duration (main thread only: Python delivers signals there).
+
+        ``pending``: the file where run_and_time.sh notes each signal it got
+        (``<--exit-status-dir>/signals``, one name a line) before sending it to the
+        processes that catch it; read once the handlers are in place, so that a signal
+        that came before (before this process existed, or could catch it) is acted on too.
+        One noted and also delivered acts once: the flags are set, not counted."""
         if threading.current_thread() is not threading.main_thread():
             yield self
             return
-        handlers = {signal.SIGINT: self._interrupt, **{s: self._handle for s in self.SIGNALS if on_signal}}
+        other = self._handle if on_signal else self._default
+        handlers = {signal.SIGINT: self._interrupt, **{s: other for s in self.SIGNALS}}
         previous = {s: signal.signal(s, h) for s, h in handlers.items()}
         try:
+            for signum in _pending_signals(pending):
+                if signum == signal.SIGINT:
+                    self.interrupted = True  # the launcher ends the run on a second Ctrl-C itself
+                elif on_signal:
+                    self.signum = signum
+                else:
+                    signal.raise_signal(signum)
             yield self
         finally:
             for s, h in previous.items():
                 signal.signal(s, h)
+
+
+def _pending_signals(path: Path | None) -> list[signal.Signals]:
+    if path is None:
+        return []
+    try:
+        names = path.read_text().split()
+    except FileNotFoundError:
+        return []
+    known = {"USR1": signal.SIGUSR1, "TERM": signal.SIGTERM, "INT": signal.SIGINT}
+    return [known[n] for n in names if n in known]
 
 
 class Checkpointer:
@@ -268,6 +301,7 @@ class Checkpointer:
         self.last_write = time.monotonic()
         self.written: list[Path] = []
         self.stop_checkpoint: Path | None = None  # the one written by the stop the ranks agreed on
+        self.signum = 0  # the SIGTERM / SIGUSR1 the ranks agreed to stop for (the largest number)
 
     def at_boundary(self, parts: Any, state: Any, say: Callable[[str], None]) -> str | None:
         """After a step; the same answer on every rank. None: go on. "preempted" (SIGTERM /
@@ -293,12 +327,13 @@ class Checkpointer:
         failure = self.pending()
         # A rank may get a signal (or cross the minute mark, or fail a write) a step before
         # another: agree by max. One 16-byte all_reduce and a host sync per poll.
-        flags = torch.tensor([self.stop.signum != 0, clock, self.stop.interrupted, failure is not None],
+        flags = torch.tensor([self.stop.signum, clock, self.stop.interrupted, failure is not None],
                              dtype=torch.int32, device=self.device)
-        signaled, clock, interrupted, failed = distributed.all_reduce_max(flags).tolist()
+        signum, clock, interrupted, failed = distributed.all_reduce_max(flags).tolist()
         if failed:
             storage.raise_agreed(failure)
-        return bool(signaled), bool(clock), bool(interrupted)
+        self.signum = self.signum or signum  # the signal some rank got: every rank names it
+        return bool(signum), bool(clock), bool(interrupted)
 
     def save(self, parts: Any, state: Any) -> Path:
         """Every rank calls this at the same step; returns the checkpoint's directory. A failed

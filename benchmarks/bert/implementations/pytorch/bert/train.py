@@ -378,7 +378,9 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def run(cfg: Config, dry_run: bool = False) -> int:
+def run(cfg: Config, dry_run: bool = False, pending_signals: Path | None = None) -> int:
+    """``pending_signals``: signals the launcher got before this process could catch them
+    (resume.StopFlag.installed)."""
     denv = distributed.job_env(cfg.dist)
     device = distributed.device_for(cfg.run.device, denv.local_rank)
     if cfg.run.threads > 0:
@@ -399,7 +401,7 @@ def run(cfg: Config, dry_run: bool = False) -> int:
     stop = resume.StopFlag()
     comm_failed = False
     try:
-        with stop.installed(cfg.ckpt.on_signal):
+        with stop.installed(cfg.ckpt.on_signal, pending_signals):
             return _run(cfg, denv, device, log, say, log_path, ckpt_dir, start_from, stop, dry_run)
     except BAD_INPUT as e:
         distributed.rank_line(f"error: rank {denv.rank}: {e}")
@@ -537,7 +539,7 @@ def _finish(status: str, state: TrainState, parts: Parts, cfg: Config, denv: dis
         log.run_stop("aborted", state.samples, parts.eval_samples)
         saved = ckpt.stop_checkpoint
         if status == "preempted":
-            say(f"stopped by signal {ckpt.stop.signum} after step {state.step}: resume from {saved}")
+            say(f"stopped by signal {ckpt.signum} after step {state.step}: resume from {saved}")
             return resume.EXIT_PREEMPTED
         said = f"checkpoint {saved} written: rerun the same command to resume" if saved else "nothing saved"
         found = resume.complete_checkpoints(ckpt_dir) if not saved and denv.is_main else []
@@ -568,6 +570,7 @@ def main(argv: list[str] | None = None) -> int:
                          "ends (the statuses above; seed: rank 0's, as its MLPerf log has it, for a run that "
                          "trained; for launcher scripts: torchrun reports any non-zero exit as a failure)")
     args = ap.parse_intermixed_args(argv)
+    distributed.tether_to_launcher()  # killed with run_and_time.sh / torchrun, whatever kills them
     rank = distributed.launch_rank()
     try:
         overrides = parse_overrides(args.overrides)
@@ -579,7 +582,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"config error: {e}", file=sys.stderr)
         code = 2
     else:
-        code = run(cfg, dry_run=args.dry_run)
+        code = run(cfg, dry_run=args.dry_run,
+                   pending_signals=Path(args.exit_status_dir, "signals") if args.exit_status_dir else None)
     if args.exit_status_dir is None:
         return code
     # 0 and 1 end a run that trained (run_stop logged); a dry run or an error trained nothing.

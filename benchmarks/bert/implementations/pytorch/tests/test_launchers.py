@@ -186,14 +186,16 @@ def test_slurm_sigint_stops_the_job_after_a_checkpoint(slurm_cluster, trained, d
 
 def test_run_and_time_torchrun_forwards_usr1_to_workers_then_resumes(trained, demo_data, tmp_path):
     """SIGUSR1 to run_and_time.sh (torchrun) reaches the two workers, not torchrun (which would
-    die of it and take them along): they checkpoint and stop; the same command then resumes."""
+    die of it and take them along): they checkpoint and stop; the same command then resumes.
+    Sent as the script starts: the workers act on it at their first poll (step 5), 20 steps
+    before the run's first evaluation would end it."""
     assert trained.returncode == 0, trained.stdout[-3000:]
     env = demo_run_env(trained, demo_data, tmp_path, SEED="3", EVAL_ITER_SAMPLES="1600", MAX_SAMPLES_TERMINATION="3200",
                    CKPT_DIR=str(tmp_path / "ckpt"))
     env["EXTRA_PARAMS"] += " log.progress_interval_steps=5 ckpt.poll_steps=5"
     rc, first = run_and_time_signalled(env)
     # exit 3 (checkpointed: run again), not torchrun's 1 and ChildFailedError; nothing to count
-    assert rc == 3 and "stopped by signal 10 after step" in first, first[-3000:]
+    assert rc == 3 and "stopped by signal 10 after step 5:" in first, first[-3000:]
     assert "Traceback" not in first and "RESULT," not in first, first[-3000:]
     assert sorted(p.name for p in (tmp_path / "ckpt").glob("step_*")), first[-3000:]
     r = subprocess.run(["./run_and_time.sh"], cwd=PKG, env=env, capture_output=True, text=True, timeout=300)

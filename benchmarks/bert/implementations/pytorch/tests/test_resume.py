@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from bert.mlperf_log import read_events
-from conftest import PKG, children, free_port, mllog_events, run_and_time_signalled
+from conftest import PKG, catches, children, free_port, mllog_events, run_and_time_signalled
 
 WORLD = 2
 STEPS = 24  # global batch 16; the 4 x 40-sample shards give each rank 80 per epoch: 5 steps each
@@ -57,23 +57,35 @@ def _file_size_limit(nbytes: int):
 
 
 def launch(data: Path, out: Path, *extra: str, world: int = WORLD,
-           file_limit: dict[int, int] | None = None) -> list[subprocess.Popen]:
+           file_limit: dict[int, int] | None = None, hold: tuple[str, ...] = ()) -> list[subprocess.Popen]:
     """``world`` ranks of ``python -m bert.train``, each its own process (rank r's output in
     out/rank<r>.out), rendezvous through the env as torchrun would set it. ``file_limit``:
-    rank -> the largest file it may write (RLIMIT_FSIZE)."""
+    rank -> the largest file it may write (RLIMIT_FSIZE). ``hold``: points where a rank waits
+    for the test's fault (tests/held_train.py: WHERE:RANK:STEP:UNTIL), markers in out/held."""
     out.mkdir(parents=True, exist_ok=True)
     port = free_port()
     args = train_args(data, out, *extra)
+    entry = ["-m", "bert.train"]
+    if hold:
+        entry = [str(PKG / "tests" / "held_train.py"), "--held-dir", str(out / "held"),
+                 *(a for spec in hold for a in ("--hold", spec)), "--"]
     procs = []
     for r in range(world):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), OMP_NUM_THREADS="1")
         limit = (file_limit or {}).get(r)
         with open(out / f"rank{r}.out", "a") as f:
-            procs.append(subprocess.Popen([sys.executable, "-m", "bert.train", *args], cwd=PKG, env=env,
+            procs.append(subprocess.Popen([sys.executable, *entry, *args], cwd=PKG, env=env,
                                           stdout=f, stderr=subprocess.STDOUT,
                                           preexec_fn=_file_size_limit(limit) if limit else None))
     return procs
+
+
+def wait_held(out: Path, procs: list[subprocess.Popen], step: int, ranks=range(WORLD), timeout: float = 120) -> None:
+    """Until every rank in ``ranks`` has reached its hold at ``step`` (tests/held_train.py)."""
+    markers = [out / "held" / f"held_rank{r}_step{step}" for r in ranks]
+    wait_for(lambda: all(m.exists() for m in markers), procs, f"ranks {list(ranks)} held at step {step}",
+             timeout=timeout)
 
 
 def wait_all(procs: list[subprocess.Popen], out: Path, timeout: float = 120) -> list[int]:
@@ -154,23 +166,34 @@ def baseline(tiny_data, tmp_path_factory) -> Path:
 
 
 def test_kill9_then_resume_matches_uninterrupted_run(tiny_data, baseline, tmp_path):
-    # A random checkpointed step, early enough; the seed is in every failure message, and
-    # KILL_SEED=<seed> in the environment replays that kill point.
+    """kill -9 of every rank at a random checkpointed step, held there (tests/held_train.py) so
+    that the run cannot end first: either just after that checkpoint is complete, or while it
+    is being written (rank 1 before its file, rank 0 waiting in the collective that ends the
+    write, its files in the temp directory). The same command then resumes from the newest
+    complete checkpoint and ends as the uninterrupted run, bit for bit."""
+    # The seed is in every failure message; KILL_SEED=<seed> in the environment replays it.
     seed = int(os.environ.get("KILL_SEED", random.SystemRandom().randrange(2**32)))
-    k = 2 * random.Random(seed).randint(1, STEPS // 2 - 4)
-    at = f"killed after checkpoint {k} (KILL_SEED={seed} replays it)"
-    procs = launch(tiny_data, tmp_path, "ckpt.interval_steps=2", "ckpt.keep=3")
-    wait_for(lambda: (tmp_path / "checkpoints" / f"step_{k:09d}").is_dir(), procs, f"checkpoint {k} ({at})")
+    rng = random.Random(seed)
+    k, writing = 2 * rng.randint(4, STEPS // 2 - 4), rng.random() < 0.5
+    at = f"killed {'while writing' if writing else 'after'} checkpoint {k} (KILL_SEED={seed} replays it)"
+    hold = f"writing:1:{k}:never" if writing else f"checkpoint:*:{k}:never"
+    procs = launch(tiny_data, tmp_path, "ckpt.interval_steps=2", "ckpt.keep=3", hold=(hold,))
+    wait_held(tmp_path, procs, k, ranks=[1] if writing else range(WORLD))
+    torn = tmp_path / "checkpoints" / f".step_{k:09d}.tmp"
+    if writing:  # rank 0's files are complete (renamed from .part): it waits in the collective
+        wait_for(lambda: (torn / "train.pt").exists(), procs, f"rank 0's files of checkpoint {k} ({at})")
     for p in procs:
         p.send_signal(signal.SIGKILL)
     assert [p.wait() for p in procs] == [-signal.SIGKILL] * WORLD, at
     assert not (tmp_path / "final.pt").exists(), at
-    assert 1 <= len(checkpoints(tmp_path)) <= 4, at  # the last K kept (K+1 if killed before pruning)
+    newest = k - 2 if writing else k
+    assert [p.name for p in checkpoints(tmp_path)] == [f"step_{s:09d}" for s in range(newest - 4, newest + 1, 2)], at
+    assert torn.is_dir() == writing, at
 
     rcs = wait_all(launch(tiny_data, tmp_path, "ckpt.interval_steps=2", "ckpt.keep=3"), tmp_path)
     said = (tmp_path / "rank0.out").read_text()
     assert rcs == [1, 1], f"{at}\n{said[-3000:]}"
-    assert "resumed from" in said, at
+    assert f"resumed from {tmp_path / 'checkpoints' / f'step_{newest:09d}'} at step {newest}," in said, at
     assert_same_weights(tmp_path / "final.pt", baseline / "final.pt", at)
     want, got = accuracies(baseline / "result_0.txt"), accuracies(tmp_path / "result_0.txt")
     assert got.keys() == want.keys(), at
@@ -184,16 +207,18 @@ def test_kill9_then_resume_matches_uninterrupted_run(tiny_data, baseline, tmp_pa
 
 
 def test_sigterm_to_one_rank_checkpoints_all_and_resume_matches(tiny_data, baseline, tmp_path):
-    procs = launch(tiny_data, tmp_path, "ckpt.poll_steps=2")
-    # rank 1 only: rank 0 must learn of it through the poll and stop at the same step
-    wait_for(lambda: "step      5 |" in (tmp_path / "rank0.out").read_text(), procs, "step 5")
+    """SIGTERM to rank 1 only, held after step 5 until it arrives: rank 0 learns of it at the
+    next poll (step 6), both write that checkpoint and stop; the resume matches the
+    uninterrupted run bit for bit."""
+    procs = launch(tiny_data, tmp_path, "ckpt.poll_steps=2", hold=("boundary:1:5:signal",))
+    wait_held(tmp_path, procs, 5, ranks=[1])
     procs[1].send_signal(signal.SIGTERM)
     rcs = wait_all(procs, tmp_path)
     said = (tmp_path / "rank0.out").read_text()
     assert rcs == [3, 3], said[-3000:]  # 3 = stopped by a signal after a checkpoint
-    assert "stopped by signal" in said and "Traceback" not in said
+    assert f"stopped by signal {int(signal.SIGTERM)} after step 6: resume from" in said and "Traceback" not in said
     (ckpt,) = checkpoints(tmp_path)
-    assert (ckpt / "meta.json").is_file() and not (tmp_path / "final.pt").exists()
+    assert ckpt.name == "step_000000006" and (ckpt / "meta.json").is_file() and not (tmp_path / "final.pt").exists()
     stops = [e for e in mllog_events(tmp_path / "result_0.txt") if e["key"] == "run_stop"]
     assert [s["metadata"]["status"] for s in stops] == ["aborted"]  # honest: no result
 
@@ -320,15 +345,15 @@ def test_ctrl_c_to_one_rank_stops_all_at_one_step_and_saves_where_asked(tiny_dat
     """SIGINT to rank 1 only: rank 0 learns it at the next poll, both stop at the same step;
     with a chosen ckpt.dir they write a checkpoint first, and the rerun continues exactly."""
     ckpt = tmp_path / "ckpts"
-    procs = launch(tiny_data, tmp_path, "ckpt.poll_steps=2", f"ckpt.dir={ckpt}")
-    wait_for(lambda: "step      5 |" in rank_output(tmp_path), procs, "step 5")
+    procs = launch(tiny_data, tmp_path, "ckpt.poll_steps=2", f"ckpt.dir={ckpt}", hold=("boundary:1:5:signal",))
+    wait_held(tmp_path, procs, 5, ranks=[1])  # held after step 5 until the signal is there
     procs[1].send_signal(signal.SIGINT)
     rcs = wait_all(procs, tmp_path)
     out = rank_output(tmp_path)
     assert rcs == [130, 130], out[-3000:]
     m = re.search(r"^interrupted \(Ctrl-C\): stopped at step (\d+); checkpoint (\S+) written: "
                   r"rerun the same command to resume$", out, re.M)
-    assert m and Path(m[2]) == ckpt / f"step_{int(m[1]):09d}", out[-3000:]
+    assert m and m[1] == "6" and Path(m[2]) == ckpt / "step_000000006", out[-3000:]
     assert "Traceback" not in out + rank_output(tmp_path, 1)
     assert last_event(tmp_path / "result_0.txt")["metadata"]["status"] == "aborted"
     assert not no_partial_files(tmp_path)
@@ -356,16 +381,18 @@ def test_ctrl_c_during_an_evaluation_stops_it(tiny_data, tmp_path, monkeypatch, 
 
 
 def test_second_ctrl_c_ends_a_rank_at_once(tiny_data, tmp_path):
-    """The first Ctrl-C waits for a poll or an evaluation (none for 1000 steps here); a second
-    one has SIGINT's default action: the process ends at once, killed by it."""
-    (proc,) = launch(tiny_data, tmp_path, "ckpt.poll_steps=1000", "eval.interval_samples=8000",
-                     "run.max_samples=1000000", world=1)
-    wait_for(lambda: "step      3 |" in rank_output(tmp_path), [proc], "step 3")
+    """The first Ctrl-C waits for a poll or an evaluation (none in this run); a second one has
+    SIGINT's default action: the process ends at once, killed by it. Each Ctrl-C is sent once
+    the process is where it must be (its handler installed; then that handler run and SIGINT's
+    default back), read from /proc, so no timing is assumed."""
+    (proc,) = launch(tiny_data, tmp_path, f"ckpt.poll_steps={10**9}", f"eval.interval_samples={10**9}",
+                     f"run.max_samples={10**12}", world=1)
+    wait_for(lambda: catches(proc.pid, signal.SIGUSR1), [proc], "the trainer's handlers")  # SIGINT's with them
     proc.send_signal(signal.SIGINT)
-    time.sleep(0.5)
+    wait_for(lambda: not catches(proc.pid, signal.SIGINT), [proc], "the first SIGINT handled")
     proc.send_signal(signal.SIGINT)
     try:
-        assert proc.wait(timeout=10) == -signal.SIGINT, rank_output(tmp_path)[-3000:]
+        assert proc.wait(timeout=30) == -signal.SIGINT, rank_output(tmp_path)[-3000:]
     finally:
         proc.kill()
     assert "Traceback" not in rank_output(tmp_path)
@@ -381,10 +408,11 @@ def _run_and_time_env(data: Path, out: Path, path: str, *extra: str) -> dict[str
 
 def test_ctrl_c_to_run_and_time_process_group_then_rerun_resumes(tiny_data, baseline, tmp_path, no_procps_path):
     """What a terminal does on Ctrl-C: SIGINT to the foreground process group (the script;
-    torchrun and its workers have groups of their own), on a PATH without procps. One line,
-    exit 130, no traceback from any rank or torchrun, run_stop aborted; the same command
-    then resumes from the checkpoint it names, bit for bit, and its RESULT line has the seed
-    the log has (SEED unset)."""
+    torchrun and its workers have groups of their own), on a PATH without procps, as soon as
+    the script has started (before torchrun has workers: the script keeps it for them, so the
+    run stops at its first poll, long before its end). One line, exit 130, no traceback from
+    any rank or torchrun, run_stop aborted; the same command then resumes from the checkpoint
+    it names, bit for bit, and its RESULT line has the seed the log has (SEED unset)."""
     assert shutil.which("pgrep", path=no_procps_path) is None
     env = _run_and_time_env(tiny_data, tmp_path, no_procps_path)
     rc, first = run_and_time_signalled(env, act=lambda p: os.killpg(p.pid, signal.SIGINT))
@@ -402,19 +430,99 @@ def test_ctrl_c_to_run_and_time_process_group_then_rerun_resumes(tiny_data, base
     assert_same_weights(tmp_path / "final.pt", baseline / "final.pt")
 
 
+def test_sigterm_to_run_and_time_before_its_workers_exist_is_honoured(tiny_data, baseline, tmp_path,
+                                                                      no_procps_path):
+    """SIGTERM to run_and_time.sh as it starts, before torchrun has started (let alone its
+    workers, or their handlers): the script notes it, each rank acts on it once it can, so
+    the run checkpoints at its first poll and exits 3; no warning, no traceback. The same
+    command resumes from that checkpoint and ends as the uninterrupted run, bit for bit."""
+    env = _run_and_time_env(tiny_data, tmp_path, no_procps_path, "ckpt.poll_steps=2")
+    rc, first = run_and_time_signalled(env, sig=signal.SIGTERM)
+    assert rc == 3, first[-3000:]
+    assert f"stopped by signal {int(signal.SIGTERM)} after step 2: resume from {tmp_path / 'checkpoints'}" in first
+    assert "Traceback" not in first and "WARNING" not in first and "RESULT," not in first, first[-3000:]
+    assert [p.name for p in checkpoints(tmp_path)] == ["step_000000002"]
+    r = subprocess.run(["./run_and_time.sh"], cwd=PKG, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and "resumed from" in r.stdout, (r.stdout + r.stderr)[-3000:]
+    assert_same_weights(tmp_path / "final.pt", baseline / "final.pt")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def test_kill9_of_run_and_time_leaves_nothing_running(tiny_data, tmp_path, no_procps_path):
+    """kill -9 of run_and_time.sh (nothing can trap it) mid-run: torchrun dies with it and the
+    workers with torchrun (their parent-death signal, bert/tether.py), instead of training
+    on as orphans beside the requeued run; nothing more is written to the run's directory."""
+    env = _run_and_time_env(tiny_data, tmp_path, no_procps_path, f"run.max_samples={10**12}")
+    proc = subprocess.Popen(["./run_and_time.sh"], cwd=PKG, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        torchrun, workers = [], []
+        wait_for(lambda: bool(checkpoints(tmp_path)), [proc], "a checkpoint")  # it trains
+        torchrun = children(proc.pid)
+        workers = [w for t in torchrun for w in children(t)]
+        assert len(torchrun) == 1 and len(workers) == WORLD, (torchrun, workers)
+        proc.kill()
+        assert proc.wait() == -signal.SIGKILL
+        deadline = time.monotonic() + 30
+        while not all(map(_gone, torchrun + workers)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(map(_gone, torchrun + workers)), [p for p in torchrun + workers if not _gone(p)]
+        seen = sorted(p.name for p in checkpoints(tmp_path))
+        time.sleep(1)  # nothing left to write more
+        assert sorted(p.name for p in checkpoints(tmp_path)) == seen
+    finally:
+        for pid in torchrun + workers:
+            if not _gone(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_tether_refuses_to_start_after_its_launcher_died(tiny_data, tmp_path):
+    """The parent-death signal is armed after the process started: a launcher that died
+    before that would never send it, so each side checks its parent once armed and ends at
+    once, saying so (exit 129). A tethered command keeps the wrapper's PID, which its own
+    children get in BERT_PARENT_PID."""
+    r = subprocess.run([sys.executable, "-m", "bert.tether", "--parent", "1", "--", "true"], cwd=PKG,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 129 and "bert.tether: parent 1 ended before true started: not starting it" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "bert.tether", "--parent", str(os.getpid()), "--", "sh", "-c",
+                        'echo "$BERT_PARENT_PID $$"'], cwd=PKG, capture_output=True, text=True, timeout=60)
+    pid, own = r.stdout.split()
+    assert r.returncode == 0 and pid == own, r.stdout + r.stderr
+    env = dict(os.environ, BERT_PARENT_PID="1")
+    r = subprocess.run([sys.executable, "-m", "bert.train", "--dry-run", *train_args(tiny_data, tmp_path)], cwd=PKG,
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 129, r.stdout + r.stderr
+    assert "bert: the launcher (PID 1) ended before this process could follow it: not training" in r.stderr
+    assert not (tmp_path / "result_0.txt").exists()
+
+
 def test_second_ctrl_c_ends_run_and_time_at_once(tiny_data, tmp_path, no_procps_path):
-    """Two Ctrl-C in a row, the first not yet acted on (no poll for 1000 steps): the script
-    ends torchrun and every worker at once, says so, exits 130; no traceback."""
-    env = _run_and_time_env(tiny_data, tmp_path, no_procps_path, "ckpt.poll_steps=1000")
+    """Two Ctrl-C in a row, the first not acted on (no poll, no evaluation, no end in this
+    run): the script ends torchrun and every worker at once, says so, exits 130; no
+    traceback. The second is sent once both workers have handled the first (/proc)."""
+    env = _run_and_time_env(tiny_data, tmp_path, no_procps_path, f"ckpt.poll_steps={10**9}",
+                            f"eval.interval_samples={10**9}", f"run.max_samples={10**12}")
     workers = []
 
     def ctrl_c_twice(proc):
-        workers.extend(w for torchrun in children(proc.pid) for w in children(torchrun))
+        deadline = time.monotonic() + 120
+        while not (len(workers) == WORLD and all(catches(w, signal.SIGUSR1) for w in workers)):
+            assert time.monotonic() < deadline, "the workers never installed their handlers"  # SIGINT's with them
+            workers[:] = [w for torchrun in children(proc.pid) for w in children(torchrun)]
+            time.sleep(0.01)
         os.killpg(proc.pid, signal.SIGINT)
-        time.sleep(0.5)
+        while any(catches(w, signal.SIGINT) for w in workers):  # each ran its handler: SIGINT's default back
+            assert time.monotonic() < deadline, "the first Ctrl-C never reached the workers"
+            time.sleep(0.01)
         os.killpg(proc.pid, signal.SIGINT)
 
-    rc, out = run_and_time_signalled(env, act=ctrl_c_twice)
+    rc, out = run_and_time_signalled(env, act=ctrl_c_twice, at_step=None)
     assert rc == 130 and "interrupted (Ctrl-C twice): the training processes were ended at once" in out, out[-3000:]
     assert len(workers) == WORLD and "Traceback" not in out and "Killed" not in out, out[-3000:]
     deadline = time.monotonic() + 10
