@@ -328,6 +328,10 @@ class RunConfig:
     # steps; checked at the progress line (no extra host sync), so up to
     # log.progress_interval_steps later.
     max_nonfinite_steps: int = 20
+    # One run per MLPerf log and checkpoint directory: rank 0 locks both for the run's life
+    # (bert/runlock.py); a second run there is refused (exit 2) with the holder's host and PID.
+    # false only where the filesystem has no locks, and you make sure yourself.
+    exclusive: bool = True
     # Whether the launcher dropped the page cache before this run (logged as cache_clear).
     cache_cleared: bool = False
     threads: int = 0  # torch intra-op threads per rank on CPU; 0 = torch's own choice

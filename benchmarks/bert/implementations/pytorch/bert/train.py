@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import distributed, fp8, grad_sync, ladder, pretrain, resume, sampler, step_graph, storage
+from . import distributed, fp8, grad_sync, ladder, pretrain, resume, runlock, sampler, step_graph, storage
 from .config import (Config, ConfigError, build_config, dumps, eval_interval_samples, global_batch_size,
                      is_benchmark_model, max_samples, parse_overrides, timed_run_problems)
 from .checkpoint import load_weights, tf_tensor_names
@@ -47,7 +47,7 @@ from .precision import Precision, build_precision, build_scaler, loss_scale
 from .shards import DataError
 
 LABEL_KEYS = ("mlm_labels", "nsp_labels")
-BAD_INPUT = (ConfigError, DataError, resume.CheckpointError)  # exit 2 with the message, no traceback
+BAD_INPUT = (ConfigError, DataError, resume.CheckpointError, runlock.InUse, runlock.NoLocks)  # exit 2, no traceback
 EXIT_COMM_FAILURE = 4
 EXIT_WRITE_FAILED = 5
 
@@ -388,21 +388,35 @@ def run(cfg: Config, dry_run: bool = False, pending_signals: Path | None = None)
     out_dir = Path(cfg.log.output_dir)
     log_path = out_dir / cfg.log.log_file
     ckpt_dir = resume.checkpoint_dir(cfg.ckpt, out_dir)
+    # One run per log and checkpoint directory (bert/runlock.py): rank 0 locks them before
+    # anything is read or written there; a refusal reaches every rank at the first collective.
+    locks: list[runlock.Lock] = []
+    refused = None
+    if denv.is_main and cfg.run.exclusive:
+        try:
+            locks, notes = runlock.acquire_run(log_path, ckpt_dir)
+        except (runlock.InUse, runlock.NoLocks) as e:
+            refused = str(e)
+        else:
+            for note in notes:
+                print(note)
     try:
         start_from = resume.plan(ckpt_dir, cfg.ckpt.resume)  # filesystem only: before the log opens
     except resume.CheckpointError as e:
         distributed.rank_line(f"error: {e}")
         return 2
     # A resumed run appends to the log of the run it continues, so the log shows both parts
-    # (and the compliance checker rejects it: a timed result must not be resumed).
-    log = MLPerfLogger(log_path if denv.is_main else None, enabled=denv.is_main, echo=cfg.log.echo_mllog,
+    # (and the compliance checker rejects it: a timed result must not be resumed). A refused
+    # run never opens it: it is another run's.
+    mine = denv.is_main and refused is None
+    log = MLPerfLogger(log_path if mine else None, enabled=mine, echo=cfg.log.echo_mllog,
                        append=start_from is not None)
     say = print if denv.is_main else (lambda _msg: None)
     stop = resume.StopFlag()
     comm_failed = False
     try:
         with stop.installed(cfg.ckpt.on_signal, pending_signals):
-            return _run(cfg, denv, device, log, say, log_path, ckpt_dir, start_from, stop, dry_run)
+            return _run(cfg, denv, device, log, say, log_path, ckpt_dir, start_from, stop, dry_run, refused)
     except BAD_INPUT as e:
         distributed.rank_line(f"error: rank {denv.rank}: {e}")
         return 2
@@ -423,6 +437,8 @@ def run(cfg: Config, dry_run: bool = False, pending_signals: Path | None = None)
         return EXIT_COMM_FAILURE
     finally:
         log.close()
+        for lock in locks:
+            lock.release()
         if not comm_failed:
             distributed.shutdown()
 
@@ -449,14 +465,16 @@ def _log_failure(log: MLPerfLogger, path: Path) -> storage.Failure | None:
 
 def _run(cfg: Config, denv: distributed.DistEnv, device: torch.device, log: MLPerfLogger,
          say: Callable[[str], None], log_path: Path, ckpt_dir: Path, start_from: Path | None,
-         stop: resume.StopFlag, dry_run: bool) -> int:
+         stop: resume.StopFlag, dry_run: bool, refused: str | None = None) -> int:
     problems = timed_run_problems(cfg)
     if problems and not dry_run:
         raise ConfigError("; ".join(problems))
     log.init_start(cfg.run.cache_cleared)
     distributed.init_process_group(denv, cfg.dist, device)
     # Every rank must pick the same checkpoint; they differ when ckpt.dir is not shared.
-    chosen = distributed.broadcast_object(str(start_from))
+    chosen, refused = distributed.broadcast_object((str(start_from), refused))
+    if refused:  # rank 0 could not lock the log or the checkpoint directory
+        raise runlock.InUse(refused)
     if chosen != str(start_from):
         raise resume.CheckpointError(f"rank {denv.rank} found checkpoint {start_from} but rank 0 found "
                                      f"{chosen}: ckpt.dir={ckpt_dir} must be one shared directory")

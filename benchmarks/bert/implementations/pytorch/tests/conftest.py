@@ -119,6 +119,16 @@ def end_worker() -> None:
     distributed.exit_process(0)
 
 
+def hold_env(out: Path, *holds: str) -> dict[str, str]:
+    """The environment that holds a run at ``holds`` (WHERE:RANK:STEP:UNTIL, see
+    tests/inject/sitecustomize.py) until the test's fault has reached it, markers in out/held;
+    ``{}`` for none. Passed through every launcher (torchrun, srun) to the training processes."""
+    if not holds:
+        return {}
+    path = os.pathsep.join([str(PKG / "tests" / "inject"), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return {"PYTHONPATH": path, "BERT_TEST_HOLD": ";".join(holds), "BERT_TEST_HELD_DIR": str(out / "held")}
+
+
 def catches(pid: int, signum: int) -> bool:
     """Whether process ``pid`` has a handler for ``signum`` now (SigCgt in /proc/PID/status):
     what a fault test waits for instead of a step that may already be past."""

@@ -15,6 +15,7 @@ import re
 import resource
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,7 +25,7 @@ import pytest
 import torch
 
 from bert.mlperf_log import read_events
-from conftest import PKG, catches, children, free_port, mllog_events, run_and_time_signalled
+from conftest import PKG, catches, children, free_port, hold_env, mllog_events, run_and_time_signalled
 
 WORLD = 2
 STEPS = 24  # global batch 16; the 4 x 40-sample shards give each rank 80 per epoch: 5 steps each
@@ -56,33 +57,31 @@ def _file_size_limit(nbytes: int):
     return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, nbytes))
 
 
-def launch(data: Path, out: Path, *extra: str, world: int = WORLD,
-           file_limit: dict[int, int] | None = None, hold: tuple[str, ...] = ()) -> list[subprocess.Popen]:
+def launch(data: Path, out: Path, *extra: str, world: int = WORLD, file_limit: dict[int, int] | None = None,
+           hold: tuple[str, ...] = (), said: Path | None = None) -> list[subprocess.Popen]:
     """``world`` ranks of ``python -m bert.train``, each its own process (rank r's output in
     out/rank<r>.out), rendezvous through the env as torchrun would set it. ``file_limit``:
     rank -> the largest file it may write (RLIMIT_FSIZE). ``hold``: points where a rank waits
-    for the test's fault (tests/held_train.py: WHERE:RANK:STEP:UNTIL), markers in out/held."""
+    for the test's fault (hold_env). ``said``: where the rank outputs go instead of ``out``."""
     out.mkdir(parents=True, exist_ok=True)
+    said = said or out
+    said.mkdir(parents=True, exist_ok=True)
     port = free_port()
     args = train_args(data, out, *extra)
-    entry = ["-m", "bert.train"]
-    if hold:
-        entry = [str(PKG / "tests" / "held_train.py"), "--held-dir", str(out / "held"),
-                 *(a for spec in hold for a in ("--hold", spec)), "--"]
     procs = []
     for r in range(world):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+                   MASTER_PORT=str(port), OMP_NUM_THREADS="1", **hold_env(out, *hold))
         limit = (file_limit or {}).get(r)
-        with open(out / f"rank{r}.out", "a") as f:
-            procs.append(subprocess.Popen([sys.executable, *entry, *args], cwd=PKG, env=env,
+        with open(said / f"rank{r}.out", "a") as f:
+            procs.append(subprocess.Popen([sys.executable, "-m", "bert.train", *args], cwd=PKG, env=env,
                                           stdout=f, stderr=subprocess.STDOUT,
                                           preexec_fn=_file_size_limit(limit) if limit else None))
     return procs
 
 
 def wait_held(out: Path, procs: list[subprocess.Popen], step: int, ranks=range(WORLD), timeout: float = 120) -> None:
-    """Until every rank in ``ranks`` has reached its hold at ``step`` (tests/held_train.py)."""
+    """Until every rank in ``ranks`` has reached its hold at ``step`` (hold_env)."""
     markers = [out / "held" / f"held_rank{r}_step{step}" for r in ranks]
     wait_for(lambda: all(m.exists() for m in markers), procs, f"ranks {list(ranks)} held at step {step}",
              timeout=timeout)
@@ -166,7 +165,7 @@ def baseline(tiny_data, tmp_path_factory) -> Path:
 
 
 def test_kill9_then_resume_matches_uninterrupted_run(tiny_data, baseline, tmp_path):
-    """kill -9 of every rank at a random checkpointed step, held there (tests/held_train.py) so
+    """kill -9 of every rank at a random checkpointed step, held there (hold_env) so
     that the run cannot end first: either just after that checkpoint is complete, or while it
     is being written (rank 1 before its file, rank 0 waiting in the collective that ends the
     write, its files in the temp directory). The same command then resumes from the newest
@@ -193,6 +192,10 @@ def test_kill9_then_resume_matches_uninterrupted_run(tiny_data, baseline, tmp_pa
     rcs = wait_all(launch(tiny_data, tmp_path, "ckpt.interval_steps=2", "ckpt.keep=3"), tmp_path)
     said = (tmp_path / "rank0.out").read_text()
     assert rcs == [1, 1], f"{at}\n{said[-3000:]}"
+    # the killed run's locks went with it; their text says whose they were (bert/runlock.py)
+    holder = f"(host {socket.gethostname()}, pid {procs[0].pid}, since "
+    for what in (f"the MLPerf log {tmp_path / 'result_0.txt'}", f"the checkpoint directory {tmp_path / 'checkpoints'}"):
+        assert f"note: {what}: taking over the lock of a run that ended without releasing it {holder}" in said, at
     assert f"resumed from {tmp_path / 'checkpoints' / f'step_{newest:09d}'} at step {newest}," in said, at
     assert_same_weights(tmp_path / "final.pt", baseline / "final.pt", at)
     want, got = accuracies(baseline / "result_0.txt"), accuracies(tmp_path / "result_0.txt")
@@ -227,6 +230,37 @@ def test_sigterm_to_one_rank_checkpoints_all_and_resume_matches(tiny_data, basel
     assert_same_weights(tmp_path / "final.pt", baseline / "final.pt")
     assert accuracies(tmp_path / "result_0.txt") == accuracies(baseline / "result_0.txt")
     assert (tmp_path / "checkpoints" / "finished.json").is_file()
+
+
+def test_a_second_run_in_a_live_runs_directories_is_refused(tiny_data, baseline, tmp_path):
+    """Two runs, one directory: while the first is held after step 5, a second on the same log
+    and one on the same ckpt.dir (its own log) are refused on both ranks, exit 2, naming the
+    first's host and PID and writing nothing; released, the first ends as if alone (its log
+    has one run, its weights are the uninterrupted run's bit for bit)."""
+    first = launch(tiny_data, tmp_path, "dist.timeout_s=600", hold=("boundary:0:5:file=release",))
+    wait_held(tmp_path, first, 5, ranks=[0])
+    holder = f"(host {socket.gethostname()}, pid {first[0].pid}, since "
+    cases = {"same_log": ((), f"the MLPerf log {tmp_path / 'result_0.txt'} is in use by another run {holder}",
+                          "let it end, or give this run another log.output_dir or log.log_file (LOGDIR, LOGFILE)"),
+             "same_ckpt": ((f"ckpt.dir={tmp_path / 'checkpoints'}",),
+                           f"the checkpoint directory {tmp_path / 'checkpoints'} is in use by another run {holder}",
+                           "let it end, or give this run another ckpt.dir (CKPT_DIR)")}
+    for name, (extra, refusal, fix) in cases.items():
+        out = tmp_path if name == "same_log" else tmp_path / name
+        second = launch(tiny_data, out, *extra, said=tmp_path / name)
+        assert wait_all(second, tmp_path / name) == [2, 2], rank_output(tmp_path / name)[-3000:]
+        for r in range(WORLD):
+            lines = [ln for ln in rank_output(tmp_path / name, r).splitlines() if ln.startswith("error:")]
+            assert len(lines) == 1 and lines[0].startswith(f"error: rank {r}: {refusal}") and lines[0].endswith(fix), \
+                rank_output(tmp_path / name, r)[-3000:]
+    assert not (tmp_path / "same_ckpt" / "result_0.txt").exists()  # the refused run began no log
+    (tmp_path / "held" / "release").touch()
+    assert wait_all(first, tmp_path) == [1, 1], rank_output(tmp_path)[-3000:]
+    keys = [e["key"] for e in mllog_events(tmp_path / "result_0.txt")]
+    assert keys.count("run_start") == 1 and keys.count("run_stop") == 1
+    assert_same_weights(tmp_path / "final.pt", baseline / "final.pt")
+    # released at the end: the next run there starts without a note
+    assert (tmp_path / ".result_0.txt.lock").read_text() == "" and (tmp_path / "checkpoints" / ".lock").read_text() == ""
 
 
 def test_resume_require_without_checkpoint_fails(tiny_data, tmp_path):
@@ -573,7 +607,7 @@ def test_checkpoint_fills_a_small_tmpfs_then_resumes_from_the_named_one(tiny_dat
         _write_failed_line(tmp_path, r, "checkpoint step_000000008", small_tmpfs, "No space left on device (errno 28)",
                            by, "the newest complete checkpoint is step_000000004; free space or point ckpt.dir "
                            "elsewhere (with that checkpoint copied there), then rerun the same command to resume")
-    assert sorted(p.name for p in small_tmpfs.iterdir()) == ["step_000000004"]
+    assert sorted(p.name for p in small_tmpfs.iterdir()) == [".lock", "step_000000004"]  # the lock: runlock.py
     assert last_event(tmp_path / "result_0.txt")["metadata"]["status"] == "aborted"
     roomy = tmp_path / "roomy"
     shutil.copytree(small_tmpfs / "step_000000004", roomy / "step_000000004")
