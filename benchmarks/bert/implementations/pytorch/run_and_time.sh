@@ -11,7 +11,8 @@
 #
 # Exit status: the trainer's own (python -m bert.train: 0 target, 1 sample limit, 2 bad
 # input, 3 checkpointed on a signal, 4 a peer rank failed, 5 a file could not be written,
-# 130 Ctrl-C; the worst rank's), under torchrun too; 2 when no config was sourced.
+# 130 Ctrl-C; the worst rank's, 2 when any rank's is 2), under torchrun too; 2 when no
+# config was sourced.
 #
 # LAUNCHER=torchrun (default) starts DGXNGPU local ranks itself; LAUNCHER=task means this
 # script already is one rank (started by srun or mpirun), so it runs one process.
@@ -189,14 +190,18 @@ if (( interrupts > 1 )); then
   echo "interrupted (Ctrl-C twice): the training processes were ended at once; nothing saved" >&2
   exit 130
 fi
-# The worst status any rank wrote; a rank that crashed wrote none, and the launcher says so.
-trained=none seed=""
+# The worst status any rank wrote (a rank that crashed wrote none, and the launcher says so),
+# except that bad input (2) outranks everything: a peer of the rank that saw it reports that
+# rank's death (4) when it could not learn why.
+trained=none seed="" bad_input=0
 for f in "${status_dir}"/rank_*; do
   [[ -f "${f}" ]] || continue
   read -r status what used < "${f}"
   if (( status > rc )); then rc=${status}; fi
+  if (( status == 2 )); then bad_input=1; fi
   if [[ "${f}" == */rank_0 ]]; then trained=${what} seed=${used:-}; fi
 done
+if (( bad_input )); then rc=2; fi
 if [[ "${trained}" == trained ]]; then
   # The seed the run used, as its MLPerf log has it (drawn from the OS when SEED is unset).
   echo "RESULT,bert,${seed:-${SEED:-unknown}},$((end - start)),${USER:-$(id -un)},$(date -d "@${start}" '+%Y-%m-%d %r')"

@@ -97,6 +97,15 @@ class DataConfig:
     # grid local_batch_size * max_seq_length is always the top budget, so a batch is padded,
     # never cut. Needs model.unpad=true. Costs the padded tokens' compute (docs/performance.md).
     token_budgets: str = ""
+    # Seconds one shard or eval file may take to read (bert/watchdog.py): past it the run
+    # ends (exit 2) naming the file, instead of hanging on a damaged file (HDF5 can spin on a
+    # lost sector) or a hung filesystem. Under dist.timeout_s, so the rank that waits says why
+    # before its peers time out on it; -1 = two thirds of dist.timeout_s (60 s at its default).
+    read_timeout_s: float = -1.0
+    # Check every file read against its directory's md5sums.txt, where there is one
+    # (bert/integrity.py; written by input_preprocessing's checksum step): one md5 pass over
+    # the bytes read, training shards in the prefetch thread beside the steps.
+    verify_md5: bool = True
 
 
 @dataclass
@@ -385,6 +394,12 @@ def max_samples(cfg: Config, world_size: int) -> int:
     return min(cap, cfg.run.max_steps * gbs) if cfg.run.max_steps > 0 else cap
 
 
+def read_timeout_s(cfg: Config) -> float:
+    """Seconds a shard or eval file may take to read: data.read_timeout_s, or (-1) two thirds
+    of dist.timeout_s."""
+    return cfg.data.read_timeout_s if cfg.data.read_timeout_s > 0 else cfg.dist.timeout_s * 2 / 3
+
+
 def padded_vocab_size(m: ModelConfig) -> int:
     """Rows of the model's word embedding and MLM decoder: vocab_size rounded up to a
     multiple of model.vocab_pad_multiple."""
@@ -591,6 +606,9 @@ def validate(cfg: Config) -> None:
     need(0 < d.max_predictions_per_seq <= d.max_seq_length, "data.max_predictions_per_seq",
          "must be in [1, data.max_seq_length]")
     need(d.eval_samples >= 0, "data.eval_samples", "must be >= 0")
+    need(d.read_timeout_s == -1 or 0 < d.read_timeout_s < cfg.dist.timeout_s, "data.read_timeout_s",
+         f"must be positive and under dist.timeout_s={cfg.dist.timeout_s:g} (else a rank's peers time out "
+         "on it before it can say which file hangs), or -1 for two thirds of it")
     if d.token_budgets.strip():  # budgets pad the unpadded layout (bert/budget.py)
         if not m.unpad or m.pack:
             raise ConfigError(f"data.token_budgets={d.token_budgets!r}: budgets pad the unpadded layout; they "

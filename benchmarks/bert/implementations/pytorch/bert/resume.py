@@ -43,6 +43,7 @@ import torch
 from . import distributed, storage
 from .checkpoint import CheckpointError  # one error type for every checkpoint problem
 from .config import CheckpointConfig
+from .shards import DataError
 
 STEP_DIR = re.compile(r"step_(\d{9})")
 FINISHED = "finished.json"  # the run these checkpoints belong to has ended: never resume it
@@ -293,8 +294,12 @@ class Checkpointer:
 
     def __init__(self, cfg: CheckpointConfig, directory: Path, rank: int, world_size: int,
                  device: torch.device, stop: StopFlag,
-                 pending: Callable[[], storage.Failure | None] = lambda: None):
+                 pending: Callable[[], storage.Failure | None] = lambda: None,
+                 data_failure: Callable[[], str | None] = lambda: None):
         self.cfg, self.dir, self.rank, self.world_size, self.device, self.stop = cfg, directory, rank, world_size, device, stop
+        # A shard read ahead of the loop that failed or overran its bound (bert/watchdog.py):
+        # found at a poll, it stops every rank there with its message (exit 2).
+        self.data_failure = data_failure
         # Ctrl-C writes a checkpoint before it stops only where the user chose where they go.
         self.saves_on_interrupt = cfg.on_signal and bool(cfg.dir)
         self.pending = pending  # a write that failed between polls (rank 0's MLPerf log)
@@ -324,12 +329,16 @@ class Checkpointer:
 
     def _poll(self) -> tuple[bool, bool, bool]:
         clock = self.cfg.interval_minutes > 0 and time.monotonic() - self.last_write >= 60 * self.cfg.interval_minutes
-        failure = self.pending()
-        # A rank may get a signal (or cross the minute mark, or fail a write) a step before
-        # another: agree by max. One 16-byte all_reduce and a host sync per poll.
-        flags = torch.tensor([self.stop.signum, clock, self.stop.interrupted, failure is not None],
+        failure, bad_data = self.pending(), self.data_failure()
+        # A rank may get a signal (or cross the minute mark, or fail a write or a read) a step
+        # before another: agree by max. One 20-byte all_reduce and a host sync per poll.
+        flags = torch.tensor([self.stop.signum, clock, self.stop.interrupted, failure is not None, bad_data is not None],
                              dtype=torch.int32, device=self.device)
-        signum, clock, interrupted, failed = distributed.all_reduce_max(flags).tolist()
+        signum, clock, interrupted, failed, data_failed = distributed.all_reduce_max(flags).tolist()
+        if data_failed:  # bad input outranks the rest: every rank names the file (exit 2)
+            seen = distributed.all_gather_object(bad_data)
+            rank, text = next((r, t) for r, t in enumerate(seen) if t is not None)
+            raise DataError(f"{text} (on rank {rank})")
         if failed:
             storage.raise_agreed(failure)
         self.signum = self.signum or signum  # the signal some rank got: every rank names it

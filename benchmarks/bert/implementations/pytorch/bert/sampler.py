@@ -53,10 +53,10 @@ import h5py
 import numpy as np
 import torch
 
-from .config import ConfigError  # a ValueError: callers catching ValueError still do
+from .config import ConfigError, read_timeout_s  # ConfigError: a ValueError, callers catching ValueError still do
 from .budget import BudgetCollate, Layout
 from .data import TrainLoader, collate
-from .shards import DataError, Sample, Shard, list_shards, read_shard, row_offsets
+from .shards import Bounds, DataError, Sample, Shard, list_shards, read_shard, row_offsets
 
 MANIFEST_FORMAT = "mlperf-bert-strata/1"
 DEALS = ("none", "snake", "greedy", "cost")
@@ -641,7 +641,8 @@ def train_batches(cfg: Any, rank: int, world_size: int, budget: Layout | None = 
     stratified_dir = (Path(d.train_dir) / "manifest.json").exists() if d.train_dir else False
     if sm.mode == "random" and sm.deal == "none" and not stratified_dir and not m.pack:
         return TrainLoader(d.train_dir, rank, world_size, cfg.run.local_batch_size, cfg.run.seed,
-                           m.unpad, d.max_seq_length, collate_fn=fn)
+                           m.unpad, d.max_seq_length, collate_fn=fn, bounds=Bounds(m.vocab_size, m.type_vocab_size),
+                           verify_md5=d.verify_md5, read_timeout_s=read_timeout_s(cfg))
     index = LengthIndex.from_dir(d.train_dir)
     sampler = build_sampler(sm, index, rank, world_size, cfg.run.local_batch_size, cfg.run.seed,
                             d.max_seq_length, m.hidden_size)

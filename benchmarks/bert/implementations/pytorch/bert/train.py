@@ -37,14 +37,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import distributed, fp8, grad_sync, ladder, pretrain, resume, runlock, sampler, step_graph, storage
 from .config import (Config, ConfigError, build_config, dumps, eval_interval_samples, global_batch_size,
-                     is_benchmark_model, max_samples, parse_overrides, timed_run_problems)
+                     is_benchmark_model, max_samples, parse_overrides, read_timeout_s, timed_run_problems)
 from .checkpoint import load_weights, tf_tensor_names
 from .data import EvalSet, check_eval_dir
 from .mlperf_log import MLPerfLogger, clock_ms, hyperparameters, logged_seed
 from .model import BertForPreTraining, pretraining_loss
 from .optim import build_optimizer, build_scheduler
 from .precision import Precision, build_precision, build_scaler, loss_scale
-from .shards import DataError
+from .shards import Bounds, DataError
 
 LABEL_KEYS = ("mlm_labels", "nsp_labels")
 BAD_INPUT = (ConfigError, DataError, resume.CheckpointError, runlock.InUse, runlock.NoLocks)  # exit 2, no traceback
@@ -277,7 +277,9 @@ def open_data(parts: Parts, cfg: Config, denv: distributed.DistEnv, timed: bool 
     batches = sampler.train_batches(cfg, denv.rank, denv.world_size,  # picks the mode once
                                     ladder.layout_for(cfg, denv.world_size), pin=pin)
     check_eval_dir(d.train_dir, d.eval_dir)  # never evaluate on training samples
-    eval_set = EvalSet(d.eval_dir, denv.rank, denv.world_size, d.eval_samples, d.max_seq_length)
+    eval_set = EvalSet(d.eval_dir, denv.rank, denv.world_size, d.eval_samples, d.max_seq_length,
+                       bounds=Bounds(cfg.model.vocab_size, cfg.model.type_vocab_size), verify_md5=d.verify_md5,
+                       read_timeout_s=read_timeout_s(cfg))
     if timed and is_benchmark_model(cfg) and cfg.run.division == "closed" and eval_set.total_samples != 10000:
         raise DataError(f"data.eval_dir={d.eval_dir} holds {eval_set.total_samples} samples; a closed BERT-Large "
                         "run evaluates on the full 10,000-sample eval set: point data.eval_dir (EVALDIR) at it")
@@ -413,12 +415,19 @@ def run(cfg: Config, dry_run: bool = False, pending_signals: Path | None = None)
                        append=start_from is not None)
     say = print if denv.is_main else (lambda _msg: None)
     stop = resume.StopFlag()
+    peers = distributed.Peers()
     comm_failed = False
     try:
         with stop.installed(cfg.ckpt.on_signal, pending_signals):
-            return _run(cfg, denv, device, log, say, log_path, ckpt_dir, start_from, stop, dry_run, refused)
+            return _run(cfg, denv, device, log, say, log_path, ckpt_dir, start_from, stop, dry_run, refused, peers)
     except BAD_INPUT as e:
         distributed.rank_line(f"error: rank {denv.rank}: {e}")
+        # Bad input outranks a dead peer: the others learn what it was, not just that this
+        # rank is gone (distributed.Peers), and exit 2 too.
+        peers.report(str(e))
+        peers.abort()
+        peers.linger(cfg.dist.timeout_s + 10)
+        comm_failed = peers.store is not None  # the group is aborted: nothing to destroy
         return 2
     except storage.WriteFailed as e:  # every rank, at the same point, with the same text
         distributed.rank_line(f"error: rank {denv.rank} of {denv.world_size}: {e}; "
@@ -432,6 +441,11 @@ def run(cfg: Config, dry_run: bool = False, pending_signals: Path | None = None)
         if denv.world_size == 1 or not distributed.is_comm_failure(e):
             raise
         comm_failed = True  # destroying the group could block on the dead peer: skip it
+        bad = peers.reported()
+        if bad is not None:  # the peer stopped on bad input: that is what this run ended on
+            distributed.rank_line(f"error: rank {denv.rank} of {denv.world_size}: rank {bad[0]} stopped on bad "
+                                  f"input: {bad[1]}")
+            return 2
         distributed.rank_line(f"error: rank {denv.rank} of {denv.world_size}: a collective failed: another rank "
                               f"died or did not answer within dist.timeout_s={cfg.dist.timeout_s:g} s ({e})")
         return EXIT_COMM_FAILURE
@@ -465,12 +479,13 @@ def _log_failure(log: MLPerfLogger, path: Path) -> storage.Failure | None:
 
 def _run(cfg: Config, denv: distributed.DistEnv, device: torch.device, log: MLPerfLogger,
          say: Callable[[str], None], log_path: Path, ckpt_dir: Path, start_from: Path | None,
-         stop: resume.StopFlag, dry_run: bool, refused: str | None = None) -> int:
+         stop: resume.StopFlag, dry_run: bool, refused: str | None = None,
+         peers: distributed.Peers | None = None) -> int:
     problems = timed_run_problems(cfg)
     if problems and not dry_run:
         raise ConfigError("; ".join(problems))
     log.init_start(cfg.run.cache_cleared)
-    distributed.init_process_group(denv, cfg.dist, device)
+    distributed.init_process_group(denv, cfg.dist, device, peers)
     # Every rank must pick the same checkpoint; they differ when ckpt.dir is not shared.
     chosen, refused = distributed.broadcast_object((str(start_from), refused))
     if refused:  # rank 0 could not lock the log or the checkpoint directory
@@ -531,14 +546,16 @@ def _run(cfg: Config, denv: distributed.DistEnv, device: torch.device, log: MLPe
         parts = open_data(parts, cfg, denv)  # the clock runs: only now is the data touched
         if loader_state is not None:
             parts.batches.load_state_dict(loader_state)
-        ckpt = resume.Checkpointer(cfg.ckpt, ckpt_dir, denv.rank, denv.world_size, device, stop, log_failure)
+        ckpt = resume.Checkpointer(cfg.ckpt, ckpt_dir, denv.rank, denv.world_size, device, stop, log_failure,
+                                   data_failure=getattr(parts.batches, "failure", lambda: None))
         # Chosen once: the benchmark loop, or a from-scratch phase's (bert/pretrain.py).
         loop = (pretrain.loop(step, log_path, denv.is_main) if cfg.run.mode == "pretrain"
                 else functools.partial(train, step=step))
         status, state = loop(parts, cfg, log, say, state, ckpt)
         return _finish(status, state, parts, cfg, denv, log, say, ckpt, ckpt_dir, log_failure)
-    except storage.WriteFailed:
-        log.run_stop("aborted", state.samples, parts.eval_samples)  # as far as the log can still be written
+    except Exception:  # a failed write, bad input, a dead peer: the log ends with the run's end
+        if not log.stopped:
+            log.run_stop("aborted", state.samples, parts.eval_samples)  # as far as the log can still be written
         raise
 
 
