@@ -23,10 +23,11 @@ import torch
 
 from . import watchdog
 from .integrity import Manifest
+from .model import IGNORE_INDEX
 from .shards import (SHARD_SUFFIXES, Bounds, DataError, Sample, Shard, list_shards, read_shard, row_offsets,
                      shard_size)
 
-IGNORE_INDEX = -100  # label of positions that are not predicted (torch's cross_entropy default)
+LABEL_KEYS = ("mlm_labels", "nsp_labels")  # what collate adds to the model's keyword arguments
 
 
 # ---------------------------------------------------------------- batches
@@ -85,6 +86,17 @@ def collate(samples: Sequence[Sample], unpad: bool, max_seq_length: int) -> dict
         "mlm_labels": torch.from_numpy(mlm_labels),
         "nsp_labels": nsp,
     }
+
+
+def to_device(batch: dict, device: torch.device) -> dict:
+    # non_blocking: overlaps the host-to-device copy with compute on GPU (from pinned
+    # memory); free on CPU.
+    return {k: (v.to(device, non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}
+
+
+def split_labels(batch: dict) -> tuple[dict, dict]:
+    """(the model's keyword arguments, the labels)."""
+    return {k: v for k, v in batch.items() if k not in LABEL_KEYS}, {k: batch[k] for k in LABEL_KEYS}
 
 
 # ---------------------------------------------------------------- sampling policy

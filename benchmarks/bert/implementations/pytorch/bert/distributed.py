@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from . import tether
-from .config import DistConfig
+from .config import LAUNCHER_VARIABLES, DistConfig
 
 
 @dataclass(frozen=True)
@@ -140,6 +140,10 @@ def tether_to_launcher(env: Mapping[str, str] | None = None) -> None:
     if not tether.tether(parent):
         rank_line(f"bert: the launcher (PID {parent}) ended before this process could follow it: not training")
         exit_process(tether.EXIT_ORPHANED)
+def launcher_variables(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The launcher's settings (``bert.config.LAUNCHER_VARIABLES``) that are set and not empty."""
+    env = os.environ if env is None else env
+    return {k: env[k] for k in LAUNCHER_VARIABLES if env.get(k)}
 
 
 def _free_port() -> int:

@@ -271,9 +271,17 @@ def parse_line(line: str) -> dict[str, Any] | None:
         return None
 
 
-def read_events(log: str | Path) -> list[dict[str, Any]]:
-    """Every event of a log file, in order."""
-    return [e for e in map(parse_line, Path(log).read_text().splitlines()) if e is not None]
+def read_events(log: str | Path, strict: bool = False) -> list[dict[str, Any]]:
+    """Every event of a log file, in order. ``strict``: a ``:::MLLOG`` line that does not
+    parse (torn, or not JSON) is an error naming it, not skipped (tests read logs so)."""
+    out = []
+    for n, line in enumerate(Path(log).read_text().splitlines(), 1):
+        event = parse_line(line)
+        if event is not None:
+            out.append(event)
+        elif strict and ":::MLLOG" in line:
+            raise ValueError(f"{log}:{n}: not a whole MLPerf log line: {line[:200]!r}")
+    return out
 
 
 def eval_curve(events: list[dict[str, Any]]) -> list[tuple[int, float]]:

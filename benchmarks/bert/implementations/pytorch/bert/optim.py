@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from bert.config import ConfigError, OptimConfig, lr_decay_end
+from bert.config import ConfigError, OptimConfig, check_optim_impl, lr_decay_end
 
 # ---------------------------------------------------------------- parameter groups
 
@@ -415,9 +415,7 @@ def build_optimizer(
     betas = (cfg.beta1, cfg.beta2)
     on_cuda = device_type == "cuda"
 
-    if cfg.impl == "compiled" and cfg.name != "lamb":
-        raise ConfigError("optim.impl: 'compiled' is LAMB's; AdamW's best is torch's fused kernel "
-                          "(use auto, torch or fused)")
+    check_optim_impl(cfg)
     if cfg.impl == "apex" and capturable:
         raise ConfigError("optim.impl: 'apex' keeps its step count and bias corrections on the host: "
                           "not CUDA-graph capturable (use auto, torch or compiled)")
@@ -433,9 +431,6 @@ def build_optimizer(
             raise ConfigError(f"optim.impl: 'apex' requested but {why}; use 'auto' or 'torch'")
 
     if cfg.name == "lamb":
-        if cfg.impl == "fused":
-            raise ConfigError("optim.impl: 'fused' is torch's fused AdamW; torch has no LAMB "
-                              "(use auto, apex, compiled or foreach)")
         if apex_opt is not None:
             # max_grad_norm=inf, not 0: FusedLAMB divides the gradients by
             # global_norm / max_grad_norm whenever global_norm > max_grad_norm, so 0 would

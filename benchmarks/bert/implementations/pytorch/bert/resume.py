@@ -27,8 +27,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import os
-import random
 import re
 import shutil
 import signal
@@ -37,18 +37,18 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-import numpy as np
 import torch
 
-from . import distributed, storage
+from . import distributed, rng, storage
 from .checkpoint import CheckpointError  # one error type for every checkpoint problem
 from .config import CheckpointConfig
 from .shards import DataError
+from .state import Learner, TrainState
 
 STEP_DIR = re.compile(r"step_(\d{9})")
 FINISHED = "finished.json"  # the run these checkpoints belong to has ended: never resume it
-EXIT_PREEMPTED = 3  # exit status after a signal-triggered checkpoint: resume to continue
-EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT): 128 + 2, what shells report for it
+
+log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------- files
@@ -116,36 +116,6 @@ def mark_finished(directory: Path, status: str, step: int) -> None:
         storage.write_text(directory / FINISHED, json.dumps({"status": status, "step": step}) + "\n")
 
 
-# ---------------------------------------------------------------- RNG
-
-
-def numpy_rng_to_dict(state: tuple) -> dict[str, Any]:
-    """A numpy RandomState state as tensors and numbers (what weights_only loading accepts)."""
-    name, keys, pos, has_gauss, gauss = state
-    return {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-            "has_gauss": int(has_gauss), "gauss": float(gauss)}
-
-
-def numpy_rng_from_dict(d: dict[str, Any]) -> tuple:
-    return d["name"], d["keys"].numpy().astype(np.uint32), d["pos"], d["has_gauss"], d["gauss"]
-
-
-def _rng_state(device: torch.device) -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": numpy_rng_to_dict(np.random.get_state()),
-             "torch": torch.get_rng_state()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def _set_rng_state(state: dict[str, Any], device: torch.device) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(numpy_rng_from_dict(state["numpy"]))
-    torch.set_rng_state(state["torch"])
-    if device.type == "cuda":
-        torch.cuda.set_rng_state(state["cuda"], device)
-
-
 # ---------------------------------------------------------------- save and restore
 
 
@@ -172,44 +142,42 @@ def _optimizer_mismatch(optimizer: torch.optim.Optimizer, theirs: dict[str, Any]
     return None
 
 
-def restore(path: Path, parts: Any, state: Any, rank: int, world_size: int) -> dict[str, Any]:
-    """Load checkpoint ``path`` into the built ``parts`` and the loop's ``state``, in place.
+def restore(path: Path, learner: Learner, state: TrainState, rank: int, world_size: int,
+            global_batch: int) -> dict[str, Any]:
+    """Load checkpoint ``path`` into the built ``learner`` and the loop's ``state``, in place.
 
-    Returns this rank's data-stream position for ``parts.batches.load_state_dict``: the
-    caller applies it once the data is open, after run_start (bert.train.open_data)."""
+    Returns this rank's data-stream position for the loader's ``load_state_dict``: the
+    caller applies it once the data is open, after run_start (bert.trainer.Trainer.open_data)."""
     meta_path = path / "meta.json"
     try:
         meta = json.loads(meta_path.read_text())
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{meta_path}: cannot read: {e}") from None
-    for key, mine in (("world_size", world_size), ("global_batch", parts.global_batch)):
+    for key, mine in (("world_size", world_size), ("global_batch", global_batch)):
         if meta.get(key) != mine:
             raise CheckpointError(f"{path}: written with {key}={meta.get(key)}, this run has {mine}; "
                                   "a resume must keep the world size and batch")
     shared = _load(path / "train.pt")
-    why = (_shape_mismatch(parts.model.state_dict(), shared["model"])
-           or _optimizer_mismatch(parts.optimizer, shared["optimizer"]))
+    why = (_shape_mismatch(learner.model.state_dict(), shared["model"])
+           or _optimizer_mismatch(learner.optimizer, shared["optimizer"]))
     if why:
         raise CheckpointError(f"{path / 'train.pt'}: written for a different model ({why}); "
                               "check the model.* settings")
-    parts.model.load_state_dict(shared["model"])
-    parts.optimizer.load_state_dict(shared["optimizer"])
-    parts.scheduler.load_state_dict(shared["scheduler"])
-    scaler = getattr(parts, "scaler", None)
-    if (scaler is None) != (shared.get("scaler") is None):
-        raise CheckpointError(f"{path / 'train.pt'}: grad scaler {'absent' if scaler is None else 'present'} "
-                              "here but not there (precision settings differ)")
-    if scaler is not None:
-        scaler.load_state_dict(shared["scaler"])
+    learner.model.load_state_dict(shared["model"])
+    learner.optimizer.load_state_dict(shared["optimizer"])
+    learner.scheduler.load_state_dict(shared["scheduler"])
+    if shared.get("scaler") is None:
+        raise CheckpointError(f"{path / 'train.pt'}: no grad scaler state (not a checkpoint of this trainer)")
+    learner.scaler.load_state_dict(shared["scaler"])
     for k, v in shared["train_state"].items():
         old = getattr(state, k)
         setattr(state, k, v.to(old.device) if torch.is_tensor(old) else type(old)(v))
     mine = _load(path / f"rank_{rank}.pt")
     try:  # PowerSGD's residuals and factors; nothing for the other modes
-        parts.grad_sync.load_state_dict(mine.get("grad_sync", {}), parts.device)
+        learner.grad_sync.load_state_dict(mine.get("grad_sync", {}), learner.device)
     except ValueError as e:
         raise CheckpointError(f"{path / f'rank_{rank}.pt'}: {e}") from None
-    _set_rng_state(mine["rng"], parts.device)
+    rng.set_state(mine["rng"], learner.device)
     return mine["batches"]
 
 
@@ -293,13 +261,10 @@ class Checkpointer:
     agreed to."""
 
     def __init__(self, cfg: CheckpointConfig, directory: Path, rank: int, world_size: int,
-                 device: torch.device, stop: StopFlag,
-                 pending: Callable[[], storage.Failure | None] = lambda: None,
-                 data_failure: Callable[[], str | None] = lambda: None):
-        self.cfg, self.dir, self.rank, self.world_size, self.device, self.stop = cfg, directory, rank, world_size, device, stop
-        # A shard read ahead of the loop that failed or overran its bound (bert/watchdog.py):
-        # found at a poll, it stops every rank there with its message (exit 2).
-        self.data_failure = data_failure
+                 device: torch.device, global_batch: int, stop: StopFlag,
+                 pending: Callable[[], storage.Failure | None] = lambda: None):
+        self.cfg, self.dir, self.rank, self.world_size, self.device = cfg, directory, rank, world_size, device
+        self.global_batch, self.stop = global_batch, stop
         # Ctrl-C writes a checkpoint before it stops only where the user chose where they go.
         self.saves_on_interrupt = cfg.on_signal and bool(cfg.dir)
         self.pending = pending  # a write that failed between polls (rank 0's MLPerf log)
@@ -308,28 +273,31 @@ class Checkpointer:
         self.stop_checkpoint: Path | None = None  # the one written by the stop the ranks agreed on
         self.signum = 0  # the SIGTERM / SIGUSR1 the ranks agreed to stop for (the largest number)
 
-    def at_boundary(self, parts: Any, state: Any, say: Callable[[str], None]) -> str | None:
+    def at_boundary(self, learner: Learner, state: TrainState, batches: Any) -> str | None:
         """After a step; the same answer on every rank. None: go on. "preempted" (SIGTERM /
         SIGUSR1; a checkpoint written) or "interrupted" (Ctrl-C; a checkpoint written first
         where ``saves_on_interrupt``): stop. Raises storage.WriteFailed when a write failed."""
         due = self.cfg.interval_steps > 0 and state.step % self.cfg.interval_steps == 0
         signaled = interrupted = False
         if state.step % self.cfg.poll_steps == 0:
-            signaled, clock, interrupted = self._poll()
+            signaled, clock, interrupted = self._poll(batches)
             due = due or clock
         if interrupted and not self.saves_on_interrupt:
             return "interrupted"
         if due or signaled or interrupted:
-            path = self.save(parts, state)
-            say(f"checkpoint {path}")
+            path = self.save(learner, state, batches)
+            log.info(f"checkpoint {path}")
             if signaled or interrupted:
                 self.stop_checkpoint = path
                 return "interrupted" if interrupted else "preempted"
         return None
 
-    def _poll(self) -> tuple[bool, bool, bool]:
+    def _poll(self, batches: Any) -> tuple[bool, bool, bool]:
         clock = self.cfg.interval_minutes > 0 and time.monotonic() - self.last_write >= 60 * self.cfg.interval_minutes
-        failure, bad_data = self.pending(), self.data_failure()
+        # A shard read ahead of the loop that failed or overran its bound (bert/watchdog.py:
+        # the stream's ``failure``) stops every rank here with its message (exit 2).
+        failure = self.pending()
+        bad_data = batches.failure() if hasattr(batches, "failure") else None
         # A rank may get a signal (or cross the minute mark, or fail a write or a read) a step
         # before another: agree by max. One 20-byte all_reduce and a host sync per poll.
         flags = torch.tensor([self.stop.signum, clock, self.stop.interrupted, failure is not None, bad_data is not None],
@@ -344,8 +312,9 @@ class Checkpointer:
         self.signum = self.signum or signum  # the signal some rank got: every rank names it
         return bool(signum), bool(clock), bool(interrupted)
 
-    def save(self, parts: Any, state: Any) -> Path:
-        """Every rank calls this at the same step; returns the checkpoint's directory. A failed
+    def save(self, learner: Learner, state: TrainState, batches: Any) -> Path:
+        """Every rank calls this at the same step; returns the checkpoint's directory.
+        ``batches``: the training stream (its ``state_dict`` is this rank's position). A failed
         write on any rank: the temp directory removed, storage.WriteFailed on every rank."""
         name = f"step_{state.step:09d}"
         tmp, final = self.dir / f".{name}.tmp", self.dir / name
@@ -353,18 +322,17 @@ class Checkpointer:
 
         def own_files() -> None:
             tmp.mkdir(parents=True, exist_ok=True)  # every rank: the directory is on a shared filesystem
-            storage.save_torch({"rng": _rng_state(self.device), "batches": parts.batches.state_dict(),
-                                "grad_sync": parts.grad_sync.state_dict()}, tmp / f"rank_{self.rank}.pt")
+            storage.save_torch({"rng": rng.state(self.device), "batches": batches.state_dict(),
+                                "grad_sync": learner.grad_sync.state_dict()}, tmp / f"rank_{self.rank}.pt")
             if self.rank == 0:
-                scaler = getattr(parts, "scaler", None)
-                storage.save_torch({"model": parts.model.state_dict(), "optimizer": parts.optimizer.state_dict(),
-                                    "scheduler": parts.scheduler.state_dict(),
-                                    "scaler": scaler.state_dict() if scaler is not None else None,
+                storage.save_torch({"model": learner.model.state_dict(), "optimizer": learner.optimizer.state_dict(),
+                                    "scheduler": learner.scheduler.state_dict(),
+                                    "scaler": learner.scaler.state_dict(),
                                     "train_state": dataclasses.asdict(state)}, tmp / "train.pt")
 
         def complete() -> None:
             meta = {"step": state.step, "samples": state.samples, "world_size": self.world_size,
-                    "global_batch": parts.global_batch,
+                    "global_batch": self.global_batch,
                     "files": ["train.pt"] + [f"rank_{r}.pt" for r in range(self.world_size)]}
             (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
             _fsync_dir(tmp)

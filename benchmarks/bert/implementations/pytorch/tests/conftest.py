@@ -15,7 +15,6 @@ workers, so one engine serves whichever worker runs those tests.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -48,6 +47,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 triton_interpret.setup()
 
 from bench import common  # noqa: E402  (imports torch: after the interpreter's setup above)
+from bert import config_script  # noqa: E402
+from bert.mlperf_log import read_events  # noqa: E402
 
 PKG = Path(__file__).resolve().parent.parent
 VENV_BIN = str(Path(sys.executable).parent)
@@ -85,11 +86,9 @@ def children(pid: int) -> list[int]:
 
 
 def source_config(name: str) -> dict[str, str]:
-    """The variables a config_*.sh exports, as a dict (sourced by bash, as users do)."""
-    out = subprocess.run(["bash", "-c", f"set -a; source ./{name} >/dev/null; env -0"], cwd=PKG,
-                         check=True, capture_output=True, env={"PATH": os.environ["PATH"]}).stdout
-    env = dict(item.split("=", 1) for item in out.decode().split("\0") if "=" in item)
-    return {k: v for k, v in env.items() if k not in ("PWD", "SHLVL", "_", "OLDPWD", "PATH")}
+    """The variables a config_*.sh exports (the trainer's own reading: bert.config_script)."""
+    env = config_script.source(PKG / name, {"PATH": os.environ["PATH"]})
+    return {k: v for k, v in env.items() if k != "PATH"}
 
 
 def run_checker(log: Path, ruleset: str = "5.0.0") -> tuple[bool, str]:
@@ -165,7 +164,7 @@ def run_and_time_signalled(env: dict[str, str], at_step: int | None = None, sig:
 
 
 def mllog_events(log: Path) -> list[dict]:
-    return [json.loads(line.split(":::MLLOG", 1)[1]) for line in log.read_text().splitlines() if ":::MLLOG" in line]
+    return read_events(log, strict=True)
 
 
 @dataclass

@@ -241,8 +241,8 @@ def test_gpu_script_foreach_adamw_is_not_the_fused_kernel():
     for impl in ("fused", "foreach"):
         case = gpu_bert_large.Case(impl, {"run.local_batch_size": "2", "optim.name": "adamw", "optim.impl": impl})
         cfg, own = gpu_bert_large.case_config(case, args)
-        parts, _, _, _ = gpu_bert_large.build_case(cfg, own, torch.device("cpu"))
-        flags[impl] = gpu_bert_large._flags(parts.optimizer)
+        trainer, _, _ = gpu_bert_large.build_case(cfg, own, torch.device("cpu"))
+        flags[impl] = gpu_bert_large._flags(trainer.learner.optimizer)
     assert flags["fused"]["fused"] is True and not flags["fused"]["foreach"]
     assert flags["foreach"]["foreach"] is True and not flags["foreach"]["fused"]
 

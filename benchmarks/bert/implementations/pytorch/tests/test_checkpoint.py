@@ -133,7 +133,7 @@ def test_hf_import_names_the_problem(tmp_path):
 
 
 def test_load_weights_dispatches_on_format(tmp_path):
-    from bert.train import save_weights
+    from bert.trainer import save_weights
 
     model = _model(3)
     save_weights(model, str(tmp_path / "ours.pt"))

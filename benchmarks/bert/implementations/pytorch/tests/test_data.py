@@ -460,9 +460,13 @@ def test_a_failed_read_ahead_of_the_loop_stops_every_rank_at_the_poll(tmp_path):
     class State:
         step = 10
 
-    ckpt = resume.Checkpointer(CheckpointConfig(poll_steps=10), tmp_path, 0, 1, torch.device("cpu"),
-                               resume.StopFlag(), data_failure=lambda: "/d/part_3.hdf5: reading took longer")
+    class Stream:
+        def failure(self):
+            return "/d/part_3.hdf5: reading took longer"
+
+    ckpt = resume.Checkpointer(CheckpointConfig(poll_steps=10), tmp_path, 0, 1, torch.device("cpu"), 16,
+                               resume.StopFlag())
     with pytest.raises(DataError, match=r"^/d/part_3\.hdf5: reading took longer \(on rank 0\)$"):
-        ckpt.at_boundary(None, State(), print)
+        ckpt.at_boundary(None, State(), Stream())
     State.step = 9  # no poll: nothing asked
-    assert ckpt.at_boundary(None, State(), print) is None
+    assert ckpt.at_boundary(None, State(), Stream()) is None

@@ -1,4 +1,4 @@
-"""bert.train.evaluate, the number that ends a run, on 2 gloo ranks: masked-LM accuracy over
+"""bert.evaluate.mlm_accuracy, the number that ends a run, on 2 gloo ranks: masked-LM accuracy over
 the whole eval set when the ranks hold different numbers of batches, the batches different
 numbers of samples, and the samples different numbers of masked positions.
 
@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from bert import pretrain, train
+from bert.evaluate import held_out_metrics, mlm_accuracy
 from bert.config import ModelConfig
 from bert.model import BertForPreTraining
 from conftest import end_worker, free_port
@@ -78,11 +78,11 @@ def _worker(rank, port, path, out_dir):
     m = BertForPreTraining(CFG)
     m.load_state_dict(saved["model"])
     m.train()
-    acc = train.evaluate(m, saved["batches"][rank], torch.device("cpu"))
+    acc = mlm_accuracy(m, saved["batches"][rank], torch.device("cpu"))
     # Ctrl-C on rank 1 after its first batch, none on rank 0: both learn it from the sum.
     calls = itertools.count()
-    stopped = train.evaluate(m, saved["batches"][rank], torch.device("cpu"),
-                             interrupted=lambda: rank == 1 and next(calls) >= 1)
+    stopped = mlm_accuracy(m, saved["batches"][rank], torch.device("cpu"),
+                           interrupted=lambda: rank == 1 and next(calls) >= 1)
     torch.save({"accuracy": acc, "training": m.training, "interrupted": stopped}, f"{out_dir}/rank{rank}.pt")
     end_worker()
 
@@ -112,8 +112,8 @@ def test_accuracy_is_sum_of_correct_over_sum_of_labelled_across_batches_and_rank
 
     # One process holding every batch (no process group: the sum is its own) agrees.
     m.train()
-    assert train.evaluate(m, [b for rank_batches in batches for b in rank_batches], torch.device("cpu")) == want
+    assert mlm_accuracy(m, [b for rank_batches in batches for b in rank_batches], torch.device("cpu")) == want
     assert m.training
-    # The pretraining loop's evaluation stops the same way.
-    assert pretrain.evaluate(m, batches[0], torch.device("cpu"), interrupted=lambda: True) is None and m.training
-    assert pretrain.evaluate(m, batches[0], torch.device("cpu"))["mlm_accuracy"] == 9 / 24
+    # The pretraining mode's evaluation stops the same way.
+    assert held_out_metrics(m, batches[0], torch.device("cpu"), interrupted=lambda: True) is None and m.training
+    assert held_out_metrics(m, batches[0], torch.device("cpu"))["mlm_accuracy"] == 9 / 24

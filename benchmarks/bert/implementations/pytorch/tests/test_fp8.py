@@ -14,10 +14,10 @@ import torch.nn as nn
 
 pytest.importorskip("torchao.float8")
 
-from bert import fp8, train  # noqa: E402
-from bert.config import ConfigError, build_config  # noqa: E402
-from bert.distributed import DistEnv  # noqa: E402
+from bert import fp8  # noqa: E402
+from bert.config import ConfigError, build_config, check_fp8  # noqa: E402
 from bert.model import BertForPreTraining, pretraining_loss  # noqa: E402
+from bert.trainer import build_learner  # noqa: E402
 from test_model import TINY, hf_model, make_batch, ours_from, pack  # noqa: E402
 
 BF16 = functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16)
@@ -27,7 +27,6 @@ BF16 = functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16)
 # weight's gradient within 35% (measured: <= 14.4%). A wrong scale (a missing 1/scale) or a
 # transposed cast is off by orders of magnitude.
 LOSS_RTOL, GRAD_RTOL, GRAD_COS, PER_WEIGHT_RTOL = 0.03, 0.20, 0.98, 0.35
-SINGLE = DistEnv(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=29500, launcher="single")
 
 
 def _loss_and_grads(model, autocast):
@@ -96,19 +95,19 @@ def _cfg(**over):
     return build_config({**base, **over})
 
 
-def test_build_model_converts_once_and_off_leaves_the_model_alone():
-    parts, _ = train.build_model(_cfg(**{"model.compile_layers": "false"}), SINGLE, torch.device("cpu"))
-    q = parts.model.bert.encoder.layer[0].attention.self.query
+def test_build_learner_converts_once_and_off_leaves_the_model_alone():
+    learner, _ = build_learner(_cfg(**{"model.compile_layers": "false"}), 1, torch.device("cpu"))
+    q = learner.model.bert.encoder.layer[0].attention.self.query
     assert type(q).__name__ == "Float8Linear" and q.config.emulate
-    assert parts.precision.hyperparameters(_cfg().precision)["fp8_gemms"] == "tensorwise"
-    parts, _ = train.build_model(_cfg(**{"precision.fp8": "off"}), SINGLE, torch.device("cpu"))
-    assert not any(type(m).__name__ == "Float8Linear" for m in parts.model.modules())
+    assert learner.precision.hyperparameters(_cfg().precision)["fp8_gemms"] == "tensorwise"
+    learner, _ = build_learner(_cfg(**{"precision.fp8": "off"}), 1, torch.device("cpu"))
+    assert not any(type(m).__name__ == "Float8Linear" for m in learner.model.modules())
 
 
 def test_a_compiled_layer_traces_fp8_whole_with_autograd():
     """dynamo + AOT autograd (aot_eager: inductor's front end without its code generation)
     take a converted layer, fused QKV included, as one graph with dynamic shapes (as
-    bert.train compiles each layer), with eager's result."""
+    bert.trainer compiles each layer), with eager's result."""
     model = BertForPreTraining(dataclasses.replace(TINY, unpad=True, fused_qkv=True))
     fp8.convert(model, "tensorwise", "cpu")
     layer = model.bert.encoder.layer[0]
@@ -136,23 +135,23 @@ def _attend_one_sequence(padded, q, k, v, dropout_p):
 
 def test_refusals_name_the_key():
     with pytest.raises(ConfigError, match=r"precision.fp8=tensorwise: not with precision.dtype=fp16"):
-        fp8.check(_cfg(**{"precision.dtype": "fp16"}), "cpu")
+        check_fp8(_cfg(**{"precision.dtype": "fp16"}), "cpu")
     hopper, ampere = (lambda: (9, 0)), (lambda: (8, 0))
     budgets = {"data.token_budgets": "auto"}
-    fp8.check(_cfg(**budgets), "cuda", hopper)  # the fast stack's shapes: accepted
-    fp8.check(_cfg(**budgets, **{"precision.fp8": "rowwise"}), "cuda", hopper)
-    fp8.check(_cfg(**{"model.unpad": "false"}), "cuda", hopper)  # rows: batch x 64
+    check_fp8(_cfg(**budgets), "cuda", hopper)  # the fast stack's shapes: accepted
+    check_fp8(_cfg(**budgets, **{"precision.fp8": "rowwise"}), "cuda", hopper)
+    check_fp8(_cfg(**{"model.unpad": "false"}), "cuda", hopper)  # rows: batch x 64
     with pytest.raises(ConfigError, match=r"compute capability >= 8.9.*this GPU has 8.0"):
-        fp8.check(_cfg(**budgets), "cuda", ampere)
+        check_fp8(_cfg(**budgets), "cuda", ampere)
     with pytest.raises(ConfigError, match=r"set data.token_budgets"):
-        fp8.check(_cfg(), "cuda", hopper)
+        check_fp8(_cfg(), "cuda", hopper)
     with pytest.raises(ConfigError, match=r"rungs \[40\] are not multiples of 16"):
-        fp8.check(_cfg(**{"data.token_budgets": "40,64"}), "cuda", hopper)
+        check_fp8(_cfg(**{"data.token_budgets": "40,64"}), "cuda", hopper)
     with pytest.raises(ConfigError, match=r"model.intermediate_size=136 is not a multiple of 16"):
-        fp8.check(_cfg(**budgets, **{"model.intermediate_size": "136"}), "cuda", hopper)
+        check_fp8(_cfg(**budgets, **{"model.intermediate_size": "136"}), "cuda", hopper)
     with pytest.raises(ConfigError, match=r"data.max_seq_length=60 is not a multiple of 16"):
-        fp8.check(_cfg(**{"model.unpad": "false", "data.max_seq_length": "60"}), "cuda", hopper)
-    fp8.check(_cfg(**{"precision.fp8": "off", "precision.dtype": "fp16"}), "cuda", ampere)  # off: nothing checked
+        check_fp8(_cfg(**{"model.unpad": "false", "data.max_seq_length": "60"}), "cuda", hopper)
+    check_fp8(_cfg(**{"precision.fp8": "off", "precision.dtype": "fp16"}), "cuda", ampere)  # off: nothing checked
 
 
 def test_missing_torchao_is_named(monkeypatch):
@@ -161,4 +160,4 @@ def test_missing_torchao_is_named(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchao" else real(name, *a))
     with pytest.raises(ConfigError, match=r"precision.fp8=rowwise: needs torchao"):
-        fp8.check(_cfg(**{"precision.fp8": "rowwise"}), "cpu")
+        check_fp8(_cfg(**{"precision.fp8": "rowwise"}), "cpu")

@@ -19,10 +19,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from bert import grad_sync, train
+from bert import grad_sync
 from bert.config import ConfigError, GradSyncConfig, ModelConfig, PrecisionConfig, build_config
 from bert.precision import build_precision, build_scaler
 from bert.model import BertForPreTraining, pretraining_loss
+from bert.state import Learner
+from bert.trainer import train_step
 from conftest import end_worker, free_port
 
 CFG = ModelConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
@@ -89,7 +91,7 @@ def _hook_run(rank, gcfg, steps=2, cap=CAP_MB, scale=None, inject_inf=False):
 
 
 def _loop_run(rank, gcfg, max_grad_norm, accum):
-    """One step of train.train_step (the loop's own code) with ``accum`` micro-batches."""
+    """One step of bert.trainer.train_step (the loop's own code) with ``accum`` micro-batches."""
     model = fresh_model()
     ddp = DDP(model, bucket_cap_mb=CAP_MB)
     sync = grad_sync.build(gcfg, ddp, model.parameters(), max_grad_norm)
@@ -107,9 +109,8 @@ def _loop_run(rank, gcfg, max_grad_norm, accum):
     batches = iter([part(mine, i, accum) for i in range(accum)])
     pcfg = PrecisionConfig(dtype="fp32")
     prec = build_precision(pcfg, "cpu")
-    p = train.Parts(model, ddp, opt, sched, build_scaler(pcfg, prec, "cpu"), prec, observed, batches, [], 0,
-                    torch.device("cpu"), 8, 8, 8)
-    train.train_step(p, accum)
+    learner = Learner(model, ddp, opt, sched, build_scaler(pcfg, prec, "cpu"), prec, observed, torch.device("cpu"))
+    train_step(learner, batches, accum)
     return seen
 
 

@@ -20,8 +20,10 @@ import torch
 
 from bert import precision as prec
 from bert import train
-from bert.config import ConfigError, PrecisionConfig, build_config
+from bert.config import ConfigError, PrecisionConfig, build_config, parse_overrides
 from bert.distributed import DistEnv
+from bert.evaluate import mlm_accuracy
+from bert.trainer import Trainer
 from conftest import mllog_events, run_checker
 
 SINGLE = DistEnv(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=0, launcher="single")
@@ -44,16 +46,16 @@ def _demo(demo_data, out, *extra):
             f"data.eval_dir={demo_data.eval}", f"log.output_dir={out}", *extra]
 
 
-def _parts(demo_data, tmp_path, *extra, seed=0) -> train.Parts:
-    cfg = build_config(train.parse_overrides(_demo(demo_data, tmp_path, *TINY, *extra, f"run.seed={seed}")))
-    train.seed_everything(seed)
-    parts, _ = train.build(cfg, SINGLE, torch.device("cpu"))
-    return parts
+def _parts(demo_data, tmp_path, *extra, seed=0) -> Trainer:
+    cfg = build_config(parse_overrides(_demo(demo_data, tmp_path, *TINY, *extra, f"run.seed={seed}")))
+    t = Trainer(cfg, SINGLE, torch.device("cpu"))
+    t.open_data(timed=False)
+    return t
 
 
-def _snapshot(p: train.Parts):
-    return ({n: t.detach().clone() for n, t in p.model.named_parameters()},
-            copy.deepcopy(p.optimizer.state_dict()))
+def _snapshot(p: Trainer):
+    return ({n: t.detach().clone() for n, t in p.learner.model.named_parameters()},
+            copy.deepcopy(p.learner.optimizer.state_dict()))
 
 
 def _assert_same(a, b):
@@ -99,9 +101,9 @@ def test_fused_lamb_is_a_config_error():
 # ---------------------------------------------------------------- autocast really applies
 
 
-def _linear_dtypes(p: train.Parts, run) -> set[torch.dtype]:
+def _linear_dtypes(p: Trainer, run) -> set[torch.dtype]:
     seen: set[torch.dtype] = set()
-    hook = p.model.bert.encoder.layer[0].intermediate.dense.register_forward_hook(
+    hook = p.learner.model.bert.encoder.layer[0].intermediate.dense.register_forward_hook(
         lambda _m, _i, out: seen.add(out.dtype))
     try:
         run()
@@ -119,12 +121,12 @@ def test_autocast_in_training_and_eval_weights_and_state_stay_fp32(demo_data, tm
                                                                    train_out, eval_out):
     p = _parts(demo_data, tmp_path, f"precision.dtype={dtype}", f"precision.eval_dtype={eval_dtype}",
                "optim.name=adamw", "precision.loss_scale_init=256")
-    assert _linear_dtypes(p, lambda: train.train_step(p, 1)) == {train_out}
-    assert _linear_dtypes(p, lambda: train.evaluate(p.model, p.eval_batches, p.device,
-                                                    p.precision.eval_autocast)) == {eval_out}
+    assert _linear_dtypes(p, lambda: p.step(p.batches, 1)) == {train_out}
+    assert _linear_dtypes(p, lambda: mlm_accuracy(p.learner.model, p.eval_batches, p.learner.device,
+                                                  p.learner.precision.eval_autocast)) == {eval_out}
     # Master weights and optimizer state: float32 whatever the arithmetic.
-    assert {t.dtype for t in p.model.parameters()} == {torch.float32}
-    state = [v for s in p.optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.numel() > 1]
+    assert {t.dtype for t in p.learner.model.parameters()} == {torch.float32}
+    state = [v for s in p.learner.optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.numel() > 1]
     assert state and {t.dtype for t in state} == {torch.float32}
 
 
@@ -132,7 +134,7 @@ def test_fp32_and_bf16_losses_agree_within_bf16_tolerance(demo_data, tmp_path):
     losses = {}
     for dtype in ("fp32", "bf16"):
         p = _parts(demo_data, tmp_path / dtype, f"precision.dtype={dtype}", "optim.lr=1e-3", seed=3)
-        losses[dtype] = torch.stack([train.train_step(p, 1)[0] for _ in range(5)])
+        losses[dtype] = torch.stack([p.step(p.batches, 1)[0] for _ in range(5)])
     # Same init, same batches: the bf16 run follows the fp32 one within bf16's 8-bit
     # mantissa (relative rounding 2**-8 per op) ...
     torch.testing.assert_close(losses["bf16"], losses["fp32"], rtol=2e-2, atol=0.0)
@@ -149,28 +151,28 @@ def test_fp32_and_bf16_losses_agree_within_bf16_tolerance(demo_data, tmp_path):
 def test_fp16_inf_gradient_skips_step_backs_off_and_keeps_weights(demo_data, tmp_path, optimizer, impl, expect):
     p = _parts(demo_data, tmp_path, "precision.dtype=fp16", f"optim.name={optimizer}", f"optim.impl={impl}",
                "precision.loss_scale_init=1024", "precision.loss_scale_backoff=0.25")
-    assert type(p.optimizer).__name__ == {"lamb": "Lamb", "adamw": "AdamW"}[optimizer]
-    _, skipped = train.train_step(p, 1)  # a finite step first: optimizer state exists
-    assert int(skipped) == 0 and p.scaler.get_scale() == 1024.0
+    assert type(p.learner.optimizer).__name__ == {"lamb": "Lamb", "adamw": "AdamW"}[optimizer]
+    _, skipped = p.step(p.batches, 1)  # a finite step first: optimizer state exists
+    assert int(skipped) == 0 and p.learner.scaler.get_scale() == 1024.0
     before = _snapshot(p)
 
-    weight = p.model.bert.encoder.layer[0].output.dense.weight
+    weight = p.learner.model.bert.encoder.layer[0].output.dense.weight
     for poison in (float("inf"), float("nan")):
         handle = weight.register_hook(lambda g, v=poison: g.index_fill(0, torch.tensor([0]), v))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()"
-            _, skipped = train.train_step(p, 1)
+            _, skipped = p.step(p.batches, 1)
         handle.remove()
         assert int(skipped) == 1
         after = _snapshot(p)
         _assert_same(before[0], after[0])  # no weight moved, clipping did not leak the nan
         _assert_state_equal(before[1], after[1])  # moments and step counts untouched
-    assert p.scaler.get_scale() == 1024.0 * 0.25 * 0.25
+    assert p.learner.scaler.get_scale() == 1024.0 * 0.25 * 0.25
 
-    _, skipped = train.train_step(p, 1)  # finite again: the update goes through
+    _, skipped = p.step(p.batches, 1)  # finite again: the update goes through
     assert int(skipped) == 0
     assert not torch.equal(weight, before[0]["bert.encoder.layer.0.output.dense.weight"])
-    assert all(torch.isfinite(t).all() for t in p.model.parameters())
+    assert all(torch.isfinite(t).all() for t in p.learner.model.parameters())
 
 
 def test_fp16_scale_grows_on_schedule(demo_data, tmp_path):
@@ -178,14 +180,14 @@ def test_fp16_scale_grows_on_schedule(demo_data, tmp_path):
                "precision.loss_scale_growth_interval=3", "precision.loss_scale_growth=4")
     scales = []
     for _ in range(7):
-        _, skipped = train.train_step(p, 1)
+        _, skipped = p.step(p.batches, 1)
         assert int(skipped) == 0
-        scales.append(p.scaler.get_scale())
+        scales.append(p.learner.scaler.get_scale())
     assert scales == [8, 8, 32, 32, 32, 128, 128]
     # The hook interface: the scale the gradients carry, on device, no sync.
-    s = prec.loss_scale(p.scaler)
+    s = prec.loss_scale(p.learner.scaler)
     assert torch.is_tensor(s) and s.dtype == torch.float32 and float(s) == 128.0
-    assert prec.loss_scale(_parts(demo_data, tmp_path / "bf16", "precision.dtype=bf16").scaler) is None
+    assert prec.loss_scale(_parts(demo_data, tmp_path / "bf16", "precision.dtype=bf16").learner.scaler) is None
 
 
 def test_fp16_gradients_are_unscaled_before_clipping(demo_data, tmp_path, monkeypatch):
@@ -204,7 +206,7 @@ def test_fp16_gradients_are_unscaled_before_clipping(demo_data, tmp_path, monkey
                        ("fp16_s2", ["precision.dtype=fp16", "precision.loss_scale_init=2"]),
                        ("fp16_s4096", ["precision.dtype=fp16", "precision.loss_scale_init=4096"])):
         p = _parts(demo_data, tmp_path / key, *extra, seed=5)
-        train.train_step(p, 1)
+        p.step(p.batches, 1)
     assert norms["fp16_s2"][0] == pytest.approx(norms["fp16_s4096"][0], rel=1e-2)
     assert norms["fp16_s2"][0] == pytest.approx(norms["fp32"][0], rel=5e-2)
 
@@ -295,8 +297,8 @@ def test_compiled_layers_match_eager(demo_data, tmp_path, monkeypatch):
     losses = {}
     for flag in ("false", "true"):
         p = _parts(demo_data, tmp_path / flag, f"model.compile_layers={flag}", "optim.lr=1e-3", seed=4)
-        losses[flag] = torch.stack([train.train_step(p, 1)[0] for _ in range(3)])
-        names = [n for n, _ in p.model.named_parameters()]
+        losses[flag] = torch.stack([p.step(p.batches, 1)[0] for _ in range(3)])
+        names = [n for n, _ in p.learner.model.named_parameters()]
     assert all(not n.startswith("_orig_mod") for n in names)
-    assert p.model.bert.encoder.layer[0]._compiled_call_impl is not None
+    assert p.learner.model.bert.encoder.layer[0]._compiled_call_impl is not None
     torch.testing.assert_close(losses["true"], losses["false"], rtol=1e-4, atol=1e-5)

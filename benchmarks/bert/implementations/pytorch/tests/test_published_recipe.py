@@ -26,13 +26,20 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from bert import grad_sync, train
+from bert import config_script, grad_sync
 from bert.config import GradSyncConfig, PrecisionConfig, build_config, eval_interval_samples, max_samples
 from bert.model import BertForPreTraining, pretraining_loss
 from bert.optim import lr_at
 from bert.precision import build_precision, build_scaler
+from bert.state import Learner
+from bert.trainer import train_step
 from conftest import PKG, demo_run_env, end_worker, free_port, mllog_events, run_checker
-from tools.schedule import resolve
+
+
+def resolve(config_sh, extra_env=None):
+    """The Config a config script gives (the trainer's own reading: bert.config_script)."""
+    return config_script.load(config_sh, {"PATH": os.environ["PATH"], **(extra_env or {})})[0]
+
 
 CONFIG = PKG / "config_DGXA100_128x8.sh"
 
@@ -286,7 +293,7 @@ def _layout_run(rank, gcfg):
 
 
 def _accum_run(rank, gcfg, accum):
-    """One train.train_step with bucket-wise clipping over ``accum`` micro-batches; the
+    """One bert.trainer.train_step with bucket-wise clipping over ``accum`` micro-batches; the
     gradients as the optimizer sees them, the layout and thresholds."""
     from test_grad_sync import CAP_MB, fresh_model, global_batch, grads, part
 
@@ -304,11 +311,9 @@ def _accum_run(rank, gcfg, accum):
     mine = part(global_batch(0), rank, 2)
     pcfg = PrecisionConfig(dtype="fp32")
     prec = build_precision(pcfg, "cpu")
-    p = train.Parts(model, ddp, opt, sched, build_scaler(pcfg, prec, "cpu"), prec,
-                    dataclasses.replace(sync, after_sync=after_sync),
-                    iter([part(mine, i, accum) for i in range(accum)]),
-                    [], 0, torch.device("cpu"), 8, 8, 8)
-    train.train_step(p, accum)
+    learner = Learner(model, ddp, opt, sched, build_scaler(pcfg, prec, "cpu"), prec,
+                      dataclasses.replace(sync, after_sync=after_sync), torch.device("cpu"))
+    train_step(learner, iter([part(mine, i, accum) for i in range(accum)]), accum)
     name_of = {q.data_ptr(): n for n, q in model.named_parameters()}
     members = [[name_of[q.data_ptr()] for q in b.parameters()] for b in ddp.reducer._get_zeros_like_grad_buckets()]
     return {"grads": seen, "members": members, "thresholds": sync.clip.thresholds}

@@ -349,28 +349,28 @@ def test_resume_with_another_vocabulary_padding_is_refused(tiny_data, tmp_path):
     """The state dict keeps vocab_size rows whatever model.vocab_pad_multiple is, but the
     optimizer's moments have the padded shape: a resume across a padding change is refused
     by name, before anything is loaded (torch's load_state_dict would take the moments)."""
-    from bert import resume, train
+    from bert import resume
     from bert.config import build_config
     from bert.distributed import DistEnv
+    from bert.state import TrainState
+    from bert.trainer import Trainer
 
     single = DistEnv(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=29500,
                      launcher="single")
     over = dict(a.split("=", 1) for a in TINY if not a.startswith(("dist.", "run.max_samples")))
     over.update({"data.train_dir": str(tiny_data / "train"), "data.eval_dir": str(tiny_data / "eval"),
-                 "model.vocab_pad_multiple": "1"})
-    parts, _ = train.build(build_config(over), single, torch.device("cpu"))
-    state = train.TrainState()
-    train.train_step(parts, 1)  # the optimizer's moments exist
-    cfg = build_config(over)
-    ckpt = resume.Checkpointer(cfg.ckpt, tmp_path, 0, 1, torch.device("cpu"), resume.StopFlag())
-    saved = ckpt.save(parts, state)
-    padded, _ = train.build(build_config({**over, "model.vocab_pad_multiple": "256"}), single, torch.device("cpu"))
+                 "model.vocab_pad_multiple": "1", "ckpt.dir": str(tmp_path)})
+    unpadded = Trainer(build_config(over), single, torch.device("cpu"))
+    unpadded.open_data(timed=False)
+    unpadded.step(unpadded.batches, 1)  # the optimizer's moments exist
+    saved = unpadded.checkpointer.save(unpadded.learner, unpadded.state, unpadded.batches)
+    padded = Trainer(build_config({**over, "model.vocab_pad_multiple": "256"}), single, torch.device("cpu")).learner
     before = {k: v.clone() for k, v in padded.model.state_dict().items()}
     with pytest.raises(resume.CheckpointError, match=r"optimizer state 'exp_avg' of a \(256, 32\) parameter has "
                                                      r"shape \(128, 32\).*model.vocab_pad_multiple"):
-        resume.restore(saved, padded, train.TrainState(), 0, 1)
+        resume.restore(saved, padded, TrainState(), 0, 1, unpadded.global_batch)
     assert all(torch.equal(v, before[k]) for k, v in padded.model.state_dict().items())  # nothing loaded
-    resume.restore(saved, parts, train.TrainState(), 0, 1)  # the same padding resumes
+    resume.restore(saved, unpadded.learner, TrainState(), 0, 1, unpadded.global_batch)  # the same padding resumes
 
 
 # ---------------------------------------------------------------- Ctrl-C
@@ -397,15 +397,15 @@ def test_ctrl_c_to_one_rank_stops_all_at_one_step_and_saves_where_asked(tiny_dat
 def test_ctrl_c_during_an_evaluation_stops_it(tiny_data, tmp_path, monkeypatch, capsys):
     """Ctrl-C as an evaluation begins: it stops after the batch in hand (here before the
     first), not at its end; no eval_accuracy for it, run_stop aborted, exit 130."""
-    from bert import train
+    from bert import train, trainer
 
-    real = train.evaluate
+    real = trainer.mlm_accuracy
 
     def ctrl_c_then_evaluate(*args):
         os.kill(os.getpid(), signal.SIGINT)  # the handler runs before the next bytecode
         return real(*args)
 
-    monkeypatch.setattr(train, "evaluate", ctrl_c_then_evaluate)
+    monkeypatch.setattr(trainer, "mlm_accuracy", ctrl_c_then_evaluate)
     assert train.main(train_args(tiny_data, tmp_path)) == 130
     assert "interrupted (Ctrl-C): stopped at step 8; nothing saved" in capsys.readouterr().out  # 64 samples
     keys = [e["key"] for e in read_events(tmp_path / "result_0.txt")]
@@ -443,13 +443,21 @@ def _run_and_time_env(data: Path, out: Path, path: str, *extra: str) -> dict[str
 def test_ctrl_c_to_run_and_time_process_group_then_rerun_resumes(tiny_data, baseline, tmp_path, no_procps_path):
     """What a terminal does on Ctrl-C: SIGINT to the foreground process group (the script;
     torchrun and its workers have groups of their own), on a PATH without procps, as soon as
-    the script has started (before torchrun has workers: the script keeps it for them, so the
-    run stops at its first poll, long before its end). One line, exit 130, no traceback from
+    torchrun has its group (before it has workers: the script keeps it for them, so the run
+    stops at its first poll, long before its end). One line, exit 130, no traceback from
     any rank or torchrun, run_stop aborted; the same command then resumes from the checkpoint
     it names, bit for bit, and its RESULT line has the seed the log has (SEED unset)."""
     assert shutil.which("pgrep", path=no_procps_path) is None
     env = _run_and_time_env(tiny_data, tmp_path, no_procps_path)
-    rc, first = run_and_time_signalled(env, act=lambda p: os.killpg(p.pid, signal.SIGINT))
+
+    def ctrl_c_once_torchrun_has_its_group(proc):  # not in the instant torchrun is forked, still in the script's
+        deadline = time.monotonic() + 60
+        while not any(os.getpgid(t) == t for t in children(proc.pid) if not _gone(t)):
+            assert time.monotonic() < deadline, "torchrun never started"
+            time.sleep(0.001)
+        os.killpg(proc.pid, signal.SIGINT)
+
+    rc, first = run_and_time_signalled(env, act=ctrl_c_once_torchrun_has_its_group)
     assert rc == 130, first[-3000:]
     m = re.search(r"^interrupted \(Ctrl-C\): stopped at step (\d+); nothing saved; a rerun resumes from "
                   r"(step_\d{9})$", first, re.M)

@@ -79,7 +79,7 @@ from typing import Any
 
 import yaml
 
-from bert import mlperf_log
+from bert import config_script, mlperf_log
 
 PKG = Path(__file__).resolve().parent.parent
 POLL_S = 1.0  # how often a worker reads the growing log and touches the heartbeat
@@ -223,13 +223,6 @@ def open_study(space: Space, storage_url: str):
 
 # -- one run -------------------------------------------------------------------------------
 
-def source_config(path: Path, env: dict[str, str]) -> dict[str, str]:
-    """``env`` after bash has sourced ``path`` (with set -a), as a user's shell would have it."""
-    out = subprocess.run(["bash", "-c", 'set -a; source "$1" >/dev/null; env -0', "bash", str(path)],
-                         cwd=PKG, env=env, check=True, capture_output=True).stdout
-    return dict(item.split("=", 1) for item in out.decode().split("\0") if "=" in item)
-
-
 def _text(value: Any) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
@@ -244,7 +237,7 @@ def config_env(base_config: Path, settings: dict[str, Any], base: dict[str, str]
     """``base`` after sourcing ``base_config``, then ``settings`` (tools/study.py's runs too).
     Names with a dot are bert.config keys, appended to EXTRA_PARAMS (a later key=value wins
     in bert.config's override parsing); the others are config_*.sh variables."""
-    env = source_config(base_config, base)
+    env = config_script.source(base_config, base)
     dotted = []
     for name, value in settings.items():
         if "." in name:

@@ -64,17 +64,17 @@ def _install(resume, where: str, rank: str, step: int, until: str, held_dir: Pat
     if where == "boundary":
         at_boundary = resume.Checkpointer.at_boundary
 
-        def held_boundary(self, parts, state, say):
+        def held_boundary(self, learner, state, *rest):
             if state.step == step:
                 hold(self.stop)
-            return at_boundary(self, parts, state, say)
+            return at_boundary(self, learner, state, *rest)
 
         resume.Checkpointer.at_boundary = held_boundary
     elif where == "checkpoint":
         save = resume.Checkpointer.save
 
-        def held_save(self, parts, state):
-            path = save(self, parts, state)
+        def held_save(self, learner, state, *rest):
+            path = save(self, learner, state, *rest)
             if state.step == step:
                 hold(self.stop)
             return path
