@@ -7,8 +7,9 @@ A checkpoint is a directory ``step_000000123/`` holding
                loop's TrainState, and what must match on resume (world size, global batch)
   rank_<r>.pt  (every rank) its RNG states (python, numpy, torch CPU, CUDA), the position
                of its training-data stream (``batches.state_dict()``), and its gradient-sync
-               state (PowerSGD's residuals and factors; empty otherwise)
-  meta.json    written last by rank 0: step, samples, world size, files
+               state (PowerSGD's residuals and factors; empty otherwise), and the step
+  meta.json    written last by rank 0: step, samples, world size, global batch, and each
+               file's CRC-32 and size (summed as the bytes were written: bert/storage.py)
 
 It is assembled as ``.step_000000123.tmp/`` (each file written under a temporary name,
 fsynced, renamed: bert/storage.py), then, once every rank's file is in place, renamed into
@@ -18,6 +19,12 @@ one. The newest ``keep`` are kept. The optimizer state is replicated (DDP), so r
 is everyone's. A write that fails on any rank (a full disk: any OSError) is learned by
 every rank from the collective that ends the write; rank 0 removes the temp directory and
 every rank raises ``storage.WriteFailed`` (bert.train: exit 5).
+
+A checkpoint proves its bytes before it is resumed (``choose``): every rank sums the files it
+reads and compares them with meta.json (torch.load checks no CRC of its own: a flipped bit
+in a tensor loads as another number), and restoring cross-checks the step and samples of
+meta.json, the train state and the rank files. One that fails is named; ``ckpt.resume=auto``
+moves it aside and resumes from the newest checkpoint that verifies, ``require`` refuses.
 
 Files are read with ``torch.load(weights_only=True)``: a checkpoint is data, never code.
 """
@@ -142,17 +149,79 @@ def _optimizer_mismatch(optimizer: torch.optim.Optimizer, theirs: dict[str, Any]
     return None
 
 
+def _meta(path: Path) -> dict[str, Any]:
+    meta_path = path / "meta.json"
+    try:
+        return json.loads(meta_path.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{meta_path}: cannot read: {e}") from None
+
+
+def verify(path: Path, rank: int) -> str | None:
+    """Why checkpoint ``path`` does not prove its bytes to this rank (None: it does): each file
+    this rank reads (train.pt, its rank file) must have the CRC-32 and size meta.json records.
+    A checkpoint written before meta.json held sums is taken as it is."""
+    try:
+        meta = _meta(path)
+    except CheckpointError as e:
+        return str(e)
+    files = meta.get("files")
+    if not isinstance(files, dict):
+        return None  # no sums recorded (an older checkpoint): nothing to check against
+    for name in ("train.pt", f"rank_{rank}.pt"):
+        want = files.get(name)
+        if not isinstance(want, dict):
+            return f"{path / 'meta.json'}: records no sum of {name}"
+        try:
+            got = storage.sum_file(path / name)
+        except OSError as e:
+            return f"{path / name}: cannot read: {e.strerror}"
+        if (got.crc32, got.size) != (want.get("crc32"), want.get("bytes")):
+            return (f"{path / name}: crc32 {got.crc32} ({got.size} bytes), but meta.json says {want.get('crc32')} "
+                    f"({want.get('bytes')} bytes): damaged since it was written")
+    return None
+
+
+def choose(directory: Path, newest: Path, mode: str, rank: int) -> Path:
+    """The checkpoint to resume from, every rank agreeing, starting at ``newest`` (``plan``):
+    the newest one that verifies (``verify`` on every rank; one small gather per checkpoint
+    tried). Under ``ckpt.resume=auto`` a damaged one is moved aside (``<name>.damaged``, rank 0;
+    kept for a look) and the next older one tried, saying so; ``require`` refuses, naming the
+    damage and the newest checkpoint that verifies. None verifying: refused."""
+    candidates = [p for p in complete_checkpoints(directory) if p.name <= newest.name][::-1]
+    damaged: list[tuple[Path, str]] = []
+    for path in candidates:
+        seen = distributed.all_gather_object(verify(path, rank))
+        why = next((f"{t} (on rank {r})" for r, t in enumerate(seen) if t is not None), None)
+        if why is None:
+            break
+        damaged.append((path, why))
+    else:
+        path = None
+    if not damaged:
+        return path
+    first, why = damaged[0]
+    if mode == "require" or path is None:
+        found = f"the newest checkpoint that verifies is {path.name}" if path else f"no checkpoint in {directory} verifies"
+        fix = ("ckpt.resume=auto (the default) resumes from it, moving the damaged ones aside" if path else
+               "move the damaged ones aside to start fresh, or copy good ones back")
+        raise CheckpointError(f"{why}; {found}: {fix}")
+    if rank == 0:
+        for bad, _ in damaged:
+            os.replace(bad, bad.with_name(bad.name + ".damaged"))
+    distributed.barrier()  # every rank past its reads of the damaged ones before they move
+    log.warning(f"warning: checkpoint {first.name} does not verify: {why}; resuming from {path.name}, the newest "
+                f"checkpoint that verifies ({', '.join(b.name for b, _ in damaged)} moved aside to *.damaged)")
+    return path
+
+
 def restore(path: Path, learner: Learner, state: TrainState, rank: int, world_size: int,
             global_batch: int) -> dict[str, Any]:
     """Load checkpoint ``path`` into the built ``learner`` and the loop's ``state``, in place.
 
     Returns this rank's data-stream position for the loader's ``load_state_dict``: the
     caller applies it once the data is open, after run_start (bert.trainer.Trainer.open_data)."""
-    meta_path = path / "meta.json"
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{meta_path}: cannot read: {e}") from None
+    meta = _meta(path)
     for key, mine in (("world_size", world_size), ("global_batch", global_batch)):
         if meta.get(key) != mine:
             raise CheckpointError(f"{path}: written with {key}={meta.get(key)}, this run has {mine}; "
@@ -169,10 +238,18 @@ def restore(path: Path, learner: Learner, state: TrainState, rank: int, world_si
     if shared.get("scaler") is None:
         raise CheckpointError(f"{path / 'train.pt'}: no grad scaler state (not a checkpoint of this trainer)")
     learner.scaler.load_state_dict(shared["scaler"])
-    for k, v in shared["train_state"].items():
+    # The bookkeeping three ways: meta.json, the train state, each rank's file. Damage that
+    # the sums miss (meta.json has none of its own) must not resume at the wrong step.
+    saved = shared["train_state"]
+    mine = _load(path / f"rank_{rank}.pt")
+    for key, name, got in (("step", "train.pt", saved.get("step")), ("samples", "train.pt", saved.get("samples")),
+                           ("step", f"rank_{rank}.pt", mine.get("step", meta.get("step")))):
+        if got != meta.get(key):
+            raise CheckpointError(f"{path}: meta.json says {key} {meta.get(key)}, {name} says {got}: the checkpoint "
+                                  "contradicts itself; resume from another one (move this one aside)")
+    for k, v in saved.items():
         old = getattr(state, k)
         setattr(state, k, v.to(old.device) if torch.is_tensor(old) else type(old)(v))
-    mine = _load(path / f"rank_{rank}.pt")
     try:  # PowerSGD's residuals and factors; nothing for the other modes
         learner.grad_sync.load_state_dict(mine.get("grad_sync", {}), learner.device)
     except ValueError as e:
@@ -320,20 +397,24 @@ class Checkpointer:
         tmp, final = self.dir / f".{name}.tmp", self.dir / name
         what = f"checkpoint {name}"
 
+        sums: dict[str, dict[str, Any]] = {}  # this rank's files -> their CRC-32 and size
+
         def own_files() -> None:
             tmp.mkdir(parents=True, exist_ok=True)  # every rank: the directory is on a shared filesystem
-            storage.save_torch({"rng": rng.state(self.device), "batches": batches.state_dict(),
-                                "grad_sync": learner.grad_sync.state_dict()}, tmp / f"rank_{self.rank}.pt")
+            name = f"rank_{self.rank}.pt"
+            sums[name] = storage.save_torch({"rng": rng.state(self.device), "batches": batches.state_dict(),
+                                             "grad_sync": learner.grad_sync.state_dict(), "step": state.step},
+                                            tmp / name).as_dict()
             if self.rank == 0:
-                storage.save_torch({"model": learner.model.state_dict(), "optimizer": learner.optimizer.state_dict(),
-                                    "scheduler": learner.scheduler.state_dict(),
-                                    "scaler": learner.scaler.state_dict(),
-                                    "train_state": dataclasses.asdict(state)}, tmp / "train.pt")
+                sums["train.pt"] = storage.save_torch(
+                    {"model": learner.model.state_dict(), "optimizer": learner.optimizer.state_dict(),
+                     "scheduler": learner.scheduler.state_dict(), "scaler": learner.scaler.state_dict(),
+                     "train_state": dataclasses.asdict(state)}, tmp / "train.pt").as_dict()
 
         def complete() -> None:
+            files = {name: every[name] for every in gathered for name in every}
             meta = {"step": state.step, "samples": state.samples, "world_size": self.world_size,
-                    "global_batch": self.global_batch,
-                    "files": ["train.pt"] + [f"rank_{r}.pt" for r in range(self.world_size)]}
+                    "global_batch": self.global_batch, "files": dict(sorted(files.items()))}
             (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
             _fsync_dir(tmp)
             if final.exists():  # a torn-then-redone save of the same step after a resume
@@ -345,6 +426,8 @@ class Checkpointer:
         # The collective that ends the write (it was a barrier): every rank's file is in place,
         # or every rank learns which failed, before rank 0 names the directory complete.
         self._agree(storage.attempt(what, self.dir, "ckpt.dir", own_files), tmp)
+        # Every rank's sums, for rank 0's meta.json: one small gather, in checkpoint steps only.
+        gathered = distributed.all_gather_object(sums)
         # Rank 0's meta.json, rename and fsyncs: one more 4-byte collective, in checkpoint steps only.
         self._agree(storage.attempt(what, self.dir, "ckpt.dir", complete) if self.rank == 0 else None, tmp)
         self.last_write = time.monotonic()

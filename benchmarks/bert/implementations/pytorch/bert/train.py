@@ -80,6 +80,8 @@ def run(cfg: Config, dry_run: bool = False, pending_signals: Path | None = None)
                                              f"{chosen}: ckpt.dir={files.checkpoints} must be one shared directory")
             if start_from is None and denv.is_main:
                 resume.clear(files.checkpoints)  # a finished run's checkpoints must not mix with this run's
+            if start_from is not None:  # the newest that proves its bytes on every rank
+                start_from = resume.choose(files.checkpoints, start_from, cfg.ckpt.resume, denv.rank)
             status = Trainer(cfg, denv, device, mllog, stop).run(start_from, dry_run)
             if dry_run:
                 for problem in problems:

@@ -9,6 +9,7 @@ SIGXFSZ), each sized from the baseline's files so that exactly the writer under 
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -697,3 +698,65 @@ def test_config_dump_write_fails(tiny_data, tmp_path, capsys):
     assert events[-1]["key"] == "run_stop" and events[-1]["metadata"]["status"] == "aborted"
     assert "run_start" not in {e["key"] for e in events}
     assert not no_partial_files(tmp_path)
+
+
+# ---------------------------------------------------------------- checkpoints that prove their bytes
+
+def _flip_bit(path: Path, at: float = 0.5) -> None:
+    """One bit flipped in the middle of the file (a tensor's mantissa: torch.load reads it back
+    without a word)."""
+    data = bytearray(path.read_bytes())
+    data[int(len(data) * at)] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damaged", ["train.pt", "rank_1.pt"])
+def test_a_damaged_checkpoint_is_named_and_auto_resumes_the_newest_that_verifies(tiny_data, baseline, tmp_path,
+                                                                                damaged):
+    """One flipped bit in the newest checkpoint (rank 0's train.pt, or rank 1's own file): it
+    does not verify against meta.json's CRC-32s; ckpt.resume=auto says so, moves it aside
+    and resumes from the one before, bit-exactly; --resume refuses, naming the file and the
+    checkpoint that verifies, and moves nothing."""
+    resume_from_baseline(baseline, 10, tmp_path)
+    newest = resume_from_baseline(baseline, 12, tmp_path)
+    _flip_bit(newest / damaged)
+    rank = 1 if damaged == "rank_1.pt" else 0
+    why = (rf"{re.escape(str(newest / damaged))}: crc32 [0-9a-f]{{8}} \(\d+ bytes\), but meta.json says [0-9a-f]{{8}} "
+           rf"\(\d+ bytes\): damaged since it was written \(on rank {rank}\)")
+    assert wait_all(launch(tiny_data, tmp_path, "--resume"), tmp_path) == [2, 2]
+    for r in range(WORLD):
+        assert re.search(rf"^error: rank {r}: {why}; the newest checkpoint that verifies is step_000000010: "
+                         r"ckpt.resume=auto \(the default\) resumes from it", rank_output(tmp_path, r), re.M), \
+            rank_output(tmp_path, r)[-3000:]
+    assert newest.is_dir()  # require moves nothing
+    assert_rerun_matches_baseline(tiny_data, baseline, tmp_path)
+    said = rank_output(tmp_path)
+    assert re.search(rf"^warning: checkpoint step_000000012 does not verify: {why}; resuming from step_000000010, "
+                     r"the newest checkpoint that verifies \(step_000000012 moved aside to \*\.damaged\)$", said, re.M), \
+        said[-3000:]
+    assert f"resumed from {tmp_path / 'checkpoints' / 'step_000000010'} at step 10," in said
+    assert (tmp_path / "checkpoints" / "step_000000012.damaged" / damaged).is_file()
+
+
+def test_no_checkpoint_that_verifies_is_refused(tiny_data, baseline, tmp_path):
+    """The only checkpoint damaged (4 KiB of zeros in the optimizer moments): auto refuses
+    too, rather than start fresh over it: exit 2 on both ranks."""
+    ckpt = resume_from_baseline(baseline, 12, tmp_path)
+    with open(ckpt / "train.pt", "r+b") as f:
+        f.seek((ckpt / "train.pt").stat().st_size * 3 // 4)
+        f.write(b"\0" * 4096)
+    assert wait_all(launch(tiny_data, tmp_path), tmp_path) == [2, 2]
+    assert f"no checkpoint in {tmp_path / 'checkpoints'} verifies: move the damaged ones aside" in rank_output(tmp_path, 1)
+    assert not (tmp_path / "final.pt").exists() and ckpt.is_dir()
+
+
+def test_a_checkpoint_whose_bookkeeping_contradicts_itself_is_refused(tiny_data, baseline, tmp_path):
+    """meta.json holds no sum of its own: its step changed (12 -> 11, what a flipped bit in
+    it does) is caught by the cross-check with train.pt's train state and each rank's file,
+    instead of resuming with wrong bookkeeping."""
+    ckpt = resume_from_baseline(baseline, 12, tmp_path)
+    meta = json.loads((ckpt / "meta.json").read_text())
+    (ckpt / "meta.json").write_text(json.dumps({**meta, "step": 11}))
+    assert wait_all(launch(tiny_data, tmp_path), tmp_path) == [2, 2]
+    assert (f"error: rank 0: {ckpt}: meta.json says step 11, train.pt says 12: the checkpoint contradicts itself"
+            in rank_output(tmp_path))
