@@ -87,7 +87,7 @@ from bench import common, flops  # noqa: E402
 from bert import config_script, sampler  # noqa: E402
 from bert.mlperf_log import read_events  # noqa: E402
 from bert.evaluate import mlm_accuracy  # noqa: E402
-from bert.trainer import Trainer, train_step  # noqa: E402
+from bert.trainer import Trainer, train_layout, train_step  # noqa: E402
 from bert.config import Config, ConfigError, ModelConfig, build_config  # noqa: E402
 from bert.distributed import DistEnv  # noqa: E402
 
@@ -309,26 +309,10 @@ def case_config(case: Case, args) -> tuple[Config, dict[str, str]]:
 
 def collate_for(cfg: Config) -> tuple[Callable[[list], dict], Any]:
     """The trainer's training collate for ``cfg`` on one device, as ``bert.sampler.train_batches``
-    builds it: ``batch_collate(unpad, pack, max_seq_length, bert.ladder.layout_for(cfg, 1))``
-    (the static token budget's collate when ``data.token_budgets`` is set), and the budget
-    layout (None when off). A tree from before bert/ladder.py (2026-12-01) finds it in
-    bert/budget.py; one without either collates as before, and refuses a case that sets
-    ``data.token_budgets`` (ConfigError)."""
+    builds it (the static token budget's collate when ``data.token_budgets`` is set), and the
+    budget layout (``bert.trainer.train_layout``; None when off)."""
     m, d = cfg.model, cfg.data
-    try:  # imported here: the bench runs on older trees too (the baseline's checkout)
-        from bert.ladder import layout_for
-    except ImportError:
-        layout_for = None
-    if layout_for is None:
-        try:
-            from bert.budget import layout_for
-        except ImportError:
-            layout_for = None
-    if layout_for is None:
-        if getattr(d, "token_budgets", ""):
-            raise ConfigError("data.token_budgets: bert/budget.py is not on this tree") from None
-        return sampler.batch_collate(m.unpad, m.pack, d.max_seq_length), None
-    layout = layout_for(cfg, 1)
+    layout = train_layout(cfg, 1)
     return sampler.batch_collate(m.unpad, m.pack, d.max_seq_length, layout), layout
 
 
@@ -677,10 +661,10 @@ def check_attention_blocks(args, device: torch.device, samples_cache: dict, reps
     rounding differs), and each compiled kernel's registers and spills."""
     if device.type != "cuda":
         return {"status": "skipped: the Triton kernels run on CUDA only"}
-    from bert import budget, ladder, triton_attention
+    from bert import budget, triton_attention
 
     cfg, _ = case_config(_case("blocks", args.small, f=FAST), args)
-    layout = ladder.layout_for(cfg, 1)
+    layout = train_layout(cfg, 1)
     if args.small not in samples_cache:
         samples_cache[args.small] = common.make_batches(args.num_batches, args.small, args.seq_len, args.max_pred,
                                                         cfg.model.vocab_size, args.seed)

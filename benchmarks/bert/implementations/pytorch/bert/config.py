@@ -17,6 +17,7 @@ import dataclasses
 import importlib.util
 import json
 import math
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,12 +93,13 @@ class DataConfig:
     eval_samples: int = 10000
     # Static token budgets (bert/budget.py): pad each training micro-batch's token count
     # (not each sequence) up to one of a few fixed sizes, so a GPU step has one of a few
-    # static shapes (CUDA graphs; inductor without dynamic shapes). "" = off (the exact
-    # count); "auto" = a ladder from the local batch, max_seq_length, the sampler and the
-    # shipped Wikipedia length histogram; "N,N,..." = increasing budgets in tokens. The full
-    # grid local_batch_size * max_seq_length is always the top budget, so a batch is padded,
-    # never cut. Needs model.unpad=true. Costs the padded tokens' compute (docs/performance.md).
-    token_budgets: str = ""
+    # static shapes (CUDA graphs; inductor without dynamic shapes). [] = off (the exact
+    # count; "" on the command line); "auto" = a ladder from the local batch, max_seq_length,
+    # the sampler and the shipped Wikipedia length histogram; [N, N, ...] ("N,N,..." on the
+    # command line) = increasing budgets in tokens. The full grid local_batch_size *
+    # max_seq_length is always the top budget, so a batch is padded, never cut. Needs
+    # model.unpad=true. Costs the padded tokens' compute (docs/performance.md).
+    token_budgets: list[int] | Literal["auto"] = field(default_factory=list)
     # Seconds one shard or eval file may take to read (bert/watchdog.py): past it the run
     # ends (exit 2) naming the file, instead of hanging on a damaged file (HDF5 can spin on a
     # lost sector) or a hung filesystem. Under dist.timeout_s, so the rank that waits says why
@@ -130,7 +132,7 @@ class SamplerConfig:
     strata_width: int = 0
     # Samples per stratum per draw unit, e.g. "6,3,2,5"; empty = largest-remainder
     # rounding of the strata's shares.
-    counts: str = ""
+    counts: list[int] = field(default_factory=list)
     # fixed: the same counts every step (the paper's); carry: each step rounds the running
     # deficit of every stratum, so fine strata keep their exact shares (counts vary a bit).
     rounding: Literal["fixed", "carry"] = "fixed"
@@ -497,6 +499,20 @@ def timed_run_problems(cfg: Config) -> list[str]:
 def _coerce(key: str, tp: Any, value: Any) -> Any:
     """Convert ``value`` (a string from the command line, or a parsed file value) to ``tp``."""
     origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):  # e.g. list[int] | Literal["auto"]: the first arm that takes it
+        for arm in typing.get_args(tp):
+            try:
+                return _coerce(key, arm, value)
+            except ConfigError:
+                pass
+        raise ConfigError(f"{key}: expected {' or '.join(map(_describe, typing.get_args(tp)))}, got {value!r}")
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        if isinstance(value, str):  # "1,2,3" from the command line; "" = the empty list
+            value = [v.strip() for v in value.split(",")] if value.strip() else []
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list (N,N,... on the command line), got {value!r}")
+        return [_coerce(f"{key}[{i}]", item, v) for i, v in enumerate(value)]
     if origin is Literal:
         choices = typing.get_args(tp)
         if value not in choices:
@@ -540,6 +556,15 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
             raise ConfigError(f"{key}: expected a string, got {value!r}")
         return str(value)
     raise ConfigError(f"{key}: unsupported field type {tp!r}")  # a bug in this file
+
+
+def _describe(tp: Any) -> str:
+    """What a value of ``tp`` looks like, for an error message."""
+    if typing.get_origin(tp) is Literal:
+        return " or ".join(repr(c) for c in typing.get_args(tp))
+    if typing.get_origin(tp) is list:
+        return f"a list of {_describe(typing.get_args(tp)[0]).removeprefix('an ').removeprefix('a ')}s (N,N,...)"
+    return {int: "an integer", float: "a number", bool: "a boolean", str: "a string"}.get(tp, repr(tp))
 
 
 def _field_types(obj: Any) -> dict[str, Any]:
@@ -620,18 +645,14 @@ def build_config(overrides: dict[str, Any] | None = None, config_file: str | Non
     return cfg
 
 
-def parse_budgets(spec: str, local_batch: int, max_seq_length: int) -> tuple[int, ...] | None:
-    """``data.token_budgets`` -> None (off), "auto", or increasing explicit rungs with the
-    full grid appended when the list stops short of it. Raises ConfigError naming the key."""
-    spec = spec.strip()
-    if spec in ("", "auto"):
+def parse_budgets(spec: list[int] | Literal["auto"], local_batch: int, max_seq_length: int) -> tuple[int, ...] | None:
+    """``data.token_budgets`` -> None (off, or "auto": the ladder decides), or the explicit
+    rungs with the full grid appended when the list stops short of it. Raises ConfigError
+    naming the key."""
+    if spec == "auto" or not spec:
         return None
     full = local_batch * max_seq_length
-    try:
-        rungs = [int(x) for x in spec.split(",")]
-    except ValueError:
-        raise ConfigError(f"data.token_budgets={spec!r}: expected '', 'auto' or increasing token counts "
-                          "'N,N,...'") from None
+    rungs = list(spec)
     if any(r < 1 for r in rungs):
         raise ConfigError(f"data.token_budgets={spec!r}: every budget must be >= 1 token")
     if any(b <= a for a, b in zip(rungs, rungs[1:])):
@@ -669,7 +690,7 @@ def validate(cfg: Config) -> None:
     need(d.read_timeout_s == -1 or 0 < d.read_timeout_s < cfg.dist.timeout_s, "data.read_timeout_s",
          f"must be positive and under dist.timeout_s={cfg.dist.timeout_s:g} (else a rank's peers time out "
          "on it before it can say which file hangs), or -1 for two thirds of it")
-    if d.token_budgets.strip():  # budgets pad the unpadded layout (bert/budget.py)
+    if d.token_budgets:  # budgets pad the unpadded layout (bert/budget.py)
         if not m.unpad or m.pack:
             raise ConfigError(f"data.token_budgets={d.token_budgets!r}: budgets pad the unpadded layout; they "
                               "need model.unpad=true and model.pack=false")
@@ -835,7 +856,7 @@ def check_fp8(cfg: Config, device_type: str, capability: Callable[[], tuple[int,
             raise ConfigError(f"{key}: data.max_seq_length={d.max_seq_length} is not a multiple of {FP8_ALIGN}: "
                               "the token rows are the inner dimension of the FP8 weight-gradient GEMM")
         return
-    if not d.token_budgets.strip():
+    if not d.token_budgets:
         raise ConfigError(f"{key}: the unpadded layout's token count is the inner dimension of the FP8 "
                           f"weight-gradient GEMM and must be a multiple of {FP8_ALIGN}: set data.token_budgets "
                           "(auto places its rungs on multiples of 64)")

@@ -68,15 +68,13 @@ from pathlib import Path
 
 import numpy as np
 
+from bert.lengths import length_distribution
 from bert.shards import SHARD_SUFFIXES, DataError, Shard, write_shard
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
 FIRST_CONTENT = 5
 RESTART_PROB = 0.1
 MASKED_LM_PROB = 0.15
-HISTOGRAM = Path(__file__).resolve().parent.parent / "data" / "wikipedia_seqlen_histogram_512.txt"
-
-
 @dataclass(frozen=True)
 class Language:
     """The permutation ``f`` as one cycle: ``f(order[k]) = order[k+1 mod n]``."""
@@ -99,18 +97,6 @@ def make_language(vocab_size: int, rng: np.random.Generator) -> Language:
     cycle_pos = np.full(vocab_size, -1, dtype=np.int64)
     cycle_pos[order] = np.arange(len(order))
     return Language(vocab_size, order, cycle_pos)
-
-
-def length_distribution(seq_len: int, path: Path = HISTOGRAM) -> tuple[np.ndarray, np.ndarray]:
-    """(lengths, probabilities) of real sample lengths, Wikipedia's 512 histogram scaled."""
-    try:
-        table = np.loadtxt(path, comments="#", dtype=np.int64).reshape(-1, 2)
-    except OSError as e:
-        raise DataError(f"{path}: cannot read the length histogram: {e.strerror}") from None
-    scaled = np.clip(np.round(table[:, 0] * seq_len / 512.0).astype(np.int64), 5, seq_len)
-    counts = np.bincount(scaled, weights=table[:, 1].astype(np.float64), minlength=seq_len + 1)
-    lengths = np.nonzero(counts)[0]
-    return lengths, counts[lengths] / counts.sum()
 
 
 def _segment_starts(lengths: np.ndarray) -> np.ndarray:

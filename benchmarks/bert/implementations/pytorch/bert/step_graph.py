@@ -52,7 +52,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from .config import Config, ConfigError
+from .config import ConfigError
 from .data import LABEL_KEYS, to_device
 from .model import pretraining_loss
 from .shards import Sample
@@ -97,14 +97,14 @@ def synthetic_batches(collate: Callable[[list[Sample]], dict], token_counts: lis
     return [collate(synthetic_samples(t, n, max_seq_length, max_pred, vocab_size, rng)) for t in token_counts]
 
 
-def warmup_token_counts(cfg: Config, layout: Any) -> list[int]:
+def warmup_token_counts(layout: Any, batch_size: int, max_seq_length: int) -> list[int]:
     """Token counts of the warm-up's synthetic micro-batches: one per shape the run can see.
     With token budgets (``layout``, a ``bert.budget.Layout``) each rung, filled exactly, so
     every shape the run will meet is compiled and captured; without, every batch has its
     own shape, and one typical batch (half the grid) warms up what does not depend on it."""
     if layout is not None:
         return list(layout.rungs)
-    return [cfg.run.local_batch_size * cfg.data.max_seq_length // 2]
+    return [batch_size * max_seq_length // 2]
 
 
 def shape_key(batch: dict) -> tuple:
