@@ -12,8 +12,8 @@
 #
 # Exit status: the trainer's own (python -m bert.train: 0 target, 1 sample limit, 2 bad
 # input, 3 checkpointed on a signal, 4 a peer rank failed, 5 a file could not be written,
-# 130 Ctrl-C; the worst rank's, 2 when any rank's is 2), under torchrun too; 2 when no
-# config was sourced.
+# 6 diverged (NaN/inf), 130 Ctrl-C; the worst rank's, 2 when any rank's is 2), under torchrun
+# too; 2 when no config was sourced.
 #
 # LAUNCHER=torchrun (default) starts DGXNGPU local ranks itself; LAUNCHER=task means this
 # script already is one rank (started by srun or mpirun), so it runs one process.

@@ -272,9 +272,10 @@ class CheckpointConfig:
     keep: int = 2  # complete checkpoints kept; older ones are deleted after a new one is complete
     # SIGTERM / SIGUSR1 (SLURM --signal=B:USR1@<s>) -> checkpoint at the next poll, exit 3.
     on_signal: bool = True
-    # Steps between polls of the signal flag and the minutes clock. Distributed, a poll is one
-    # 4-byte all_reduce plus a host sync (ranks must agree to stop at the same step): about
-    # 50 us of NCCL latency per poll, so every 10 steps costs nothing measurable.
+    # Steps between polls of the signal flag, the minutes clock, failed writes and reads and
+    # the NaN streak. Distributed, a poll is one 24-byte all_reduce plus a host sync (ranks
+    # must agree to stop at the same step): about 50 us of NCCL latency per poll, so every 10
+    # steps costs nothing measurable.
     poll_steps: int = 10
     # auto: continue from the newest complete checkpoint in ``dir`` if there is one;
     # require: fail if there is none (``python -m bert.train --resume``); off: start fresh.
@@ -334,9 +335,11 @@ class RunConfig:
     # Write the final model weights here at the end of the run (a state dict with
     # Hugging Face BertForPreTraining names; empty = don't). Not part of the timed run.
     save_checkpoint: str = ""
-    # End the run (run_stop aborted) once the loss was NaN/inf for this many consecutive
-    # steps; checked at the progress line (no extra host sync), so up to
-    # log.progress_interval_steps later.
+    # End the run as diverged (run_stop aborted, exit 6) once the loss was NaN/inf for this
+    # many consecutive steps on some rank; seen at the checkpoint poll (it rides in the poll's
+    # all_reduce: no extra sync), so up to ckpt.poll_steps - 1 steps later. NaN/inf weights
+    # or optimizer state end it the same way where a checkpoint or the final weights would
+    # be written from them (never written).
     max_nonfinite_steps: int = 20
     # One run per MLPerf log and checkpoint directory: rank 0 locks both for the run's life
     # (bert/runlock.py); a second run there is refused (exit 2) with the holder's host and PID.

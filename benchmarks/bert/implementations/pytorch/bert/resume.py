@@ -15,8 +15,10 @@ It is assembled as ``.step_000000123.tmp/`` (each file written under a temporary
 fsynced, renamed: bert/storage.py), then, once every rank's file is in place, renamed into
 place by rank 0 and the directory fsynced. So a ``step_*`` directory is always complete: a
 kill at any instant leaves the previous checkpoints, or those plus the new one, never a torn
-one. The newest ``keep`` are kept. The optimizer state is replicated (DDP), so rank 0's copy
-is everyone's. A write that fails on any rank (a full disk: any OSError) is learned by
+one. The newest ``keep`` are kept. A checkpoint is written only from finite weights and
+optimizer state (``agree_finite``; the run ends as diverged instead), so pruning never removes
+the newest finite checkpoint for a NaN one. The optimizer state is replicated (DDP), so rank
+0's copy is everyone's. A write that fails on any rank (a full disk: any OSError) is learned by
 every rank from the collective that ends the write; rank 0 removes the temp directory and
 every rank raises ``storage.WriteFailed`` (bert.train: exit 5).
 
@@ -258,6 +260,23 @@ def restore(path: Path, learner: Learner, state: TrainState, rank: int, world_si
     return mine["batches"]
 
 
+def finite(learner: Learner) -> torch.Tensor:
+    """Whether every weight and every floating optimizer tensor is finite: a 0-d bool on the
+    device (no sync). One isfinite per tensor (a norm could overflow on large finite values);
+    called at checkpoint steps and before the final weights only."""
+    tensors = [p.detach() for p in learner.model.parameters()]
+    tensors += [v for st in learner.optimizer.state.values() for v in st.values()
+                if torch.is_tensor(v) and v.is_floating_point()]
+    return torch.stack([torch.isfinite(t).all() for t in tensors]).all()
+
+
+def agree_finite(learner: Learner, device: torch.device) -> bool:
+    """``finite`` on every rank (each rank's copy of the replicated state): one 4-byte
+    all_reduce and a host sync."""
+    bad = (~finite(learner)).to(torch.int32).reshape(1).to(device)
+    return not distributed.all_reduce_max(bad).item()
+
+
 class StopFlag:
     """Set by signals, read by the loops at their next poll (``Checkpointer.at_boundary``) and
     between evaluation batches (``interrupted``).
@@ -339,9 +358,13 @@ class Checkpointer:
 
     def __init__(self, cfg: CheckpointConfig, directory: Path, rank: int, world_size: int,
                  device: torch.device, global_batch: int, stop: StopFlag,
-                 pending: Callable[[], storage.Failure | None] = lambda: None):
+                 pending: Callable[[], storage.Failure | None] = lambda: None, max_nonfinite_steps: int = 0):
         self.cfg, self.dir, self.rank, self.world_size, self.device = cfg, directory, rank, world_size, device
         self.global_batch, self.stop = global_batch, stop
+        # The NaN guard (run.max_nonfinite_steps; 0 = off): a streak of NaN/inf losses that
+        # long on any rank, seen at a poll, ends the run on every rank ("diverged").
+        self.max_nonfinite_steps = max_nonfinite_steps
+        self.diverged = ""  # why the ranks agreed the run diverged
         # Ctrl-C writes a checkpoint before it stops only where the user chose where they go.
         self.saves_on_interrupt = cfg.on_signal and bool(cfg.dir)
         self.pending = pending  # a write that failed between polls (rank 0's MLPerf log)
@@ -357,11 +380,19 @@ class Checkpointer:
         due = self.cfg.interval_steps > 0 and state.step % self.cfg.interval_steps == 0
         signaled = interrupted = False
         if state.step % self.cfg.poll_steps == 0:
-            signaled, clock, interrupted = self._poll(batches)
+            signaled, clock, interrupted, streak = self._poll(batches, state)
             due = due or clock
+            if streak:
+                self.diverged = (f"loss NaN/inf for the last {streak} steps on some rank (run.max_nonfinite_steps="
+                                 f"{self.max_nonfinite_steps})")
+                return "diverged"
         if interrupted and not self.saves_on_interrupt:
             return "interrupted"
         if due or signaled or interrupted:
+            # Only from finite state: a NaN checkpoint would be resumed, and prune a good one.
+            if not agree_finite(learner, self.device):
+                self.diverged = f"the weights or optimizer state hold NaN/inf at step {state.step}"
+                return "diverged"
             path = self.save(learner, state, batches)
             log.info(f"checkpoint {path}")
             if signaled or interrupted:
@@ -369,17 +400,19 @@ class Checkpointer:
                 return "interrupted" if interrupted else "preempted"
         return None
 
-    def _poll(self, batches: Any) -> tuple[bool, bool, bool]:
+    def _poll(self, batches: Any, state: TrainState) -> tuple[bool, bool, bool, int]:
         clock = self.cfg.interval_minutes > 0 and time.monotonic() - self.last_write >= 60 * self.cfg.interval_minutes
         # A shard read ahead of the loop that failed or overran its bound (bert/watchdog.py:
         # the stream's ``failure``) stops every rank here with its message (exit 2).
         failure = self.pending()
         bad_data = batches.failure() if hasattr(batches, "failure") else None
         # A rank may get a signal (or cross the minute mark, or fail a write or a read) a step
-        # before another: agree by max. One 20-byte all_reduce and a host sync per poll.
+        # before another: agree by max. One 24-byte all_reduce and a host sync per poll.
         flags = torch.tensor([self.stop.signum, clock, self.stop.interrupted, failure is not None, bad_data is not None],
                              dtype=torch.int32, device=self.device)
-        signum, clock, interrupted, failed, data_failed = distributed.all_reduce_max(flags).tolist()
+        # The NaN streak is on the device already: it rides along, no extra sync.
+        flags = torch.cat([flags, state.nonfinite[1:2].to(device=self.device, dtype=torch.int32)])
+        signum, clock, interrupted, failed, data_failed, streak = distributed.all_reduce_max(flags).tolist()
         if data_failed:  # bad input outranks the rest: every rank names the file (exit 2)
             seen = distributed.all_gather_object(bad_data)
             rank, text = next((r, t) for r, t in enumerate(seen) if t is not None)
@@ -387,7 +420,8 @@ class Checkpointer:
         if failed:
             storage.raise_agreed(failure)
         self.signum = self.signum or signum  # the signal some rank got: every rank names it
-        return bool(signum), bool(clock), bool(interrupted)
+        limit = self.max_nonfinite_steps
+        return bool(signum), bool(clock), bool(interrupted), streak if limit and streak >= limit else 0
 
     def save(self, learner: Learner, state: TrainState, batches: Any) -> Path:
         """Every rank calls this at the same step; returns the checkpoint's directory.
@@ -443,7 +477,7 @@ class Checkpointer:
             raise
 
     def _prune(self, newest: Path) -> None:
-        keep = complete_checkpoints(self.dir)[-self.cfg.keep:]
+        keep = complete_checkpoints(self.dir)[-self.cfg.keep:]  # finite, all of them (at_boundary)
         for p in self.dir.iterdir():
             # Only temp dirs of earlier steps: another rank may already be filling the next one.
             m = re.fullmatch(r"\.(step_\d{9})\.tmp", p.name)

@@ -174,8 +174,8 @@ def main(argv: list[str] | None = None) -> int:
                    pending_signals=Path(args.exit_status_dir, "signals") if args.exit_status_dir else None)
     if args.exit_status_dir is None:
         return int(code)
-    # 0 and 1 end a run that trained (run_stop logged); a dry run or an error trained nothing.
-    trained = code in (ExitStatus.SUCCESS, ExitStatus.NOT_CONVERGED) and not args.dry_run
+    # 0, 1 and 6 end a run that trained (run_stop logged); a dry run or an error trained nothing.
+    trained = code in (ExitStatus.SUCCESS, ExitStatus.NOT_CONVERGED, ExitStatus.DIVERGED) and not args.dry_run
     line = f"{int(code)} {'trained' if trained else 'none'}"
     if trained and rank == 0:  # the seed the run used (drawn when unset; a resume keeps its run's)
         line += f" {logged_seed(RunFiles.of(cfg).log)}"

@@ -236,7 +236,8 @@ class Trainer:
         self.state = TrainState(next_eval=self.eval_interval, nonfinite=torch.zeros(2, dtype=torch.int64, device=device),
                                 skipped_steps=torch.zeros((), dtype=torch.int64, device=device), seed=cfg.run.seed)
         self.checkpointer = resume.Checkpointer(cfg.ckpt, self.files.checkpoints, denv.rank, ws, device,
-                                                self.global_batch, stop or resume.StopFlag(), self._log_failure)
+                                                self.global_batch, stop or resume.StopFlag(), self._log_failure,
+                                                cfg.run.max_nonfinite_steps)
         self.goal = Target(cfg.eval.target_accuracy) if cfg.run.mode == "mlperf" else Phase(self.files.log, denv.is_main)
         # What the loop calls: the eager step, or its graphed twin once ``prepare`` captured it.
         self.step: step_graph.Step = functools.partial(train_step, self.learner)
@@ -337,9 +338,9 @@ class Trainer:
     # ------------------------------------------------------------ the loop
 
     def train(self) -> str:
-        """The loop, until the goal, the sample limit, a NaN/inf streak or a stop the ranks
-        agreed on; returns the run_stop status ("success", "aborted") or why it stopped
-        ("preempted", "interrupted")."""
+        """The loop, until the goal, the sample limit or a stop the ranks agreed on; returns
+        the run_stop status ("success", "aborted") or why it stopped ("preempted",
+        "interrupted", "diverged": a NaN/inf streak, or NaN/inf state at a checkpoint)."""
         cfg, s, mllog = self.cfg, self.state, self.mllog
         last_t, last_samples = time.perf_counter(), s.samples
         # The open block's first sample count (its block_stop repeats it) and when it began:
@@ -351,8 +352,7 @@ class Trainer:
             s.advance(loss, skipped, self.global_batch)
             if s.step % cfg.log.progress_interval_steps == 0:
                 now = time.perf_counter()
-                if self._progress(loss, (s.samples - last_samples) / (now - last_t)):
-                    return "aborted"
+                self._progress(loss, (s.samples - last_samples) / (now - last_t))
                 last_t, last_samples = now, s.samples
             done = s.samples >= self.max_samples
             if s.samples >= s.next_eval or done:
@@ -368,8 +368,8 @@ class Trainer:
             if stop:
                 return stop
 
-    def _progress(self, loss: torch.Tensor, rate: float) -> bool:
-        """The progress line; True when the loss was NaN/inf for too many steps in a row."""
+    def _progress(self, loss: torch.Tensor, rate: float) -> None:
+        """The progress line (the NaN guard is the checkpoint poll's: every rank agrees there)."""
         s, p = self.state, self.learner
         # One host sync for the device-side counters; get_scale() is a second one, fp16 only.
         value, streak, skipped = torch.stack(
@@ -377,11 +377,8 @@ class Trainer:
         ).tolist()
         log.info(f"step {s.step:6d} | samples {s.samples:9d} | loss {value:7.4f} | "
                  f"lr {p.scheduler.get_last_lr()[0]:.3e} | skipped {int(skipped)} | "
-                 f"scale {p.scaler.get_scale():.0f} | {rate:8.1f} samples/s")
-        limit = self.cfg.run.max_nonfinite_steps
-        if streak >= limit:
-            log.info(f"loss NaN/inf for the last {int(streak)} steps (run.max_nonfinite_steps={limit}): ending the run")
-        return streak >= limit
+                 f"scale {p.scaler.get_scale():.0f} | {rate:8.1f} samples/s"
+                 + (f" | NaN/inf loss {int(streak)} steps in a row" if streak else ""))
 
     def _evaluate(self, loss: torch.Tensor, done: bool) -> str | None:
         """One evaluation, logged; what the goal makes of it (None: go on)."""
@@ -460,6 +457,19 @@ class Trainer:
         clip = self.learner.grad_sync.clip
         if clip is not None:  # the layout DDP settled on (after its rebuild) and the thresholds
             mllog.event("grad_sync_bucket_thresholds", clip.thresholds, bucket_numels=clip.layout)
+        if status in ("success", "aborted") and not resume.agree_finite(self.learner, self.device):  # never NaN weights
+            ckpt.diverged = f"the weights or optimizer state hold NaN/inf at the end, step {s.step}"
+            status = "diverged"
+        if status == "diverged":  # every checkpoint here was written from finite state (at_boundary)
+            mllog.run_stop("aborted", s.samples, self.eval_samples)
+            found = resume.complete_checkpoints(self.files.checkpoints)
+            kept = (f"the newest finite checkpoint, {found[-1].name}, is kept: the same command resumes from it, and "
+                    "repeats the divergence if the settings caused it (not if a fault did, e.g. a bad GPU)"
+                    if found else "there is no checkpoint to resume")
+            log.info(f"diverged: {ckpt.diverged}: ending the run; no checkpoint and no final weights written from "
+                     f"it; {kept}. Other settings (a lower optim.lr): a fresh run, with another ckpt.dir and "
+                     "log.output_dir")
+            return ExitStatus.DIVERGED
         if status in ("preempted", "interrupted"):
             mllog.run_stop("aborted", s.samples, self.eval_samples)
             saved = ckpt.stop_checkpoint

@@ -460,6 +460,7 @@ def test_a_failed_read_ahead_of_the_loop_stops_every_rank_at_the_poll(tmp_path):
 
     class State:
         step = 10
+        nonfinite = torch.zeros(2, dtype=torch.int64)  # no NaN streak
 
     class Stream:
         def failure(self):

@@ -310,24 +310,93 @@ def test_hung_rank_times_out(tiny_data, tmp_path):
     assert "rank 0 of 2: a collective failed" in said
 
 
-def test_persistent_nan_loss_aborts(tiny_data, tmp_path):
+def test_persistent_nan_loss_ends_the_run_as_diverged(tiny_data, tmp_path, capsys):
+    """NaN weights from the start: the loss is NaN every step; the poll (every step here) sees
+    the streak reach run.max_nonfinite_steps on some rank and every rank ends the run, exit 6
+    (diverged, not 1: "did not converge"), no final weights, run_stop aborted."""
     from bert import train
     from bert.config import build_config, parse_overrides
     from bert.model import BertForPreTraining
 
     args = [*TINY, f"data.train_dir={tiny_data / 'train'}", f"data.eval_dir={tiny_data / 'eval'}",
-            f"log.output_dir={tmp_path}", "run.max_nonfinite_steps=3"]
+            f"log.output_dir={tmp_path}", "run.max_nonfinite_steps=3", "ckpt.poll_steps=1",
+            f"run.save_checkpoint={tmp_path / 'final.pt'}"]
     model = BertForPreTraining(build_config(parse_overrides(args)).model, "cpu")
     state = model.state_dict()
     for k in ("cls.predictions.bias", "cls.predictions.decoder.bias"):  # one tied parameter
         state[k] = torch.full_like(state[k], float("nan"))
     torch.save(state, tmp_path / "nan.pt")
-    assert train.main([*args, f"run.init_checkpoint={tmp_path / 'nan.pt'}"]) == 1
+    assert train.main([*args, f"run.init_checkpoint={tmp_path / 'nan.pt'}"]) == 6
     events = mllog_events(tmp_path / "result_0.txt")
     by_key = {e["key"]: e for e in events}
     assert by_key["run_stop"]["metadata"]["status"] == "aborted"
-    assert by_key["nonfinite_loss_steps"]["value"] == 3  # noticed at the first progress line past 3
-    assert "eval_accuracy" not in by_key
+    assert by_key["nonfinite_loss_steps"]["value"] == 3  # seen at the poll of step 3
+    assert "eval_accuracy" not in by_key and not (tmp_path / "final.pt").exists()
+    said = capsys.readouterr().out
+    assert ("diverged: loss NaN/inf for the last 3 steps on some rank (run.max_nonfinite_steps=3): ending the run; "
+            "no checkpoint and no final weights written from it; there is no checkpoint to resume") in said, said[-3000:]
+
+
+def test_a_diverging_run_keeps_its_finite_checkpoints(tiny_data, baseline, tmp_path):
+    """Rank 1's weights turn NaN after step 7 (what a diverging run does; injected): at step
+    8's checkpoint the state is not finite on some rank, so no checkpoint is written, every
+    rank ends the run (exit 6) and says which finite checkpoint is kept; pruning (keep=2) left
+    step 4 and 6, both finite, and the same command without the fault continues from step 6
+    as the uninterrupted run, bit for bit."""
+    extra = ("ckpt.interval_steps=2", "ckpt.keep=2", "ckpt.poll_steps=2")
+    procs = launch(tiny_data, tmp_path, *extra, hold=("poison:1:7:now",))
+    assert wait_all(procs, tmp_path) == [6, 6], rank_output(tmp_path)[-3000:]
+    said = rank_output(tmp_path)
+    assert ("diverged: the weights or optimizer state hold NaN/inf at step 8: ending the run; no checkpoint and no "
+            "final weights written from it; the newest finite checkpoint, step_000000006, is kept: the same command "
+            "resumes from it") in said, said[-3000:]
+    assert [p.name for p in checkpoints(tmp_path)] == ["step_000000004", "step_000000006"]
+    for ckpt in checkpoints(tmp_path):
+        weights = torch.load(ckpt / "train.pt", weights_only=True)["model"]
+        assert all(torch.isfinite(v).all() for v in weights.values()), ckpt
+    assert not (tmp_path / "final.pt").exists() and not (tmp_path / "checkpoints" / "finished.json").exists()
+    assert last_event(tmp_path / "result_0.txt")["metadata"]["status"] == "aborted"
+    assert_rerun_matches_baseline(tiny_data, baseline, tmp_path, *extra)
+
+
+def test_a_run_that_really_diverges_writes_no_nan_checkpoint_and_its_rerun_repeats_it(tiny_data, tmp_path):
+    """optim.lr=1e6 (no injection): a checkpoint every step, keep=2. Once the state holds
+    NaN/inf no checkpoint is written: both ranks exit 6 naming the step and the newest
+    checkpoint, every kept checkpoint is finite, no final weights. The same command resumes
+    from that checkpoint and diverges again at the same step, as the message says."""
+    extra = ("optim.lr=1e6", "ckpt.interval_steps=1", "ckpt.keep=2", "ckpt.poll_steps=1")
+    said = re.compile(r"^diverged: the weights or optimizer state hold NaN/inf at step (\d+): ending the run; no "
+                      r"checkpoint and no final weights written from it; the newest finite checkpoint, "
+                      r"step_(\d{9}), is kept: the same command resumes from it", re.M)
+    ends = []
+    for attempt in ("first", "rerun"):
+        assert wait_all(launch(tiny_data, tmp_path, *extra), tmp_path) == [6, 6], rank_output(tmp_path)[-3000:]
+        (step, kept), = said.findall(rank_output(tmp_path).split("resumed from")[-1])
+        ends.append((int(step), int(kept)))
+        assert [p.name for p in checkpoints(tmp_path)][-1] == f"step_{kept}", attempt
+        for ckpt in checkpoints(tmp_path):
+            state = torch.load(ckpt / "train.pt", weights_only=True)
+            tensors = [*state["model"].values(), *(v for st in state["optimizer"]["state"].values()
+                                                   for v in st.values() if torch.is_tensor(v))]
+            assert all(torch.isfinite(t).all() for t in tensors), (attempt, ckpt)
+        assert not (tmp_path / "final.pt").exists() and last_event(tmp_path / "result_0.txt")["metadata"]["status"] \
+            == "aborted", attempt
+    assert ends[0] == ends[1] and ends[0][1] == ends[0][0] - 1, ends  # the checkpoint of the step before
+    assert "resumed from" in rank_output(tmp_path)
+
+
+def test_nan_weights_at_the_end_are_never_written(tiny_data, tmp_path):
+    """NaN in the last steps (one rank: 48 steps; NaN from step 46 on), with no poll to see it
+    (one poll in 1000 steps): the check before the final weights ends the run as diverged
+    (exit 6, run_stop aborted) instead of writing them or marking the run finished."""
+    (proc,) = launch(tiny_data, tmp_path, "ckpt.poll_steps=1000", world=1, hold=("poison:0:46:now",))
+    assert wait_all([proc], tmp_path) == [6], rank_output(tmp_path)[-3000:]
+    said = rank_output(tmp_path)
+    assert ("diverged: the weights or optimizer state hold NaN/inf at the end, step 48: ending the run; no checkpoint "
+            "and no final weights written from it; there is no checkpoint to resume") in said, said[-3000:]
+    assert "NaN/inf loss 2 steps in a row" in said  # steps 47 and 48: under run.max_nonfinite_steps
+    assert not (tmp_path / "final.pt").exists() and not (tmp_path / "checkpoints" / "finished.json").exists()
+    assert last_event(tmp_path / "result_0.txt")["metadata"]["status"] == "aborted"
 
 
 def test_resume_with_another_world_size_is_refused(tiny_data, baseline, tmp_path, capsys):
@@ -760,3 +829,4 @@ def test_a_checkpoint_whose_bookkeeping_contradicts_itself_is_refused(tiny_data,
     assert wait_all(launch(tiny_data, tmp_path), tmp_path) == [2, 2]
     assert (f"error: rank 0: {ckpt}: meta.json says step 11, train.pt says 12: the checkpoint contradicts itself"
             in rank_output(tmp_path))
+

@@ -15,6 +15,8 @@ WHERE (for rank RANK, ``*`` = every rank, at optimizer step STEP):
   checkpoint   once the checkpoint of that step is complete (renamed into place)
   writing      inside that checkpoint's write, before this rank's own file (rank 0's files
                are in place meanwhile; it then waits in the collective that ends the write)
+  poison       not a hold: after the step, this rank's first weight is set to NaN (a run
+               that diverges there; UNTIL is ignored)
 UNTIL:
   signal       the rank's stop flag is set (SIGTERM / SIGUSR1 / SIGINT reached its handler)
   file=NAME    DIR/NAME exists (the test releases it)
@@ -61,7 +63,19 @@ def _install(resume, where: str, rank: str, step: int, until: str, held_dir: Pat
                    or (until.startswith("file=") and (held_dir / until[5:]).exists())):
             time.sleep(0.01)
 
-    if where == "boundary":
+    if where == "poison":
+        at_boundary = resume.Checkpointer.at_boundary
+
+        def poisoned_boundary(self, learner, state, *rest):
+            if state.step == step:
+                import torch
+
+                with torch.no_grad():
+                    next(learner.model.parameters()).fill_(float("nan"))
+            return at_boundary(self, learner, state, *rest)
+
+        resume.Checkpointer.at_boundary = poisoned_boundary
+    elif where == "boundary":
         at_boundary = resume.Checkpointer.at_boundary
 
         def held_boundary(self, learner, state, *rest):
