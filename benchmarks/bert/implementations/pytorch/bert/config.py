@@ -436,6 +436,42 @@ def launcher_variable(key: str) -> str:
     return var
 
 
+# ---------------------------------------------------------------- resuming
+
+# What a resume may change (bert/resume.py check_settings): where the files are, how the run
+# is checkpointed, logged and connected, its guards (read bound, md5 check, NaN streak, lock,
+# threads), none of which changes what a step computes, and when it ends (the target, the
+# sample and step limits: read afresh, never from the checkpoint, so a run can be resumed to
+# train longer); the new value is applied and logged. Every other setting must be the checkpointed run's: the checkpoint's state would
+# silently override some (the optimizer's learning rate, the schedule, the next eval) while
+# the log and the dumped config record the new value, and the rest would make the resumed
+# run another run than the one the log continues. "section.*" is a whole section.
+# data.train_dir / data.eval_dir: the same data under another path (a moved mount); nothing
+# checks that it is the same data. run.seed: the checkpointed run's seed is used (said).
+RESUME_MAY_DIFFER = ("data.train_dir", "data.eval_dir", "data.read_timeout_s", "data.verify_md5", "ckpt.*",
+                     "log.*", "dist.*", "run.init_checkpoint", "run.save_checkpoint", "run.seed",
+                     "run.max_nonfinite_steps", "run.exclusive", "run.cache_cleared", "run.threads",
+                     "eval.target_accuracy", "run.max_samples", "run.max_steps")
+
+
+def may_differ_on_resume(key: str) -> bool:
+    return any(key == p or (p.endswith(".*") and key.startswith(p[:-1])) for p in RESUME_MAY_DIFFER)
+
+
+def resume_changes(saved: Mapping[str, Any], cfg: Config) -> list[str]:
+    """The settings of ``cfg`` that differ from ``saved`` (the checkpointed run's config, as
+    ``to_dict`` and JSON give it) and may not (RESUME_MAY_DIFFER), each 'key=now (the
+    checkpointed run's: then)'. A key ``saved`` lacks (a field added since) compares with its
+    default; a key only ``saved`` has (a field removed since) is not read by this code."""
+    then: dict[str, Any] = {}
+    _flatten("", json.loads(json.dumps(to_dict(Config()))), then)  # the defaults, for keys added since
+    _flatten("", dict(saved), then)
+    now: dict[str, Any] = {}
+    _flatten("", json.loads(json.dumps(to_dict(cfg))), now)  # tuples as lists, as the saved JSON has them
+    return [f"{k}={json.dumps(v)} (the checkpointed run's: {json.dumps(then[k])})"
+            for k, v in now.items() if v != then[k] and not may_differ_on_resume(k)]
+
+
 # ---------------------------------------------------------------- derived quantities
 
 

@@ -8,6 +8,8 @@ A checkpoint is a directory ``step_000000123/`` holding
   rank_<r>.pt  (every rank) its RNG states (python, numpy, torch CPU, CUDA), the position
                of its training-data stream (``batches.state_dict()``), and its gradient-sync
                state (PowerSGD's residuals and factors; empty otherwise), and the step
+  config.json  (rank 0) the run's settings (bert.config.dumps), what a resume is compared
+               with (``check_settings``)
   meta.json    written last by rank 0: step, samples, world size, global batch, and each
                file's CRC-32 and size (summed as the bytes were written: bert/storage.py)
 
@@ -26,7 +28,9 @@ A checkpoint proves its bytes before it is resumed (``choose``): every rank sums
 reads and compares them with meta.json (torch.load checks no CRC of its own: a flipped bit
 in a tensor loads as another number), and restoring cross-checks the step and samples of
 meta.json, the train state and the rank files. One that fails is named; ``ckpt.resume=auto``
-moves it aside and resumes from the newest checkpoint that verifies, ``require`` refuses.
+moves it aside and resumes from the newest checkpoint that verifies, ``require`` refuses. A
+resume under settings the checkpointed run did not have is refused, naming them
+(``check_settings``; which may differ: bert.config.RESUME_MAY_DIFFER).
 
 Files are read with ``torch.load(weights_only=True)``: a checkpoint is data, never code.
 """
@@ -50,12 +54,13 @@ import torch
 
 from . import distributed, rng, storage
 from .checkpoint import CheckpointError  # one error type for every checkpoint problem
-from .config import CheckpointConfig
+from .config import CheckpointConfig, Config, resume_changes
 from .shards import DataError
 from .state import Learner, TrainState
 
 STEP_DIR = re.compile(r"step_(\d{9})")
 FINISHED = "finished.json"  # the run these checkpoints belong to has ended: never resume it
+SETTINGS = "config.json"  # in a checkpoint: the settings of the run that wrote it
 
 log = logging.getLogger(__name__)
 
@@ -161,8 +166,9 @@ def _meta(path: Path) -> dict[str, Any]:
 
 def verify(path: Path, rank: int) -> str | None:
     """Why checkpoint ``path`` does not prove its bytes to this rank (None: it does): each file
-    this rank reads (train.pt, its rank file) must have the CRC-32 and size meta.json records.
-    A checkpoint written before meta.json held sums is taken as it is."""
+    this rank reads (train.pt, its rank file, config.json) must have the CRC-32 and size
+    meta.json records. A checkpoint written before meta.json held sums is taken as it is, and
+    one written before checkpoints held their settings has no config.json to check."""
     try:
         meta = _meta(path)
     except CheckpointError as e:
@@ -170,7 +176,7 @@ def verify(path: Path, rank: int) -> str | None:
     files = meta.get("files")
     if not isinstance(files, dict):
         return None  # no sums recorded (an older checkpoint): nothing to check against
-    for name in ("train.pt", f"rank_{rank}.pt"):
+    for name in ("train.pt", f"rank_{rank}.pt", *([SETTINGS] if SETTINGS in files else [])):
         want = files.get(name)
         if not isinstance(want, dict):
             return f"{path / 'meta.json'}: records no sum of {name}"
@@ -215,6 +221,26 @@ def choose(directory: Path, newest: Path, mode: str, rank: int) -> Path:
     log.warning(f"warning: checkpoint {first.name} does not verify: {why}; resuming from {path.name}, the newest "
                 f"checkpoint that verifies ({', '.join(b.name for b, _ in damaged)} moved aside to *.damaged)")
     return path
+
+
+def check_settings(path: Path, cfg: Config) -> None:
+    """Refuse (``CheckpointError``) to resume checkpoint ``path`` (verified: ``choose``) under
+    settings its run did not have, naming each (bert.config.resume_changes). A checkpoint
+    written before checkpoints held their settings has none to compare with."""
+    file = path / SETTINGS
+    if not file.is_file():
+        return
+    try:
+        saved = json.loads(file.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{file}: cannot read: {e}") from None
+    changed = resume_changes(saved, cfg)
+    if changed:
+        raise CheckpointError(
+            f"{path}: a resume continues the checkpointed run, but this run's settings differ from it: "
+            f"{'; '.join(changed)}. Set them back (that run's are in {file}), or start a fresh run with another "
+            "ckpt.dir and log.output_dir; only paths, ckpt.*, log.*, dist.*, the run's guards and its end (target, "
+            "sample and step limits) may differ (bert/config.py RESUME_MAY_DIFFER)")
 
 
 def restore(path: Path, learner: Learner, state: TrainState, rank: int, world_size: int,
@@ -358,9 +384,11 @@ class Checkpointer:
 
     def __init__(self, cfg: CheckpointConfig, directory: Path, rank: int, world_size: int,
                  device: torch.device, global_batch: int, stop: StopFlag,
-                 pending: Callable[[], storage.Failure | None] = lambda: None, max_nonfinite_steps: int = 0):
+                 pending: Callable[[], storage.Failure | None] = lambda: None, max_nonfinite_steps: int = 0,
+                 settings: str = ""):
         self.cfg, self.dir, self.rank, self.world_size, self.device = cfg, directory, rank, world_size, device
         self.global_batch, self.stop = global_batch, stop
+        self.settings = settings  # the run's config (bert.config.dumps) for config.json; "" = none
         # The NaN guard (run.max_nonfinite_steps; 0 = off): a streak of NaN/inf losses that
         # long on any rank, seen at a poll, ends the run on every rank ("diverged").
         self.max_nonfinite_steps = max_nonfinite_steps
@@ -444,6 +472,8 @@ class Checkpointer:
                     {"model": learner.model.state_dict(), "optimizer": learner.optimizer.state_dict(),
                      "scheduler": learner.scheduler.state_dict(), "scaler": learner.scaler.state_dict(),
                      "train_state": dataclasses.asdict(state)}, tmp / "train.pt").as_dict()
+                if self.settings:
+                    sums[SETTINGS] = storage.write_text(tmp / SETTINGS, self.settings).as_dict()
 
         def complete() -> None:
             files = {name: every[name] for every in gathered for name in every}

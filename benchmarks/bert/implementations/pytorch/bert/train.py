@@ -69,7 +69,6 @@ def run(cfg: Config, dry_run: bool = False, pending_signals: Path | None = None)
             problems = timed_run_problems(cfg)
             if problems and not dry_run:
                 raise ConfigError("; ".join(problems))
-            mllog.init_start(cfg.run.cache_cleared)
             distributed.init_process_group(denv, cfg.dist, device, peers)
             # Every rank must pick the same checkpoint; they differ when ckpt.dir is not shared.
             chosen, refused = distributed.broadcast_object((str(start_from), refused))
@@ -82,6 +81,9 @@ def run(cfg: Config, dry_run: bool = False, pending_signals: Path | None = None)
                 resume.clear(files.checkpoints)  # a finished run's checkpoints must not mix with this run's
             if start_from is not None:  # the newest that proves its bytes on every rank
                 start_from = resume.choose(files.checkpoints, start_from, cfg.ckpt.resume, denv.rank)
+                resume.check_settings(start_from, cfg)  # under the settings it was written with
+            # Only now: a resume refused above adds nothing to the log of the run it would continue.
+            mllog.init_start(cfg.run.cache_cleared)
             status = Trainer(cfg, denv, device, mllog, stop).run(start_from, dry_run)
             if dry_run:
                 for problem in problems:

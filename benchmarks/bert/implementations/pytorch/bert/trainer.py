@@ -237,7 +237,7 @@ class Trainer:
                                 skipped_steps=torch.zeros((), dtype=torch.int64, device=device), seed=cfg.run.seed)
         self.checkpointer = resume.Checkpointer(cfg.ckpt, self.files.checkpoints, denv.rank, ws, device,
                                                 self.global_batch, stop or resume.StopFlag(), self._log_failure,
-                                                cfg.run.max_nonfinite_steps)
+                                                cfg.run.max_nonfinite_steps, dumps(cfg))
         self.goal = Target(cfg.eval.target_accuracy) if cfg.run.mode == "mlperf" else Phase(self.files.log, denv.is_main)
         # What the loop calls: the eager step, or its graphed twin once ``prepare`` captured it.
         self.step: step_graph.Step = functools.partial(train_step, self.learner)
@@ -262,6 +262,7 @@ class Trainer:
         if s.seed != self.cfg.run.seed:
             log.info(f"resuming: run.seed {s.seed} of the checkpointed run replaces {self.cfg.run.seed}")
             self.cfg = dataclasses.replace(self.cfg, run=dataclasses.replace(self.cfg.run, seed=s.seed))
+            self.checkpointer.settings = dumps(self.cfg)  # the seed the checkpoints continue with
 
     def prepare(self) -> None:
         """Before run_start: ``prepare_step``, then ``prepare_eval``. Touches no data file;

@@ -830,3 +830,44 @@ def test_a_checkpoint_whose_bookkeeping_contradicts_itself_is_refused(tiny_data,
     assert (f"error: rank 0: {ckpt}: meta.json says step 11, train.pt says 12: the checkpoint contradicts itself"
             in rank_output(tmp_path))
 
+
+# ---------------------------------------------------------------- a resume continues one run
+
+def _tree_bytes(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_a_resume_with_changed_settings_is_refused_naming_them(tiny_data, baseline, tmp_path):
+    """The checkpoint's state would override a changed optim.lr (and the log would record the
+    new value): a resume under changed settings is refused on both ranks, exit 2, naming each
+    key with both values, under auto and --resume alike, with nothing written (the checkpoint
+    and the log of the run it would continue byte for byte as they were, no config dump, no
+    weights). Settings that may differ
+    (RESUME_MAY_DIFFER: here ckpt.poll_steps, log.progress_interval_steps, dist.timeout_s) are
+    not named, and the same command with only those resumes and ends as the uninterrupted run,
+    bit for bit."""
+    ckpt = resume_from_baseline(baseline, 12, tmp_path)
+    shutil.copy(baseline / "result_0.txt", tmp_path / "result_0.txt")  # the log a resume appends to
+    before = _tree_bytes(ckpt), (tmp_path / "result_0.txt").read_bytes()
+    may = ("ckpt.poll_steps=3", "log.progress_interval_steps=2", "dist.timeout_s=120")
+    changed = (rf"model\.hidden_dropout=0\.2 \(the checkpointed run's: 0\.1\); optim\.lr=1000000\.0 "
+               rf"\(the checkpointed run's: 0\.002\)\. Set them back \(that run's are in {re.escape(str(ckpt))}/config\.json\), "
+               r"or start a fresh run with another ckpt\.dir and log\.output_dir; only paths, ckpt\.\*, log\.\*, dist\.\*, "
+               r"the run's guards and its end \(target, sample and step limits\) may differ \(bert/config\.py "
+               r"RESUME_MAY_DIFFER\)$")
+    for flags in ((), ("--resume",)):
+        said = tmp_path / ("require" if flags else "auto")
+        got = wait_all(launch(tiny_data, tmp_path, *may, "optim.lr=1e6", "model.hidden_dropout=0.2", *flags,
+                              said=said), said)
+        assert got == [2, 2], rank_output(said)[-3000:]
+        for r in range(WORLD):
+            assert re.search(rf"^error: rank {r}: {re.escape(str(ckpt))}: a resume continues the checkpointed run, but "
+                             rf"this run's settings differ from it: {changed}", rank_output(said, r), re.M), \
+                rank_output(said, r)[-3000:]
+            assert "poll_steps" not in rank_output(said, r) and "Traceback" not in rank_output(said, r)
+    assert (_tree_bytes(ckpt), (tmp_path / "result_0.txt").read_bytes()) == before
+    assert [p.name for p in checkpoints(tmp_path)] == [ckpt.name]
+    assert not (tmp_path / "final.pt").exists() and not (tmp_path / "result_0_config.json").exists()
+    assert_rerun_matches_baseline(tiny_data, baseline, tmp_path, *may)
+    dumped = json.loads((tmp_path / "result_0_config.json").read_text())
+    assert dumped["ckpt"]["poll_steps"] == 3 and dumped["dist"]["timeout_s"] == 120  # applied and logged
