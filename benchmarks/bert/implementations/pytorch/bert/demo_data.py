@@ -46,17 +46,14 @@ A/B link through [SEP], so it is a lower bound on the Bayes accuracy: about 0.85
 the 0.1 restart rate. ``unigram``: always answer the most frequent training label;
 about 1/(V-5). The MLPerf-like target 0.72 sits between the two.
 
-Measured (seed 1, 20,000 train / 2,000 eval samples, seq 128, 20 predictions): oracle
-0.895, unigram 0.007 (vocab 128) / 0.001 (vocab 1024). Generation is vectorized with
-numpy: 0.4-0.7 s for that set, about 3 s at seq 512.
+Both are measured for the shipped demo sizes in BENCHMARKS.md ("The demo data"); generation
+is vectorized with numpy.
 
 How fast a model learns it
 --------------------------
-A tiny BERT (hidden 128, 2 layers, 4 heads, 2 CPU ranks x 32 samples, LAMB) first learns
-to copy the unchanged 10% (accuracy ~0.1), then, once attention finds the neighbours, climbs
-steeply to the target. The vocabulary sets how long that takes: with ``--vocab 128`` it
-passed 0.72 after 25,600 samples (~110 s, lr 0.02) or 32,000 samples (~125 s, lr 0.01);
-with 256, 41,600 samples (~200 s); with 1024, about 70,000 samples (over 5 minutes).
+A tiny BERT first learns to copy the unchanged 10% (accuracy ~0.1), then, once attention
+finds the neighbours, climbs steeply to the target; the vocabulary sets how long that takes
+(BENCHMARKS.md).
 """
 
 from __future__ import annotations

@@ -250,7 +250,7 @@ class LengthIndex:
 
     @staticmethod
     def from_manifest(root: str | Path) -> LengthIndex:
-        """Read ``manifest.json`` and its ``length_index.npz`` (issue 3's ``stratify``)."""
+        """Read ``manifest.json`` and its ``length_index.npz`` (``python -m input_preprocessing stratify``)."""
         root = Path(root)
         try:
             man = json.loads((root / "manifest.json").read_text())

@@ -37,9 +37,7 @@ from docker_engine import ImageBuild, docker_unavailable
 # OpenMP threads that wait sleep instead of spinning, in this process and every process a
 # test starts (read by libgomp when torch loads it: before the first `import torch` below).
 # The suite runs more threads than cores (two workers, each with torch's thread per core,
-# beside the runs they launch); a spinning thread burns a core another process needs. Beside
-# two busy processes, pytest running test_pretrain_mode_ends_at_its_step_count_with_curves
-# took 17-18 CPU-s spinning and 12 sleeping; on an idle machine, 10-11 either way.
+# beside the runs they launch); a spinning thread burns a core another process needs.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # Before any test module imports triton through torch (test_triton_attention.py runs our
@@ -52,7 +50,7 @@ from bert.mlperf_log import read_events  # noqa: E402
 
 PKG = Path(__file__).resolve().parent.parent
 VENV_BIN = str(Path(sys.executable).parent)
-# Debian's procps: absent from minimal images, so the launchers must not need it (issue 29).
+# Debian's procps: absent from minimal images, so the launchers must not need it.
 PROCPS = ("kill", "ps", "sysctl", "free", "pgrep", "pidwait", "pmap", "pwdx", "skill", "slabtop", "tload", "top",
           "uptime", "vmstat", "w", "watch", "pkill", "snice")
 
@@ -418,7 +416,7 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     started = config.stash.get(_STARTED, None)
     if started is not None:
         wall = time.monotonic() - started
-        # The machine matters (issue 29): an AVX2-only CPU emulates bf16 matrix work.
+        # The machine matters: an AVX2-only CPU emulates bf16 matrix work.
         m = common.machine()
         terminalreporter.write_line(f"suite time: {wall / 60:.1f} min wall ({wall:.0f} s) on {m['cpus']} CPU(s), "
                                     f"{m.get('cpu') or 'unknown CPU'}, bf16 {m.get('bf16', 'unknown')}")

@@ -187,7 +187,8 @@ def test_config_holds_the_published_values_to_the_digit():
     world = 128 * 8
     assert max_samples(cfg, world) == 299 * 16384  # the step limit comes first (4,898,816 < 5,000,000)
     assert eval_interval_samples(cfg, world) == int(PUBLISHED["EVAL_ITER"])
-    assert (s.mode, s.strata_width, s.counts, s.deal, s.group_size) == ("stratified", 128, PUBLISHED["split_batch_cnt"],
+    counts = [int(c) for c in PUBLISHED["split_batch_cnt"].split(",")]
+    assert (s.mode, s.strata_width, s.counts, s.deal, s.group_size) == ("stratified", 128, counts,
                                                                         "snake", int(PUBLISHED["ngpus_per_group"]))
     assert (g.bucket_clip_norm, g.bucket_clip_rule, g.bucket_clip_count, o.max_grad_norm) == (1.0, "count", 22, 0.0)
     assert cfg.eval.target_accuracy == 0.72
