@@ -77,8 +77,9 @@ def os_error(e: BaseException) -> OSError | None:
 class Sum:
     """A file's CRC-32 and size: what a checkpoint's meta.json records of each file, and what
     restoring checks (bert/resume.py). CRC-32 because it is what bit rot needs (every burst of
-    up to 32 flipped bits, anything else but 1 in 2^32) at 5.8 GiB/s here against sha256's
-    1.7 (BENCHMARKS.md); a checkpoint is guarded against accidents, not against an attacker."""
+    up to 32 flipped bits, anything else but 1 in 2^32) at several times a cryptographic hash's
+    speed (BENCHMARKS.md section 10); a checkpoint is guarded against accidents, not against an
+    attacker."""
 
     crc32: str  # 8 hex digits
     size: int
