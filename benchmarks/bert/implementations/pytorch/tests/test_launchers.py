@@ -56,6 +56,18 @@ def wait_held(cluster, job_id: str, marker: Path, out_file: Path, timeout_s: flo
         time.sleep(0.1)
 
 
+def submit_held(cluster, env: dict[str, str], tmp_path: Path, step: int, *flags: str) -> tuple[str, Path]:
+    """sbatch run.sub (``flags`` before it), then wait until rank 0 holds after ``step``
+    (hold_env); the job's id and its output file."""
+    out_file = tmp_path / "job.out"
+    sub = subprocess.run(["sbatch", "--parsable", *flags, "-N", env["DGXNNODES"], "-t", "10", "-o", str(out_file),
+                          "run.sub"], cwd=PKG, env=env, capture_output=True, text=True, timeout=60)
+    assert sub.returncode == 0, sub.stderr
+    job_id = sub.stdout.strip().split(";")[0]
+    wait_held(cluster, job_id, tmp_path / "held" / f"held_rank0_step{step}", out_file)
+    return job_id, out_file
+
+
 def test_readme_quick_start_on_a_cluster(slurm_cluster, trained, demo_data, tmp_path):
     """Every command of the README's quick start, top to bottom, on a one-node SLURM cluster:
     own corpus -> vocab -> prepare_data.sh; the CPU config's demo data; sbatch run.sub with
@@ -125,14 +137,9 @@ def test_slurm_usr1_checkpoints_requeues_and_resumes(slurm_cluster, trained, dem
     # Run 2's rank 0 is held after step 5 until the signal reaches it (hold_env): it is seen at
     # that step's poll, however fast the machine.
     env = demo_run_env(trained, demo_data, logdir, NEXP="2", SEED="7", DATESTAMP="rq", EVAL_ITER_SAMPLES="1600", MAX_SAMPLES_TERMINATION="3200",
-                   SLURM_CONF=slurm_cluster.env["SLURM_CONF"], **hold_env(tmp_path, "boundary:0:5:signal:if=log.log_file=rq_2.log"))
+                   SLURM_CONF=slurm_cluster.env["SLURM_CONF"], **hold_env(tmp_path, "boundary:0:5:signal:if=LOGFILE=rq_2.log"))
     env["EXTRA_PARAMS"] += " log.progress_interval_steps=5 ckpt.poll_steps=5"
-    out_file = tmp_path / "job.out"
-    sub = subprocess.run(["sbatch", "--parsable", "--requeue", "-N", env["DGXNNODES"], "-t", "10", "-o", str(out_file),
-                          "run.sub"], cwd=PKG, env=env, capture_output=True, text=True, timeout=60)
-    assert sub.returncode == 0, sub.stderr
-    job_id = sub.stdout.strip().split(";")[0]
-    wait_held(slurm_cluster, job_id, tmp_path / "held" / "held_rank0_step5", out_file)
+    job_id, out_file = submit_held(slurm_cluster, env, tmp_path, 5, "--requeue")
     subprocess.run(["scancel", "--batch", "--signal=USR1", job_id], env=slurm_cluster.env, check=True, timeout=30)
     # SLURM holds a requeued job back for about two minutes (its BeginTime): start it now.
     slurm_cluster.requeue_now(job_id)
@@ -165,14 +172,9 @@ def test_slurm_sigint_stops_the_job_after_a_checkpoint(slurm_cluster, trained, d
     logdir = tmp_path / "logs"
     env = demo_run_env(trained, demo_data, logdir, NEXP="2", SEED="7", DATESTAMP="int", EVAL_ITER_SAMPLES="3200",
                        MAX_SAMPLES_TERMINATION="6400", SLURM_CONF=slurm_cluster.env["SLURM_CONF"],
-                       **hold_env(tmp_path, "boundary:0:5:signal:if=log.log_file=int_1.log"))
+                       **hold_env(tmp_path, "boundary:0:5:signal:if=LOGFILE=int_1.log"))
     env["EXTRA_PARAMS"] += " log.progress_interval_steps=5 ckpt.poll_steps=5"
-    out_file = tmp_path / "job.out"
-    sub = subprocess.run(["sbatch", "--parsable", "-N", env["DGXNNODES"], "-t", "10", "-o", str(out_file), "run.sub"],
-                         cwd=PKG, env=env, capture_output=True, text=True, timeout=60)
-    assert sub.returncode == 0, sub.stderr
-    job_id = sub.stdout.strip().split(";")[0]
-    wait_held(slurm_cluster, job_id, tmp_path / "held" / "held_rank0_step5", out_file)  # until SIGINT reaches it
+    job_id, out_file = submit_held(slurm_cluster, env, tmp_path, 5)  # held until SIGINT reaches it
     subprocess.run(["scancel", "--batch", "--signal=INT", job_id], env=slurm_cluster.env, check=True, timeout=30)
     job = slurm_cluster.wait_job(job_id, timeout_s=300)
     output = out_file.read_text()
@@ -210,12 +212,7 @@ def test_slurm_kill9_of_the_batch_script_leaves_nothing_running(slurm_cluster, t
                        EVAL_ITER_SAMPLES="64000", MAX_SAMPLES_TERMINATION="640000",
                        SLURM_CONF=slurm_cluster.env["SLURM_CONF"], **hold_env(tmp_path, "boundary:0:3:file=never"))
     env["EXTRA_PARAMS"] += " log.progress_interval_steps=1"
-    out_file = tmp_path / "job.out"
-    sub = subprocess.run(["sbatch", "--parsable", "-N", env["DGXNNODES"], "-t", "10", "-o", str(out_file), "run.sub"],
-                         cwd=PKG, env=env, capture_output=True, text=True, timeout=60)
-    assert sub.returncode == 0, sub.stderr
-    job_id = sub.stdout.strip().split(";")[0]
-    wait_held(slurm_cluster, job_id, tmp_path / "held" / "held_rank0_step3", out_file)
+    job_id, _ = submit_held(slurm_cluster, env, tmp_path, 3)
     trainers = _job_processes(job_id, b"bert.train")
     (batch,) = _job_processes(job_id, b"slurm_script")
     assert len(trainers) == 2, trainers

@@ -103,7 +103,7 @@ def test_submit_pretrain_chains_phases_and_survives_a_preemption(demo_data, tmp_
         env = dict(os.environ, PATH=demo_data.path, SLURM_CONF=cluster.env["SLURM_CONF"],
                    DATADIR1=str(demo_data.train), EVALDIR1=str(demo_data.eval), DATADIR2=str(demo_data.train),
                    EVALDIR2=str(demo_data.eval), OUTDIR=str(tmp_path / "out"),
-                   **hold_env(tmp_path, "boundary:0:10:signal:if=log.log_file=phase1_1.log"))
+                   **hold_env(tmp_path, "boundary:0:10:signal:if=LOGFILE=phase1_1.log"))
         sub = subprocess.run(["./submit_pretrain.sh", str(tmp_path / "phase1.sh"), str(tmp_path / "phase2.sh")],
                              cwd=PKG, env=env, capture_output=True, text=True, timeout=60)
         assert sub.returncode == 0, sub.stderr

@@ -22,8 +22,9 @@ UNTIL:
   file=NAME    DIR/NAME exists (the test releases it)
   never        forever (the test kills it)
 
-if=TEXT: only a process whose arguments hold TEXT (``log.log_file=rq_2.log``: one run of a
-job's several) or whose environment has it (``SLURM_ARRAY_TASK_ID=0``).
+if=TEXT: only a process whose arguments hold TEXT (``log.log_file=x.log``) or whose
+environment has it (``LOGFILE=rq_2.log``: one run of a job's several, as run.sub hands it
+to run_and_time.sh; ``SLURM_ARRAY_TASK_ID=0``).
 
 A hold holds once per held directory: the rank that reaches it first creates
 ``DIR/held_rank<R>_step<STEP>`` (its PID; the test waits for it) and waits; a rank that finds
