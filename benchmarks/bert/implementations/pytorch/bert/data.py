@@ -15,15 +15,17 @@ sampling, ``bert/sampler.py``) replaces the first piece and reuses the other two
 
 from __future__ import annotations
 
-import concurrent.futures
 from pathlib import Path
 from typing import Any, Iterator, Protocol, Sequence
 
 import numpy as np
 import torch
 
+from . import watchdog
+from .integrity import Manifest
 from .model import IGNORE_INDEX
-from .shards import SHARD_SUFFIXES, DataError, Sample, Shard, list_shards, read_shard, row_offsets, shard_size
+from .shards import (SHARD_SUFFIXES, Bounds, DataError, Sample, Shard, list_shards, read_shard, row_offsets,
+                     shard_size)
 
 LABEL_KEYS = ("mlm_labels", "nsp_labels")  # what collate adds to the model's keyword arguments
 
@@ -142,15 +144,20 @@ class SampleStream:
     """Endless samples of one rank: epoch after epoch of what ``policy`` names.
 
     Yields ``(epoch, offset, sample)``, ``offset`` counting this rank's samples within the
-    epoch, so a position can be saved and resumed. With ``prefetch`` one background thread
-    reads the next shard while the current one is consumed, so file I/O overlaps the training
-    step (torch kernels release the GIL); costs one extra shard in memory.
+    epoch, so a position can be saved and resumed. With ``prefetch`` the next shard is read
+    while the current one is consumed, so file I/O overlaps the training step (torch kernels
+    release the GIL); costs one extra shard in memory. Every read runs under the watchdog
+    (bert/watchdog.py, ``read_timeout_s`` per file), checked against the directory's md5
+    manifest where there is one (``manifest``) and against the model's ``bounds``.
     """
 
     def __init__(self, paths: Sequence[Path], policy: ShardPolicy, max_seq_length: int | None = None,
-                 prefetch: bool = True):
+                 prefetch: bool = True, *, bounds: Bounds | None = None, manifest: Manifest | None = None,
+                 read_timeout_s: float = 60.0):
         self.paths, self.policy = list(paths), policy
         self.max_seq_length, self.prefetch = max_seq_length, prefetch
+        self.bounds, self.manifest, self.read_timeout_s = bounds, manifest, read_timeout_s
+        self.pending: watchdog.Read | None = None  # the read in flight (the poll looks at it)
 
     def _count(self, epoch: int, shard: int) -> int:
         return len(self.policy.select(epoch, shard, shard_size(self.paths[shard])))
@@ -173,38 +180,47 @@ class SampleStream:
                 skip = 0
             epoch, skip = epoch + 1, 0
 
-    def _load(self, epoch: int, shard: int) -> tuple[Shard, np.ndarray]:
-        data = read_shard(self.paths[shard], self.max_seq_length)
-        return data, self.policy.select(epoch, shard, len(data))
+    def _read(self, epoch: int, shard: int) -> watchdog.Read:
+        path = self.paths[shard]
+
+        def load(read: watchdog.Read) -> tuple[Shard, np.ndarray]:
+            read.at(path)
+            if self.manifest is not None:
+                self.manifest.check(path)
+            data = read_shard(path, self.max_seq_length, self.bounds)
+            return data, self.policy.select(epoch, shard, len(data))
+
+        self.pending = watchdog.Read(path, load, self.read_timeout_s)
+        return self.pending
+
+    def failure(self) -> str | None:
+        """Why the read in flight cannot deliver (bad data, or past its bound), without waiting."""
+        return self.pending.failure() if self.pending is not None else None
 
     def __call__(self, epoch: int = 0, offset: int = 0) -> Iterator[tuple[int, int, Sample]]:
         """Samples from ``offset`` (this rank's count within ``epoch``) on."""
         plan = self._plan(epoch, offset)
-        pool = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="shard-prefetch")
-                if self.prefetch else None)
-        try:
-            ep, shard, skip = next(plan)
-            pos = offset if ep == epoch else 0
-            pending = pool.submit(self._load, ep, shard) if pool else None
-            idle = 0  # consecutive shards that gave this rank nothing
-            while True:
-                data, order = pending.result() if pending else self._load(ep, shard)
-                nxt = next(plan)
-                if pool:
-                    pending = pool.submit(self._load, nxt[0], nxt[1])
-                for i in order[skip:]:
-                    yield ep, pos, data[int(i)]
-                    pos += 1
-                idle = idle + 1 if len(order) <= skip else 0
-                if idle > 2 * len(self.paths):  # else a rank with nothing to read spins forever
-                    raise DataError(f"{self.paths[0].parent}: this rank got no samples from {idle} "
-                                    "shards in a row; too few samples for the world size")
-                if nxt[0] != ep:
-                    pos = 0
-                ep, shard, skip = nxt
-        finally:
-            if pool:
-                pool.shutdown(wait=False, cancel_futures=True)
+        ep, shard, skip = next(plan)
+        pos = offset if ep == epoch else 0
+        pending = self._read(ep, shard)
+        idle = 0  # consecutive shards that gave this rank nothing
+        while True:
+            data, order = pending.result()  # waits at most read_timeout_s past the read's start
+            nxt = next(plan)
+            if self.prefetch:
+                pending = self._read(nxt[0], nxt[1])
+            for i in order[skip:]:
+                yield ep, pos, data[int(i)]
+                pos += 1
+            idle = idle + 1 if len(order) <= skip else 0
+            if idle > 2 * len(self.paths):  # else a rank with nothing to read spins forever
+                raise DataError(f"{self.paths[0].parent}: this rank got no samples from {idle} "
+                                "shards in a row; too few samples for the world size")
+            if nxt[0] != ep:
+                pos = 0
+            ep, shard, skip = nxt
+            if not self.prefetch:
+                pending = self._read(ep, shard)
 
 
 class TrainLoader:
@@ -217,12 +233,15 @@ class TrainLoader:
 
     def __init__(self, train_dir: str | Path, rank: int, world_size: int, local_batch_size: int,
                  seed: int, unpad: bool, max_seq_length: int, *, prefetch: bool = True,
-                 policy: ShardPolicy | None = None, collate_fn: Any = None):
+                 policy: ShardPolicy | None = None, collate_fn: Any = None, bounds: Bounds | None = None,
+                 verify_md5: bool = True, read_timeout_s: float = 60.0):
         if local_batch_size <= 0:
             raise ValueError(f"local_batch_size must be positive, got {local_batch_size}")
         self.paths = list_shards(train_dir)
         self.policy = policy or RandomShardOrder(len(self.paths), rank, world_size, seed)
-        self.stream = SampleStream(self.paths, self.policy, max_seq_length, prefetch)
+        self.stream = SampleStream(self.paths, self.policy, max_seq_length, prefetch, bounds=bounds,
+                                   manifest=Manifest.find(train_dir) if verify_md5 else None,
+                                   read_timeout_s=read_timeout_s)
         self.rank, self.world_size = rank, world_size
         self.local_batch_size, self.unpad, self.max_seq_length = local_batch_size, unpad, max_seq_length
         # samples -> batch; None = ``collate`` in the ``unpad`` layout (bert.budget's pads it).
@@ -249,6 +268,10 @@ class TrainLoader:
         if self.collate_fn is not None:
             return self.collate_fn(batch)
         return collate(batch, self.unpad, self.max_seq_length)
+
+    def failure(self) -> str | None:
+        """A shard read that failed or overran ahead of the loop (bert.resume's poll asks)."""
+        return self.stream.failure()
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self._epoch, "offset": self._offset, "rank": self.rank,
@@ -299,7 +322,8 @@ class EvalSet:
     """
 
     def __init__(self, eval_dir_or_file: str | Path, rank: int, world_size: int, limit: int = 0,
-                 max_seq_length: int | None = None):
+                 max_seq_length: int | None = None, *, bounds: Bounds | None = None, verify_md5: bool = True,
+                 read_timeout_s: float = 60.0):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
         if limit < 0:
@@ -308,15 +332,24 @@ class EvalSet:
         if not p.exists():
             raise DataError(f"{p}: no such eval file or directory")
         paths = [p] if p.is_file() else list_shards(p)
-        parts, total = [], 0
-        for path in paths:
-            shard = read_shard(path, max_seq_length)
-            if limit and total + len(shard) > limit:
-                shard = shard.subset(np.arange(limit - total))
-            parts.append(shard)
-            total += len(shard)
-            if limit and total >= limit:
-                break
+        manifest = Manifest.find(p) if verify_md5 else None
+
+        def load(read: watchdog.Read) -> tuple[list[Shard], int]:
+            parts, total = [], 0
+            for path in paths:  # each file under the watchdog's bound, checked as training shards are
+                read.at(path)
+                if manifest is not None:
+                    manifest.check(path)
+                shard = read_shard(path, max_seq_length, bounds)
+                if limit and total + len(shard) > limit:
+                    shard = shard.subset(np.arange(limit - total))
+                parts.append(shard)
+                total += len(shard)
+                if limit and total >= limit:
+                    break
+            return parts, total
+
+        parts, total = watchdog.read(p, load, read_timeout_s)
         if limit and total < limit:
             raise DataError(f"data.eval_samples={limit} but {p} holds {total} samples: set data.eval_samples="
                             f"{total} (or 0 = all), or point data.eval_dir (EVALDIR) at the full eval set")

@@ -7,17 +7,30 @@ A checkpoint is a directory ``step_000000123/`` holding
                loop's TrainState, and what must match on resume (world size, global batch)
   rank_<r>.pt  (every rank) its RNG states (python, numpy, torch CPU, CUDA), the position
                of its training-data stream (``batches.state_dict()``), and its gradient-sync
-               state (PowerSGD's residuals and factors; empty otherwise)
-  meta.json    written last by rank 0: step, samples, world size, files
+               state (PowerSGD's residuals and factors; empty otherwise), and the step
+  config.json  (rank 0) the run's settings (bert.config.dumps), what a resume is compared
+               with (``check_settings``)
+  meta.json    written last by rank 0: step, samples, world size, global batch, and each
+               file's CRC-32 and size (summed as the bytes were written: bert/storage.py)
 
 It is assembled as ``.step_000000123.tmp/`` (each file written under a temporary name,
 fsynced, renamed: bert/storage.py), then, once every rank's file is in place, renamed into
 place by rank 0 and the directory fsynced. So a ``step_*`` directory is always complete: a
 kill at any instant leaves the previous checkpoints, or those plus the new one, never a torn
-one. The newest ``keep`` are kept. The optimizer state is replicated (DDP), so rank 0's copy
-is everyone's. A write that fails on any rank (a full disk: any OSError) is learned by
+one. The newest ``keep`` are kept. A checkpoint is written only from finite weights and
+optimizer state (``agree_finite``; the run ends as diverged instead), so pruning never removes
+the newest finite checkpoint for a NaN one. The optimizer state is replicated (DDP), so rank
+0's copy is everyone's. A write that fails on any rank (a full disk: any OSError) is learned by
 every rank from the collective that ends the write; rank 0 removes the temp directory and
 every rank raises ``storage.WriteFailed`` (bert.train: exit 5).
+
+A checkpoint proves its bytes before it is resumed (``choose``): every rank sums the files it
+reads and compares them with meta.json (torch.load checks no CRC of its own: a flipped bit
+in a tensor loads as another number), and restoring cross-checks the step and samples of
+meta.json, the train state and the rank files. One that fails is named; ``ckpt.resume=auto``
+moves it aside and resumes from the newest checkpoint that verifies, ``require`` refuses. A
+resume under settings the checkpointed run did not have is refused, naming them
+(``check_settings``; which may differ: bert.config.RESUME_MAY_DIFFER).
 
 Files are read with ``torch.load(weights_only=True)``: a checkpoint is data, never code.
 """
@@ -41,11 +54,13 @@ import torch
 
 from . import distributed, rng, storage
 from .checkpoint import CheckpointError  # one error type for every checkpoint problem
-from .config import CheckpointConfig
+from .config import CheckpointConfig, Config, resume_changes
+from .shards import DataError
 from .state import Learner, TrainState
 
 STEP_DIR = re.compile(r"step_(\d{9})")
 FINISHED = "finished.json"  # the run these checkpoints belong to has ended: never resume it
+SETTINGS = "config.json"  # in a checkpoint: the settings of the run that wrote it
 
 log = logging.getLogger(__name__)
 
@@ -141,17 +156,100 @@ def _optimizer_mismatch(optimizer: torch.optim.Optimizer, theirs: dict[str, Any]
     return None
 
 
+def _meta(path: Path) -> dict[str, Any]:
+    meta_path = path / "meta.json"
+    try:
+        return json.loads(meta_path.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{meta_path}: cannot read: {e}") from None
+
+
+def verify(path: Path, rank: int) -> str | None:
+    """Why checkpoint ``path`` does not prove its bytes to this rank (None: it does): each file
+    this rank reads (train.pt, its rank file, config.json) must have the CRC-32 and size
+    meta.json records. A checkpoint written before meta.json held sums is taken as it is, and
+    one written before checkpoints held their settings has no config.json to check."""
+    try:
+        meta = _meta(path)
+    except CheckpointError as e:
+        return str(e)
+    files = meta.get("files")
+    if not isinstance(files, dict):
+        return None  # no sums recorded (an older checkpoint): nothing to check against
+    for name in ("train.pt", f"rank_{rank}.pt", *([SETTINGS] if SETTINGS in files else [])):
+        want = files.get(name)
+        if not isinstance(want, dict):
+            return f"{path / 'meta.json'}: records no sum of {name}"
+        try:
+            got = storage.sum_file(path / name)
+        except OSError as e:
+            return f"{path / name}: cannot read: {e.strerror}"
+        if (got.crc32, got.size) != (want.get("crc32"), want.get("bytes")):
+            return (f"{path / name}: crc32 {got.crc32} ({got.size} bytes), but meta.json says {want.get('crc32')} "
+                    f"({want.get('bytes')} bytes): damaged since it was written")
+    return None
+
+
+def choose(directory: Path, newest: Path, mode: str, rank: int) -> Path:
+    """The checkpoint to resume from, every rank agreeing, starting at ``newest`` (``plan``):
+    the newest one that verifies (``verify`` on every rank; one small gather per checkpoint
+    tried). Under ``ckpt.resume=auto`` a damaged one is moved aside (``<name>.damaged``, rank 0;
+    kept for a look) and the next older one tried, saying so; ``require`` refuses, naming the
+    damage and the newest checkpoint that verifies. None verifying: refused."""
+    candidates = [p for p in complete_checkpoints(directory) if p.name <= newest.name][::-1]
+    damaged: list[tuple[Path, str]] = []
+    for path in candidates:
+        seen = distributed.all_gather_object(verify(path, rank))
+        why = next((f"{t} (on rank {r})" for r, t in enumerate(seen) if t is not None), None)
+        if why is None:
+            break
+        damaged.append((path, why))
+    else:
+        path = None
+    if not damaged:
+        return path
+    first, why = damaged[0]
+    if mode == "require" or path is None:
+        found = f"the newest checkpoint that verifies is {path.name}" if path else f"no checkpoint in {directory} verifies"
+        fix = ("ckpt.resume=auto (the default) resumes from it, moving the damaged ones aside" if path else
+               "move the damaged ones aside to start fresh, or copy good ones back")
+        raise CheckpointError(f"{why}; {found}: {fix}")
+    if rank == 0:
+        for bad, _ in damaged:
+            os.replace(bad, bad.with_name(bad.name + ".damaged"))
+    distributed.barrier()  # every rank past its reads of the damaged ones before they move
+    log.warning(f"warning: checkpoint {first.name} does not verify: {why}; resuming from {path.name}, the newest "
+                f"checkpoint that verifies ({', '.join(b.name for b, _ in damaged)} moved aside to *.damaged)")
+    return path
+
+
+def check_settings(path: Path, cfg: Config) -> None:
+    """Refuse (``CheckpointError``) to resume checkpoint ``path`` (verified: ``choose``) under
+    settings its run did not have, naming each (bert.config.resume_changes). A checkpoint
+    written before checkpoints held their settings has none to compare with."""
+    file = path / SETTINGS
+    if not file.is_file():
+        return
+    try:
+        saved = json.loads(file.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{file}: cannot read: {e}") from None
+    changed = resume_changes(saved, cfg)
+    if changed:
+        raise CheckpointError(
+            f"{path}: a resume continues the checkpointed run, but this run's settings differ from it: "
+            f"{'; '.join(changed)}. Set them back (that run's are in {file}), or start a fresh run with another "
+            "ckpt.dir and log.output_dir; only paths, ckpt.*, log.*, dist.*, the run's guards and its end (target, "
+            "sample and step limits) may differ (bert/config.py RESUME_MAY_DIFFER)")
+
+
 def restore(path: Path, learner: Learner, state: TrainState, rank: int, world_size: int,
             global_batch: int) -> dict[str, Any]:
     """Load checkpoint ``path`` into the built ``learner`` and the loop's ``state``, in place.
 
     Returns this rank's data-stream position for the loader's ``load_state_dict``: the
     caller applies it once the data is open, after run_start (bert.trainer.Trainer.open_data)."""
-    meta_path = path / "meta.json"
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{meta_path}: cannot read: {e}") from None
+    meta = _meta(path)
     for key, mine in (("world_size", world_size), ("global_batch", global_batch)):
         if meta.get(key) != mine:
             raise CheckpointError(f"{path}: written with {key}={meta.get(key)}, this run has {mine}; "
@@ -168,10 +266,18 @@ def restore(path: Path, learner: Learner, state: TrainState, rank: int, world_si
     if shared.get("scaler") is None:
         raise CheckpointError(f"{path / 'train.pt'}: no grad scaler state (not a checkpoint of this trainer)")
     learner.scaler.load_state_dict(shared["scaler"])
-    for k, v in shared["train_state"].items():
+    # The bookkeeping three ways: meta.json, the train state, each rank's file. Damage that
+    # the sums miss (meta.json has none of its own) must not resume at the wrong step.
+    saved = shared["train_state"]
+    mine = _load(path / f"rank_{rank}.pt")
+    for key, name, got in (("step", "train.pt", saved.get("step")), ("samples", "train.pt", saved.get("samples")),
+                           ("step", f"rank_{rank}.pt", mine.get("step", meta.get("step")))):
+        if got != meta.get(key):
+            raise CheckpointError(f"{path}: meta.json says {key} {meta.get(key)}, {name} says {got}: the checkpoint "
+                                  "contradicts itself; resume from another one (move this one aside)")
+    for k, v in saved.items():
         old = getattr(state, k)
         setattr(state, k, v.to(old.device) if torch.is_tensor(old) else type(old)(v))
-    mine = _load(path / f"rank_{rank}.pt")
     try:  # PowerSGD's residuals and factors; nothing for the other modes
         learner.grad_sync.load_state_dict(mine.get("grad_sync", {}), learner.device)
     except ValueError as e:
@@ -180,14 +286,32 @@ def restore(path: Path, learner: Learner, state: TrainState, rank: int, world_si
     return mine["batches"]
 
 
+def finite(learner: Learner) -> torch.Tensor:
+    """Whether every weight and every floating optimizer tensor is finite: a 0-d bool on the
+    device (no sync). One isfinite per tensor (a norm could overflow on large finite values);
+    called at checkpoint steps and before the final weights only."""
+    tensors = [p.detach() for p in learner.model.parameters()]
+    tensors += [v for st in learner.optimizer.state.values() for v in st.values()
+                if torch.is_tensor(v) and v.is_floating_point()]
+    return torch.stack([torch.isfinite(t).all() for t in tensors]).all()
+
+
+def agree_finite(learner: Learner, device: torch.device) -> bool:
+    """``finite`` on every rank (each rank's copy of the replicated state): one 4-byte
+    all_reduce and a host sync."""
+    bad = (~finite(learner)).to(torch.int32).reshape(1).to(device)
+    return not distributed.all_reduce_max(bad).item()
+
+
 class StopFlag:
     """Set by signals, read by the loops at their next poll (``Checkpointer.at_boundary``) and
     between evaluation batches (``interrupted``).
 
-    SIGTERM / SIGUSR1 (``ckpt.on_signal``): write a checkpoint, then stop (exit 3). SIGINT
-    (Ctrl-C; always): stop (exit 130). Its handler then gives SIGINT its default action back,
-    so a second Ctrl-C ends the process at once: a Python handler would run only once the
-    main thread is back in the interpreter, not inside a collective or a long kernel.
+    SIGTERM / SIGUSR1 (``ckpt.on_signal``): write a checkpoint, then stop (exit 3); without
+    ``ckpt.on_signal`` they end the process as their default action would. SIGINT (Ctrl-C;
+    always): stop (exit 130). Its handler then gives SIGINT its default action back, so a
+    second Ctrl-C ends the process at once: a Python handler would run only once the main
+    thread is back in the interpreter, not inside a collective or a long kernel.
 
     The handlers only store a number and reset a disposition: no I/O and no locks, which
     could deadlock when the signal lands inside a collective or a write.
@@ -206,19 +330,51 @@ class StopFlag:
         self.interrupted = True
         signal.signal(signal.SIGINT, signal.SIG_DFL)
 
+    @staticmethod
+    def _default(signum: int, _frame: Any) -> None:
+        # Caught (so that run_and_time.sh sees a handler and delivers it), then what the
+        # default action does: end the process by this signal.
+        signal.signal(signum, signal.SIG_DFL)
+        signal.raise_signal(signum)
+
     @contextlib.contextmanager
-    def installed(self, on_signal: bool) -> Iterator[StopFlag]:
-        """Handlers for the duration (main thread only: Python delivers signals there)."""
+    def installed(self, on_signal: bool, pending: Path | None = None) -> Iterator[StopFlag]:
+        """Handlers for the duration (main thread only: Python delivers signals there).
+
+        ``pending``: the file where run_and_time.sh notes each signal it got
+        (``<--exit-status-dir>/signals``, one name a line) before sending it to the
+        processes that catch it; read once the handlers are in place, so that a signal
+        that came before (before this process existed, or could catch it) is acted on too.
+        One noted and also delivered acts once: the flags are set, not counted."""
         if threading.current_thread() is not threading.main_thread():
             yield self
             return
-        handlers = {signal.SIGINT: self._interrupt, **{s: self._handle for s in self.SIGNALS if on_signal}}
+        other = self._handle if on_signal else self._default
+        handlers = {signal.SIGINT: self._interrupt, **{s: other for s in self.SIGNALS}}
         previous = {s: signal.signal(s, h) for s, h in handlers.items()}
         try:
+            for signum in _pending_signals(pending):
+                if signum == signal.SIGINT:
+                    self.interrupted = True  # the launcher ends the run on a second Ctrl-C itself
+                elif on_signal:
+                    self.signum = signum
+                else:
+                    signal.raise_signal(signum)
             yield self
         finally:
             for s, h in previous.items():
                 signal.signal(s, h)
+
+
+def _pending_signals(path: Path | None) -> list[signal.Signals]:
+    if path is None:
+        return []
+    try:
+        names = path.read_text().split()
+    except FileNotFoundError:
+        return []
+    known = {"USR1": signal.SIGUSR1, "TERM": signal.SIGTERM, "INT": signal.SIGINT}
+    return [known[n] for n in names if n in known]
 
 
 class Checkpointer:
@@ -228,15 +384,22 @@ class Checkpointer:
 
     def __init__(self, cfg: CheckpointConfig, directory: Path, rank: int, world_size: int,
                  device: torch.device, global_batch: int, stop: StopFlag,
-                 pending: Callable[[], storage.Failure | None] = lambda: None):
+                 pending: Callable[[], storage.Failure | None] = lambda: None, max_nonfinite_steps: int = 0,
+                 settings: str = ""):
         self.cfg, self.dir, self.rank, self.world_size, self.device = cfg, directory, rank, world_size, device
         self.global_batch, self.stop = global_batch, stop
+        self.settings = settings  # the run's config (bert.config.dumps) for config.json; "" = none
+        # The NaN guard (run.max_nonfinite_steps; 0 = off): a streak of NaN/inf losses that
+        # long on any rank, seen at a poll, ends the run on every rank ("diverged").
+        self.max_nonfinite_steps = max_nonfinite_steps
+        self.diverged = ""  # why the ranks agreed the run diverged
         # Ctrl-C writes a checkpoint before it stops only where the user chose where they go.
         self.saves_on_interrupt = cfg.on_signal and bool(cfg.dir)
         self.pending = pending  # a write that failed between polls (rank 0's MLPerf log)
         self.last_write = time.monotonic()
         self.written: list[Path] = []
         self.stop_checkpoint: Path | None = None  # the one written by the stop the ranks agreed on
+        self.signum = 0  # the SIGTERM / SIGUSR1 the ranks agreed to stop for (the largest number)
 
     def at_boundary(self, learner: Learner, state: TrainState, batches: Any) -> str | None:
         """After a step; the same answer on every rank. None: go on. "preempted" (SIGTERM /
@@ -245,11 +408,19 @@ class Checkpointer:
         due = self.cfg.interval_steps > 0 and state.step % self.cfg.interval_steps == 0
         signaled = interrupted = False
         if state.step % self.cfg.poll_steps == 0:
-            signaled, clock, interrupted = self._poll()
+            signaled, clock, interrupted, streak = self._poll(batches, state)
             due = due or clock
+            if streak:
+                self.diverged = (f"loss NaN/inf for the last {streak} steps on some rank (run.max_nonfinite_steps="
+                                 f"{self.max_nonfinite_steps})")
+                return "diverged"
         if interrupted and not self.saves_on_interrupt:
             return "interrupted"
         if due or signaled or interrupted:
+            # Only from finite state: a NaN checkpoint would be resumed, and prune a good one.
+            if not agree_finite(learner, self.device):
+                self.diverged = f"the weights or optimizer state hold NaN/inf at step {state.step}"
+                return "diverged"
             path = self.save(learner, state, batches)
             log.info(f"checkpoint {path}")
             if signaled or interrupted:
@@ -257,17 +428,28 @@ class Checkpointer:
                 return "interrupted" if interrupted else "preempted"
         return None
 
-    def _poll(self) -> tuple[bool, bool, bool]:
+    def _poll(self, batches: Any, state: TrainState) -> tuple[bool, bool, bool, int]:
         clock = self.cfg.interval_minutes > 0 and time.monotonic() - self.last_write >= 60 * self.cfg.interval_minutes
+        # A shard read ahead of the loop that failed or overran its bound (bert/watchdog.py:
+        # the stream's ``failure``) stops every rank here with its message (exit 2).
         failure = self.pending()
-        # A rank may get a signal (or cross the minute mark, or fail a write) a step before
-        # another: agree by max. One 16-byte all_reduce and a host sync per poll.
-        flags = torch.tensor([self.stop.signum != 0, clock, self.stop.interrupted, failure is not None],
+        bad_data = batches.failure() if hasattr(batches, "failure") else None
+        # A rank may get a signal (or cross the minute mark, or fail a write or a read) a step
+        # before another: agree by max. One 24-byte all_reduce and a host sync per poll.
+        flags = torch.tensor([self.stop.signum, clock, self.stop.interrupted, failure is not None, bad_data is not None],
                              dtype=torch.int32, device=self.device)
-        signaled, clock, interrupted, failed = distributed.all_reduce_max(flags).tolist()
+        # The NaN streak is on the device already: it rides along, no extra sync.
+        flags = torch.cat([flags, state.nonfinite[1:2].to(device=self.device, dtype=torch.int32)])
+        signum, clock, interrupted, failed, data_failed, streak = distributed.all_reduce_max(flags).tolist()
+        if data_failed:  # bad input outranks the rest: every rank names the file (exit 2)
+            seen = distributed.all_gather_object(bad_data)
+            rank, text = next((r, t) for r, t in enumerate(seen) if t is not None)
+            raise DataError(f"{text} (on rank {rank})")
         if failed:
             storage.raise_agreed(failure)
-        return bool(signaled), bool(clock), bool(interrupted)
+        self.signum = self.signum or signum  # the signal some rank got: every rank names it
+        limit = self.max_nonfinite_steps
+        return bool(signum), bool(clock), bool(interrupted), streak if limit and streak >= limit else 0
 
     def save(self, learner: Learner, state: TrainState, batches: Any) -> Path:
         """Every rank calls this at the same step; returns the checkpoint's directory.
@@ -277,20 +459,26 @@ class Checkpointer:
         tmp, final = self.dir / f".{name}.tmp", self.dir / name
         what = f"checkpoint {name}"
 
+        sums: dict[str, dict[str, Any]] = {}  # this rank's files -> their CRC-32 and size
+
         def own_files() -> None:
             tmp.mkdir(parents=True, exist_ok=True)  # every rank: the directory is on a shared filesystem
-            storage.save_torch({"rng": rng.state(self.device), "batches": batches.state_dict(),
-                                "grad_sync": learner.grad_sync.state_dict()}, tmp / f"rank_{self.rank}.pt")
+            name = f"rank_{self.rank}.pt"
+            sums[name] = storage.save_torch({"rng": rng.state(self.device), "batches": batches.state_dict(),
+                                             "grad_sync": learner.grad_sync.state_dict(), "step": state.step},
+                                            tmp / name).as_dict()
             if self.rank == 0:
-                storage.save_torch({"model": learner.model.state_dict(), "optimizer": learner.optimizer.state_dict(),
-                                    "scheduler": learner.scheduler.state_dict(),
-                                    "scaler": learner.scaler.state_dict(),
-                                    "train_state": dataclasses.asdict(state)}, tmp / "train.pt")
+                sums["train.pt"] = storage.save_torch(
+                    {"model": learner.model.state_dict(), "optimizer": learner.optimizer.state_dict(),
+                     "scheduler": learner.scheduler.state_dict(), "scaler": learner.scaler.state_dict(),
+                     "train_state": dataclasses.asdict(state)}, tmp / "train.pt").as_dict()
+                if self.settings:
+                    sums[SETTINGS] = storage.write_text(tmp / SETTINGS, self.settings).as_dict()
 
         def complete() -> None:
+            files = {name: every[name] for every in gathered for name in every}
             meta = {"step": state.step, "samples": state.samples, "world_size": self.world_size,
-                    "global_batch": self.global_batch,
-                    "files": ["train.pt"] + [f"rank_{r}.pt" for r in range(self.world_size)]}
+                    "global_batch": self.global_batch, "files": dict(sorted(files.items()))}
             (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
             _fsync_dir(tmp)
             if final.exists():  # a torn-then-redone save of the same step after a resume
@@ -302,6 +490,8 @@ class Checkpointer:
         # The collective that ends the write (it was a barrier): every rank's file is in place,
         # or every rank learns which failed, before rank 0 names the directory complete.
         self._agree(storage.attempt(what, self.dir, "ckpt.dir", own_files), tmp)
+        # Every rank's sums, for rank 0's meta.json: one small gather, in checkpoint steps only.
+        gathered = distributed.all_gather_object(sums)
         # Rank 0's meta.json, rename and fsyncs: one more 4-byte collective, in checkpoint steps only.
         self._agree(storage.attempt(what, self.dir, "ckpt.dir", complete) if self.rank == 0 else None, tmp)
         self.last_write = time.monotonic()
@@ -317,7 +507,7 @@ class Checkpointer:
             raise
 
     def _prune(self, newest: Path) -> None:
-        keep = complete_checkpoints(self.dir)[-self.cfg.keep:]
+        keep = complete_checkpoints(self.dir)[-self.cfg.keep:]  # finite, all of them (at_boundary)
         for p in self.dir.iterdir():
             # Only temp dirs of earlier steps: another rank may already be filling the next one.
             m = re.fullmatch(r"\.(step_\d{9})\.tmp", p.name)

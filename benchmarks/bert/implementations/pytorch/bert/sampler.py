@@ -56,7 +56,7 @@ import torch
 from .config import ConfigError, DataConfig, ModelConfig, SamplerConfig  # ConfigError: a ValueError
 from .budget import BudgetCollate, Layout
 from .data import TrainLoader, collate
-from .shards import DataError, Sample, Shard, list_shards, read_shard, row_offsets
+from .shards import Bounds, DataError, Sample, Shard, list_shards, read_shard, row_offsets
 
 MANIFEST_FORMAT = "mlperf-bert-strata/1"
 DEALS = ("none", "snake", "greedy", "cost")
@@ -616,10 +616,12 @@ def batch_collate(unpad: bool, pack: bool, max_seq_length: int, budget: Layout |
 
 
 def train_batches(d: DataConfig, sm: SamplerConfig, m: ModelConfig, local_batch: int, seed: int, rank: int,
-                  world_size: int, budget: Layout | None = None, pin: bool = False) -> Any:
+                  world_size: int, budget: Layout | None = None, pin: bool = False,
+                  read_timeout_s: float = 60.0) -> Any:
     """The training batch iterator of ``local_batch`` samples per rank, chosen once from the
     data, sampler and model sections; ``budget`` is the static token budget layout
-    (``bert.ladder.layout_for``; None when data.token_budgets is off).
+    (``bert.ladder.layout_for``; None when data.token_budgets is off); ``read_timeout_s``
+    the seconds a shard may take to read (``config.read_timeout_s``).
 
     Closed-division sampling (random, no deal) on a plain directory keeps
     ``bert.data.TrainLoader`` (each rank reads its own shards). Everything else -- a strata
@@ -632,7 +634,8 @@ def train_batches(d: DataConfig, sm: SamplerConfig, m: ModelConfig, local_batch:
     stratified_dir = (Path(d.train_dir) / "manifest.json").exists() if d.train_dir else False
     if sm.mode == "random" and sm.deal == "none" and not stratified_dir and not m.pack:
         return TrainLoader(d.train_dir, rank, world_size, local_batch, seed, m.unpad, d.max_seq_length,
-                           collate_fn=fn)
+                           collate_fn=fn, bounds=Bounds(m.vocab_size, m.type_vocab_size), verify_md5=d.verify_md5,
+                           read_timeout_s=read_timeout_s)
     index = LengthIndex.from_dir(d.train_dir)
     sampler = build_sampler(sm, index, rank, world_size, local_batch, seed, d.max_seq_length, m.hidden_size)
     return IndexLoader(sampler, IdReader(index), fn, gather=sm.lengths == "gather")

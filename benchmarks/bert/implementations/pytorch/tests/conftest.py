@@ -116,18 +116,43 @@ def end_worker() -> None:
     distributed.exit_process(0)
 
 
-def run_and_time_signalled(env: dict[str, str], at_step: int = 5, sig: int = signal.SIGUSR1,
+def hold_env(out: Path, *holds: str) -> dict[str, str]:
+    """The environment that holds a run at ``holds`` (WHERE:RANK:STEP:UNTIL, see
+    tests/inject/sitecustomize.py) until the test's fault has reached it, markers in out/held;
+    ``{}`` for none. Passed through every launcher (torchrun, srun) to the training processes."""
+    if not holds:
+        return {}
+    path = os.pathsep.join([str(PKG / "tests" / "inject"), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return {"PYTHONPATH": path, "BERT_TEST_HOLD": ";".join(holds), "BERT_TEST_HELD_DIR": str(out / "held")}
+
+
+def catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler for ``signum`` now (SigCgt in /proc/PID/status):
+    what a fault test waits for instead of a step that may already be past."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:  # ended
+        return False
+    mask = next((line.split()[1] for line in text.splitlines() if line.startswith("SigCgt:")), "0")
+    return bool(int(mask, 16) >> (signum - 1) & 1)
+
+
+def run_and_time_signalled(env: dict[str, str], at_step: int | None = None, sig: int = signal.SIGUSR1,
                            act=None) -> tuple[int, str]:
     """./run_and_time.sh with ``env``, in a session of its own (as a terminal starts a
-    command); ``sig`` to the script when its progress line for step ``at_step`` appears (or
-    ``act(proc)``, when given, instead). Returns (exit status, output)."""
+    command); ``sig`` to the script (or ``act(proc)``, when given, instead) when it says
+    STARTING TIMING RUN, before any training process exists: the script keeps it for them
+    (they act on it at their first poll, whenever they start), so no run can end before its
+    signal lands. ``at_step``: when its progress line for that step appears instead (for a
+    run with no natural end before it). Returns (exit status, output)."""
     proc = subprocess.Popen(["./run_and_time.sh"], cwd=PKG, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines = []
+    pattern = rf"step +{at_step} \|" if at_step is not None else r"STARTING TIMING RUN AT "
     try:
         for line in proc.stdout:
             lines.append(line)
-            if re.match(rf"step +{at_step} \|", line):
+            if re.match(pattern, line):
                 act(proc) if act else proc.send_signal(sig)
         rc = proc.wait(timeout=120)
     finally:

@@ -4,6 +4,7 @@ traceback, and nothing half-written (no weights file, no checkpoint, no temp fil
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import h5py
@@ -12,7 +13,9 @@ import pytest
 import torch
 
 from bert import train
+from bert.mlperf_log import read_events
 from bert.shards import read_shard, write_shard
+from input_preprocessing.checksum import checksum
 from test_resume import TINY, checkpoints, no_partial_files, tiny_data  # noqa: F401 - fixture
 
 
@@ -144,3 +147,140 @@ def test_stratum_counts_not_summing_to_the_batch(tmp_path, capsys, tiny_data):  
     err = capsys.readouterr().err
     assert "sampler.counts=[4, 2, 1]: need 3 non-negative counts summing to 8" in err and "Traceback" not in err
     assert not checkpoints(out) and not no_partial_files(tmp_path)
+
+
+# ---------------------------------------------------------------- reads that cannot hang, bytes that prove themselves
+
+def _copy_data(tiny_data: Path, root: Path, change=None) -> tuple[Path, Path]:
+    """The tiny train and eval shards copied under ``root`` (``change(shard)`` applied to each
+    one's in-memory form first, when given): (train_dir, eval_dir)."""
+    dirs = []
+    for name in ("train", "eval"):
+        d = root / name
+        d.mkdir(parents=True)
+        for src in sorted((tiny_data / name).glob("*.hdf5")):
+            if change is None or (name, change[0]) not in (("train", "train"), ("eval", "eval")):
+                shutil.copy(src, d / src.name)
+            else:
+                shard = read_shard(src)
+                change[1](shard)
+                write_shard(d / src.name, shard, "variable")
+        dirs.append(d)
+    return dirs[0], dirs[1]
+
+
+def _set_token(shard, sample: int, value: int) -> None:
+    shard.tokens[shard.offsets[sample] + 1] = value
+
+
+def _set_label(shard, sample: int, value: int) -> None:
+    shard.mlm_ids[shard.mlm_offsets[sample]] = value
+
+
+@pytest.mark.parametrize("where, change, message", [
+    ("train", lambda s: _set_token(s, 3, 200), r"part_\w+\.hdf5: sample 3: token id 200 >= model\.vocab_size=128"),
+    ("train", lambda s: _set_label(s, 3, 128), r"part_\w+\.hdf5: sample 3: masked_lm_id \(label\) 128 >= "
+                                               r"model\.vocab_size=128"),
+    ("eval", lambda s: _set_label(s, 3, 130), r"eval/eval_00000\.hdf5: sample 3: masked_lm_id \(label\) 130 >= "
+                                              r"model\.vocab_size=128"),
+    ("eval", lambda s: _set_token(s, 7, 128), r"eval/eval_00000\.hdf5: sample 7: token id 128 >= model\.vocab_size=128"),
+])
+def test_ids_and_labels_past_the_vocabulary_are_named(tiny_data, tmp_path, capsys, where, change, message):  # noqa: F811
+    """An id or label the model has no row for: one line naming the file and the sample, exit 2,
+    as the shard is read (the eval set: before any training), instead of an IndexError
+    traceback or, for eval labels, a wrong accuracy. Every shard is changed alike: whichever
+    the run reads first says it."""
+    train_dir, eval_dir = _copy_data(tiny_data, tmp_path / "data", (where, change))
+    out = tmp_path / "out"
+    assert run([f"data.train_dir={train_dir}", f"data.eval_dir={eval_dir}"], out) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and re.search(r"^error: rank 0: .*" + message, err, re.M), err
+    if where == "eval":
+        assert "eval_start" not in {e["key"] for e in read_events(out / "result_0.txt")}
+    assert read_events(out / "result_0.txt")[-1]["metadata"]["status"] == "aborted"  # the log ends with the run
+    assert not (out / "final.pt").exists() and not checkpoints(out) and not no_partial_files(tmp_path)
+
+
+@pytest.mark.parametrize("case", ["changed", "unlisted"])
+def test_shards_are_checked_against_their_md5_manifest(tiny_data, tmp_path, capsys, case):  # noqa: F811
+    """Where a data directory has md5sums.txt (input_preprocessing's checksum step), a file
+    that changed since (one flipped byte, which HDF5 would read as another token) or one it
+    does not list ends the run as the file is read: exit 2, naming file and manifest."""
+    train_dir, eval_dir = _copy_data(tiny_data, tmp_path / "data")
+    checksum(train_dir)
+    manifest = train_dir / "md5sums.txt"
+    if case == "changed":
+        for shard in train_dir.glob("*.hdf5"):  # whichever the run reads first
+            data = bytearray(shard.read_bytes())
+            data[-100] ^= 0x01
+            shard.write_bytes(bytes(data))
+        message = rf"\w+\.hdf5: md5 [0-9a-f]{{32}}, but {re.escape(str(manifest))} says [0-9a-f]{{32}}: the file changed"
+    else:
+        manifest.write_text("0" * 32 + "  other.hdf5\n")
+        message = rf"\w+\.hdf5: not listed in {re.escape(str(manifest))}: the manifest does not describe"
+    out = tmp_path / "out"
+    assert run([f"data.train_dir={train_dir}", f"data.eval_dir={eval_dir}"], out) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and re.search(message, err), err
+    if case == "unlisted":  # data.verify_md5=false: the manifest is not read
+        assert run([f"data.train_dir={train_dir}", f"data.eval_dir={eval_dir}"], tmp_path / "off",
+                   "data.verify_md5=false") == 1
+
+
+def _lost_sector(path: Path) -> None:
+    """4 KiB of zeros where HDF5's structures for the tiny shards lie: h5py's read then spins
+    for good (one of the positions issue 41 found)."""
+    with open(path, "r+b") as f:
+        f.seek(4096)
+        f.write(b"\0" * 4096)
+
+
+@pytest.mark.parametrize("where", ["eval", "train"])
+def test_a_read_that_hangs_ends_every_rank_naming_the_file(tiny_data, tmp_path, where):  # noqa: F811
+    """A shard that makes HDF5 spin (a lost sector): past data.read_timeout_s the rank that
+    waits for it says which file (bert/watchdog.py), and so does the other rank, whether it
+    learnt it at the same point (the eval set, which both read) or only through a collective
+    that failed under it (a training shard one rank reads: bad input outranks the dead peer).
+    Both exit 2; the MLPerf log ends with run_stop aborted; nothing is written."""
+    from test_resume import launch, rank_output, wait_all
+
+    train_dir, eval_dir = _copy_data(tiny_data, tmp_path / "data")
+    # the eval file both ranks read; the training shard rank 1 reads first (run.seed=12345)
+    bad = eval_dir / "eval_00000.hdf5" if where == "eval" else train_dir / "part_00000_of_00004.hdf5"
+    _lost_sector(bad)
+    out = tmp_path / "out"
+    procs = launch(tiny_data, out, f"data.train_dir={train_dir}", f"data.eval_dir={eval_dir}",
+                   "data.read_timeout_s=2", "dist.timeout_s=60")
+    assert wait_all(procs, out) == [2, 2], rank_output(out)[-3000:]
+    for r in range(2):
+        said = rank_output(out, r)
+        lines = [ln for ln in said.splitlines() if ln.startswith("error:")]
+        # rank 0 waits in the step's collective for rank 1 (the training shard): told through the store
+        first = f"error: rank {r}: " if where == "eval" or r == 1 else "error: rank 0 of 2: rank 1 stopped on bad input: "
+        assert len(lines) == 1 and lines[0].startswith(f"{first}{bad}: reading took longer than "
+                                                       "data.read_timeout_s=2 s: a damaged file"), said[-3000:]
+        assert "Traceback" not in said and "another rank died" not in said, said[-3000:]
+    events = read_events(out / "result_0.txt")
+    assert events[-1]["key"] == "run_stop" and events[-1]["metadata"]["status"] == "aborted"
+    assert not (out / "final.pt").exists() and not checkpoints(out) and not no_partial_files(out)
+
+
+def test_run_and_time_exits_2_for_a_shard_that_hangs_on_one_rank(tiny_data, tmp_path, no_procps_path):  # noqa: F811
+    """The same under run_and_time.sh (torchrun: its agent holds the store): the script's status
+    is 2, bad input, not 4 for the rank whose peer went; no RESULT line, no traceback."""
+    import subprocess
+
+    from conftest import PKG
+    from test_resume import _run_and_time_env
+
+    train_dir, eval_dir = _copy_data(tiny_data, tmp_path / "data")
+    _lost_sector(train_dir / "part_00000_of_00004.hdf5")
+    out = tmp_path / "out"
+    env = _run_and_time_env(tiny_data, out, no_procps_path, f"data.train_dir={train_dir}",
+                            f"data.eval_dir={eval_dir}", "data.read_timeout_s=2")
+    r = subprocess.run(["./run_and_time.sh"], cwd=PKG, env=env, capture_output=True, text=True, timeout=300)
+    said = r.stdout + r.stderr
+    assert r.returncode == 2, said[-3000:]
+    assert said.count(f"{train_dir / 'part_00000_of_00004.hdf5'}: reading took longer than data.read_timeout_s=2 s") == 2
+    assert "RESULT," not in said and "Traceback" not in said and "another rank died" not in said, said[-3000:]
+    assert read_events(out / "result_0.txt")[-1]["metadata"]["status"] == "aborted"

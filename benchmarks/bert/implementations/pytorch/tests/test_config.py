@@ -92,3 +92,31 @@ def test_launcher_variables_name_real_keys_and_the_doc_lists_them():
     doc = (Path(__file__).resolve().parents[1] / "docs" / "cluster.md").read_text()
     rows = [f"| `{var}` | `{key}` |" for var, key in LAUNCHER_VARIABLES.items()]
     assert "\n".join(["| variable | override |", "|---|---|", *rows]) in doc
+
+
+def test_what_a_resume_may_change_names_real_keys_and_the_doc_lists_it():
+    """RESUME_MAY_DIFFER: each entry a config key or a section; resume_changes names every
+    other setting that differs from the checkpointed run's, with both values, compares a key
+    the saved config lacks (a field added since) with its default and ignores one only it has
+    (a field removed since); lists compare as lists; docs/faults.md names every entry."""
+    from pathlib import Path
+
+    from bert.config import RESUME_MAY_DIFFER, resume_changes
+
+    for entry in RESUME_MAY_DIFFER:
+        section, _, name = entry.partition(".")
+        assert hasattr(Config(), section) and (name == "*" or hasattr(getattr(Config(), section), name)), entry
+    budgets = "data.token_budgets=1024,4096"
+    then = json.loads(dumps(build_config(parse_overrides(["optim.lr=0.5", "ckpt.keep=3", "data.train_dir=/a", budgets]))))
+    now = build_config(parse_overrides(["optim.lr=0.25", "ckpt.keep=5", "data.train_dir=/b", "log.output_dir=x",
+                                        "run.seed=4", "dist.timeout_s=300", budgets]))
+    assert resume_changes(then, now) == ["optim.lr=0.25 (the checkpointed run's: 0.5)"]
+    del then["model"]["fused_qkv"]
+    then["model"]["removed_since"] = 1
+    assert resume_changes(then, now) == ["optim.lr=0.25 (the checkpointed run's: 0.5)"]
+    now.model.fused_qkv, now.data.token_budgets = False, "auto"
+    assert resume_changes(then, now) == ["model.fused_qkv=false (the checkpointed run's: true)",
+                                         "data.token_budgets=\"auto\" (the checkpointed run's: [1024, 4096])",
+                                         "optim.lr=0.25 (the checkpointed run's: 0.5)"]
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "faults.md").read_text()
+    assert all(f"`{entry}`" in doc for entry in RESUME_MAY_DIFFER), [e for e in RESUME_MAY_DIFFER if f"`{e}`" not in doc]

@@ -416,3 +416,59 @@ def test_demo_cli(tmp_path, capsys):
     assert "oracle" in capsys.readouterr().out
     assert Counter(p.suffix for p in (tmp_path / "train").iterdir()) == Counter({".hdf5": 8})
     assert (tmp_path / "demo_data.json").exists() and stats["layout"] == "variable"
+
+
+def test_watchdog_bounds_a_read_and_says_so_without_waiting(tmp_path):
+    """bert/watchdog.py: a read past its bound is a DataError naming the file being read, for
+    whoever waits (result) and for the poll that only looks (failure); a read that failed on
+    bad data says why; one within its bound says nothing."""
+    import threading
+    import time
+
+    from bert import watchdog
+
+    release = threading.Event()
+
+    def stuck(read):
+        read.at(tmp_path / "b.hdf5")
+        release.wait()
+        return "late"
+
+    r = watchdog.Read(tmp_path / "a.hdf5", stuck, timeout_s=0.2)
+    assert r.failure() is None  # within its bound
+    time.sleep(0.3)
+    assert r.failure().startswith(f"{tmp_path / 'b.hdf5'}: reading took longer than data.read_timeout_s=0.2 s")
+    with pytest.raises(DataError, match=r"b\.hdf5: reading took longer than data\.read_timeout_s=0\.2 s"):
+        r.result()
+    release.set()
+    assert watchdog.read("c", lambda _r: 7, timeout_s=5) == 7
+
+    def bad(_read):
+        raise DataError("c.hdf5: missing dataset")
+
+    r = watchdog.Read("c", bad, timeout_s=5)
+    with pytest.raises(DataError, match="missing dataset"):
+        r.result()
+    assert r.failure() == "c.hdf5: missing dataset"
+
+
+def test_a_failed_read_ahead_of_the_loop_stops_every_rank_at_the_poll(tmp_path):
+    """The checkpoint poll carries a flag for a shard read that failed or overran ahead of the
+    loop (TrainLoader.failure): every rank raises the same DataError there, naming the rank."""
+    from bert import resume
+    from bert.config import CheckpointConfig
+
+    class State:
+        step = 10
+        nonfinite = torch.zeros(2, dtype=torch.int64)  # no NaN streak
+
+    class Stream:
+        def failure(self):
+            return "/d/part_3.hdf5: reading took longer"
+
+    ckpt = resume.Checkpointer(CheckpointConfig(poll_steps=10), tmp_path, 0, 1, torch.device("cpu"), 16,
+                               resume.StopFlag())
+    with pytest.raises(DataError, match=r"^/d/part_3\.hdf5: reading took longer \(on rank 0\)$"):
+        ckpt.at_boundary(None, State(), Stream())
+    State.step = 9  # no poll: nothing asked
+    assert ckpt.at_boundary(None, State(), Stream()) is None

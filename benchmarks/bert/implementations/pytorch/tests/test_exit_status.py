@@ -46,4 +46,6 @@ def test_run_sub_acts_on_enum_statuses():
     text = (PKG / "run.sub").read_text()
     tested = {int(n) for n in re.findall(r"\(\( rc == (\d+) \)\)", text)}
     assert tested == {ExitStatus.PREEMPTED, ExitStatus.INTERRUPTED}
+    (failing,) = re.findall(r"A run that fails \((.*?)\) counts as failed", text, re.S)
+    assert _numbers(failing) | {ExitStatus.SUCCESS} | tested == VALUES, failing
     assert "exit 3\n" in text and "exit 130\n" in text  # what a requeue-less stop passes on

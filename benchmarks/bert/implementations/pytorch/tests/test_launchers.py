@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PKG, children, demo_run_env, mllog_events, run_and_time_signalled, run_checker
+from conftest import PKG, children, demo_run_env, hold_env, mllog_events, run_and_time_signalled, run_checker
 from docblocks import QUICK_START, section
 
 # The README's "Quick start on a cluster" runs here as written, except for these changes
@@ -44,6 +44,28 @@ def quick_start_script() -> str:
         assert script.count(readme) == 1, f"the README's quick start no longer says {readme!r}"
         script = script.replace(readme, test)
     return script
+
+
+def wait_held(cluster, job_id: str, marker: Path, out_file: Path, timeout_s: float = 240) -> None:
+    """Until a rank of the job has reached its hold (hold_env); cancels the job if it never does."""
+    deadline = time.monotonic() + timeout_s
+    while not marker.exists():
+        if time.monotonic() > deadline:
+            subprocess.run(["scancel", job_id], env=cluster.env)
+            pytest.fail(f"never held ({marker.name}):\n" + (out_file.read_text() if out_file.exists() else "")[-3000:])
+        time.sleep(0.1)
+
+
+def submit_held(cluster, env: dict[str, str], tmp_path: Path, step: int, *flags: str) -> tuple[str, Path]:
+    """sbatch run.sub (``flags`` before it), then wait until rank 0 holds after ``step``
+    (hold_env); the job's id and its output file."""
+    out_file = tmp_path / "job.out"
+    sub = subprocess.run(["sbatch", "--parsable", *flags, "-N", env["DGXNNODES"], "-t", "10", "-o", str(out_file),
+                          "run.sub"], cwd=PKG, env=env, capture_output=True, text=True, timeout=60)
+    assert sub.returncode == 0, sub.stderr
+    job_id = sub.stdout.strip().split(";")[0]
+    wait_held(cluster, job_id, tmp_path / "held" / f"held_rank0_step{step}", out_file)
+    return job_id, out_file
 
 
 def test_readme_quick_start_on_a_cluster(slurm_cluster, trained, demo_data, tmp_path):
@@ -111,22 +133,13 @@ def test_slurm_usr1_checkpoints_requeues_and_resumes(slurm_cluster, trained, dem
     start skips run 1, resumes run 2 from its checkpoint and finishes it."""
     assert trained.returncode == 0, trained.stdout[-3000:]
     logdir = tmp_path / "logs"
-    # 25 steps of 64 samples before the first (target-reaching) eval; progress and polls every 5:
-    # the signal, sent at step 5, is seen at step 10, 15 steps before the run would end.
+    # 25 steps of 64 samples before the first (target-reaching) eval; progress and polls every 5.
+    # Run 2's rank 0 is held after step 5 until the signal reaches it (hold_env): it is seen at
+    # that step's poll, however fast the machine.
     env = demo_run_env(trained, demo_data, logdir, NEXP="2", SEED="7", DATESTAMP="rq", EVAL_ITER_SAMPLES="1600", MAX_SAMPLES_TERMINATION="3200",
-                   SLURM_CONF=slurm_cluster.env["SLURM_CONF"])
+                   SLURM_CONF=slurm_cluster.env["SLURM_CONF"], **hold_env(tmp_path, "boundary:0:5:signal:if=LOGFILE=rq_2.log"))
     env["EXTRA_PARAMS"] += " log.progress_interval_steps=5 ckpt.poll_steps=5"
-    out_file = tmp_path / "job.out"
-    sub = subprocess.run(["sbatch", "--parsable", "--requeue", "-N", env["DGXNNODES"], "-t", "10", "-o", str(out_file),
-                          "run.sub"], cwd=PKG, env=env, capture_output=True, text=True, timeout=60)
-    assert sub.returncode == 0, sub.stderr
-    job_id = sub.stdout.strip().split(";")[0]
-    deadline = time.monotonic() + 240
-    while not re.search(r"== run 2/2: seed.*\n(.*\n)*step +5 \|", out_file.read_text() if out_file.exists() else ""):
-        if time.monotonic() > deadline:
-            subprocess.run(["scancel", job_id], env=slurm_cluster.env)
-            pytest.fail("run 2 never reached step 5:\n" + (out_file.read_text() if out_file.exists() else "")[-3000:])
-        time.sleep(0.3)
+    job_id, out_file = submit_held(slurm_cluster, env, tmp_path, 5, "--requeue")
     subprocess.run(["scancel", "--batch", "--signal=USR1", job_id], env=slurm_cluster.env, check=True, timeout=30)
     # SLURM holds a requeued job back for about two minutes (its BeginTime): start it now.
     slurm_cluster.requeue_now(job_id)
@@ -135,7 +148,7 @@ def test_slurm_usr1_checkpoints_requeues_and_resumes(slurm_cluster, trained, dem
     assert job["Restarts"] == "1", output[-4000:] + slurm_cluster.logs()
     assert "SIGUSR1: requeueing job" in output and "checkpointed on a signal (training exit 3)" in output, output[-4000:]
     assert "run 1/2: done before the restart (training exit 0, checker exit 0)" in output, output[-4000:]
-    assert re.search(r"resumed from .*rq_2_ckpt/step_0+\d+ at step \d+", output), output[-4000:]
+    assert re.search(r"resumed from .*rq_2_ckpt/step_000000005 at step 5,", output), output[-4000:]
     # The resumed run reached the target, but its log holds both parts: the checker rejects
     # it, so the job says 1 of 2 failed and exits non-zero. Run 1's log is a valid result.
     assert "run 2/2: resumed from a checkpoint: not a valid timed result" in output, output[-4000:]
@@ -158,24 +171,15 @@ def test_slurm_sigint_stops_the_job_after_a_checkpoint(slurm_cluster, trained, d
     assert trained.returncode == 0, trained.stdout[-3000:]
     logdir = tmp_path / "logs"
     env = demo_run_env(trained, demo_data, logdir, NEXP="2", SEED="7", DATESTAMP="int", EVAL_ITER_SAMPLES="3200",
-                       MAX_SAMPLES_TERMINATION="6400", SLURM_CONF=slurm_cluster.env["SLURM_CONF"])
+                       MAX_SAMPLES_TERMINATION="6400", SLURM_CONF=slurm_cluster.env["SLURM_CONF"],
+                       **hold_env(tmp_path, "boundary:0:5:signal:if=LOGFILE=int_1.log"))
     env["EXTRA_PARAMS"] += " log.progress_interval_steps=5 ckpt.poll_steps=5"
-    out_file = tmp_path / "job.out"
-    sub = subprocess.run(["sbatch", "--parsable", "-N", env["DGXNNODES"], "-t", "10", "-o", str(out_file), "run.sub"],
-                         cwd=PKG, env=env, capture_output=True, text=True, timeout=60)
-    assert sub.returncode == 0, sub.stderr
-    job_id = sub.stdout.strip().split(";")[0]
-    deadline = time.monotonic() + 240
-    while not re.search(r"^step +5 \|", out_file.read_text() if out_file.exists() else "", re.M):
-        if time.monotonic() > deadline:
-            subprocess.run(["scancel", job_id], env=slurm_cluster.env)
-            pytest.fail("run 1 never reached step 5:\n" + (out_file.read_text() if out_file.exists() else "")[-3000:])
-        time.sleep(0.3)
+    job_id, out_file = submit_held(slurm_cluster, env, tmp_path, 5)  # held until SIGINT reaches it
     subprocess.run(["scancel", "--batch", "--signal=INT", job_id], env=slurm_cluster.env, check=True, timeout=30)
     job = slurm_cluster.wait_job(job_id, timeout_s=300)
     output = out_file.read_text()
     assert job["ExitCode"] == "130:0" and job["Restarts"] == "0", output[-4000:] + slurm_cluster.logs()
-    assert re.search(r"^interrupted \(Ctrl-C\): stopped at step \d+; checkpoint \S+/int_1_ckpt/step_\d{9} written",
+    assert re.search(r"^interrupted \(Ctrl-C\): stopped at step 5; checkpoint \S+/int_1_ckpt/step_000000005 written",
                      output, re.M), output[-4000:]
     assert "== run 1/2: interrupted (training exit 130)" in output and "== run 2/2" not in output, output[-4000:]
     assert "run.sub: interrupted (SIGINT) at run 1: stopped, not requeued" in output, output[-4000:]
@@ -184,16 +188,56 @@ def test_slurm_sigint_stops_the_job_after_a_checkpoint(slurm_cluster, trained, d
     assert not (logdir / "int_2.log").exists()
 
 
+def _job_processes(job_id: str, what: bytes) -> list[int]:
+    """Live processes of SLURM job ``job_id`` whose command line holds ``what`` (from /proc)."""
+    out = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            env = proc.joinpath("environ").read_bytes().split(b"\0")
+            cmd = proc.joinpath("cmdline").read_bytes()
+            state = proc.joinpath("stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if f"SLURM_JOB_ID={job_id}".encode() in env and what in cmd and state not in ("Z", "X"):
+            out.append(int(proc.name))
+    return out
+
+
+def test_slurm_kill9_of_the_batch_script_leaves_nothing_running(slurm_cluster, trained, demo_data, tmp_path):
+    """kill -9 of run.sub's batch shell mid-run (nothing can trap it): the step's tasks and the
+    trainers end with it, and the job ends, instead of training on unwatched. Held after step 3
+    (hold_env), so the run is mid-way whatever the speed."""
+    assert trained.returncode == 0, trained.stdout[-3000:]
+    env = demo_run_env(trained, demo_data, tmp_path / "logs", NEXP="1", SEED="7", DATESTAMP="k9",
+                       EVAL_ITER_SAMPLES="64000", MAX_SAMPLES_TERMINATION="640000",
+                       SLURM_CONF=slurm_cluster.env["SLURM_CONF"], **hold_env(tmp_path, "boundary:0:3:file=never"))
+    env["EXTRA_PARAMS"] += " log.progress_interval_steps=1"
+    job_id, _ = submit_held(slurm_cluster, env, tmp_path, 3)
+    trainers = _job_processes(job_id, b"bert.train")
+    (batch,) = _job_processes(job_id, b"slurm_script")
+    assert len(trainers) == 2, trainers
+    os.kill(batch, signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while _job_processes(job_id, b"") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = {pid: Path(f"/proc/{pid}/cmdline").read_bytes()[:80] for pid in _job_processes(job_id, b"")}
+    assert not left, left
+    job = slurm_cluster.wait_job(job_id, timeout_s=60)
+    assert job["JobState"] != "RUNNING", job
+
+
 def test_run_and_time_torchrun_forwards_usr1_to_workers_then_resumes(trained, demo_data, tmp_path):
     """SIGUSR1 to run_and_time.sh (torchrun) reaches the two workers, not torchrun (which would
-    die of it and take them along): they checkpoint and stop; the same command then resumes."""
+    die of it and take them along): they checkpoint and stop; the same command then resumes.
+    Sent as the script starts: the workers act on it at their first poll (step 5), 20 steps
+    before the run's first evaluation would end it."""
     assert trained.returncode == 0, trained.stdout[-3000:]
     env = demo_run_env(trained, demo_data, tmp_path, SEED="3", EVAL_ITER_SAMPLES="1600", MAX_SAMPLES_TERMINATION="3200",
                    CKPT_DIR=str(tmp_path / "ckpt"))
     env["EXTRA_PARAMS"] += " log.progress_interval_steps=5 ckpt.poll_steps=5"
     rc, first = run_and_time_signalled(env)
     # exit 3 (checkpointed: run again), not torchrun's 1 and ChildFailedError; nothing to count
-    assert rc == 3 and "stopped by signal 10 after step" in first, first[-3000:]
+    assert rc == 3 and "stopped by signal 10 after step 5:" in first, first[-3000:]
     assert "Traceback" not in first and "RESULT," not in first, first[-3000:]
     assert sorted(p.name for p in (tmp_path / "ckpt").glob("step_*")), first[-3000:]
     r = subprocess.run(["./run_and_time.sh"], cwd=PKG, env=env, capture_output=True, text=True, timeout=300)

@@ -15,7 +15,7 @@ import pytest
 
 from bert.config import build_config
 from bert.train import run
-from conftest import PKG, mllog_events, source_config
+from conftest import PKG, hold_env, mllog_events, source_config
 
 TINY = {"model.vocab_size": "128", "model.hidden_size": "32", "model.num_layers": "1", "model.num_heads": "2",
         "model.intermediate_size": "64", "model.max_position_embeddings": "128", "model.hidden_dropout": "0",
@@ -92,7 +92,7 @@ def test_submit_pretrain_chains_phases_and_survives_a_preemption(demo_data, tmp_
     cluster = SlurmCluster(tmp_path / "slurm")
     (tmp_path / "slurm").mkdir()
     demo = source_config("config_CPU_1x2.sh")
-    for p, steps in ((1, 40), (2, 10)):  # phase 1: signalled at step 10, seen at 15
+    for p, steps in ((1, 40), (2, 10)):  # phase 1: held after step 10 until signalled (hold_env)
         (tmp_path / f"phase{p}.sh").write_text(
             f"export DGXSYSTEM=CPU_1x2 DGXNNODES=1 DGXNGPU=2 WALLTIME=10 CPU_THREADS_PER_RANK=1 DIVISION=open\n"
             f"export BATCHSIZE=16 GRADIENT_STEPS=2 LR=0.005 MAX_STEPS={steps} WARMUP_STEPS=2 EVAL_ITER_SAMPLES=640\n"
@@ -102,7 +102,8 @@ def test_submit_pretrain_chains_phases_and_survives_a_preemption(demo_data, tmp_
         cluster.start()
         env = dict(os.environ, PATH=demo_data.path, SLURM_CONF=cluster.env["SLURM_CONF"],
                    DATADIR1=str(demo_data.train), EVALDIR1=str(demo_data.eval), DATADIR2=str(demo_data.train),
-                   EVALDIR2=str(demo_data.eval), OUTDIR=str(tmp_path / "out"))
+                   EVALDIR2=str(demo_data.eval), OUTDIR=str(tmp_path / "out"),
+                   **hold_env(tmp_path, "boundary:0:10:signal:if=LOGFILE=phase1_1.log"))
         sub = subprocess.run(["./submit_pretrain.sh", str(tmp_path / "phase1.sh"), str(tmp_path / "phase2.sh")],
                              cwd=PKG, env=env, capture_output=True, text=True, timeout=60)
         assert sub.returncode == 0, sub.stderr
@@ -110,9 +111,9 @@ def test_submit_pretrain_chains_phases_and_survives_a_preemption(demo_data, tmp_
         assert (cluster.job_fields(job2).get("Dependency") or "").startswith(f"afterok:{job1}")
         out1 = tmp_path / "out" / "phase1"
         deadline = time.monotonic() + 240
-        while not any(re.search(r"step +10 \|", f.read_text()) for f in out1.glob("slurm-*.out")):
+        while not (tmp_path / "held" / "held_rank0_step10").exists():
             assert time.monotonic() < deadline, cluster.logs()
-            time.sleep(0.3)
+            time.sleep(0.1)
         subprocess.run(["scancel", "--batch", "--signal=USR1", job1], env=cluster.env, check=True, timeout=30)
         cluster.requeue_now(job1)  # not after SLURM's ~2-minute hold
         j1 = cluster.wait_job(job1, timeout_s=300)

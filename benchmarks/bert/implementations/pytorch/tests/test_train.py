@@ -70,8 +70,9 @@ def test_short_run_from_checkpoint_passes_checker(trained, demo_data, tmp_path, 
 
 def test_open_division_bucket_clip_and_powersgd_on_two_ranks_survive_a_resume(trained, demo_data, tmp_path):
     """The open recipe's gradient path through the real loop on 2 torchrun ranks: bucket-wise
-    clipping before the allreduce, PowerSGD on the wire from step 3 on. SIGUSR1 at step 5:
-    checkpoint (with each rank's PowerSGD state), stop; the rerun resumes and reaches the
+    clipping before the allreduce, PowerSGD on the wire from step 3 on. SIGUSR1 as the script
+    starts, acted on at the first poll (step 5): checkpoint (with each rank's PowerSGD state),
+    stop; the rerun resumes and reaches the
     target. The log names both settings and records the bucket layout DDP settled on."""
     assert trained.returncode == 0, trained.stdout[-3000:]
     env = demo_run_env(trained, demo_data, tmp_path, SEED="11", DIVISION="open", OPTIMIZER="adam",
@@ -80,8 +81,9 @@ def test_open_division_bucket_clip_and_powersgd_on_two_ranks_survive_a_resume(tr
                             " grad_sync.compression=powersgd grad_sync.powersgd_start_step=2 precision.dtype=fp32"
                             " log.progress_interval_steps=5 ckpt.poll_steps=5")
     rc, first = run_and_time_signalled(env)
-    assert rc == 3 and "stopped by signal 10 after step 10" in first, first[-3000:]
-    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*")) == ["step_000000010"]
+    # sent before the workers existed: acted on at their first poll
+    assert rc == 3 and "stopped by signal 10 after step 5" in first, first[-3000:]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*")) == ["step_000000005"]
     r = subprocess.run(["./run_and_time.sh"], cwd=PKG, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "resumed from" in r.stdout, (r.stdout + r.stderr)[-3000:]
     events = mllog_events(tmp_path / "result_0.txt")

@@ -25,7 +25,7 @@ import yaml
 from optuna.trial import TrialState
 
 from bert import mlperf_log
-from conftest import PKG, demo_run_env
+from conftest import PKG, demo_run_env, hold_env
 
 sys.path.insert(0, str(PKG / "tools"))
 import tune  # noqa: E402  (tools/ holds scripts, not a package)
@@ -213,22 +213,23 @@ def test_requeued_worker_trial_is_retried_once_and_counted_once(slurm_cluster, t
     requeued task), and the study counts each setting once. Two seeds per setting: a
     trial's value is the mean of its runs' samples to target."""
     assert trained.returncode == 0, trained.stdout[-3000:]
-    # 25 steps (of 32: one rank) before the first evaluation: time to requeue mid-run. Progress
-    # every 5 steps.
+    # 25 steps (of 32: one rank) before the first evaluation. Progress every 5 steps. Task 0's
+    # first run is held after step 5 until the requeue's SIGTERM reaches it (hold_env).
     fixed = dict(FIXED, EVAL_ITER_SAMPLES=800, MAX_SAMPLES_TERMINATION=800)
     fixed["log.progress_interval_steps"] = 5
     space_file = write_space(tmp_path / "space.yaml", study="requeue", trials=2, repeats=2, seed=11, fixed=fixed,
                              enqueue=[{"LR": 5e-3, "OPT_LAMB_BETA_1": 0.9}, {"LR": 4e-3, "OPT_LAMB_BETA_1": 0.85}])
     workdir = tmp_path / "tune"
     env = demo_run_env(trained, demo_data, tmp_path / "unused", SPACE=str(space_file), TUNE_WORKDIR=str(workdir),
-                       SLURM_CONF=slurm_cluster.env["SLURM_CONF"])
+                       SLURM_CONF=slurm_cluster.env["SLURM_CONF"],
+                       **hold_env(tmp_path, "boundary:0:5:signal:if=SLURM_ARRAY_TASK_ID=0"))
     job = submit_array(slurm_cluster, env, "0-1%2", tmp_path, "--requeue")
     task0 = tmp_path / "task_0.out"
     deadline = time.monotonic() + 240
     while True:
         m = re.search(r"tune: trial (\d+): .* -> (\S+)", task0.read_text() if task0.exists() else "")
         first_run = Path(m.group(2)) / "seed_11.out" if m else tmp_path / "none"
-        if first_run.exists() and re.search(r"step +5 \|", first_run.read_text()):
+        if first_run.exists() and (tmp_path / "held" / "held_rank0_step5").exists():
             break
         assert time.monotonic() < deadline, outputs(tmp_path)
         time.sleep(0.3)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PKG, demo_run_env, mllog_events, run_checker
+from conftest import PKG, demo_run_env, hold_env, mllog_events, run_checker
 from slurm_cluster import NetnsNet, SlurmCluster, slurm_unavailable
 
 # Everything a dead or unreachable peer may take, from the event to the job's end on both nodes.
@@ -122,18 +122,25 @@ def test_two_nodes_usr1_checkpoints_requeues_and_resumes(two_nodes, trained, dem
     logdir = tmp_path / "logs"
     out_file = tmp_path / "job.out"
     # 25 steps of 64 samples before the first (target-reaching) eval; progress and polls every 5.
+    # Rank 1 (node2) is held after step 5 until the signal reaches it (hold_env): seen at that
+    # step's poll, however fast the machine.
     env = two_node_env(two_nodes, trained, demo_data, logdir, SEED="9", DATESTAMP="rq2", EVAL_ITER_SAMPLES="1600",
-                       MAX_SAMPLES_TERMINATION="3200")
+                       MAX_SAMPLES_TERMINATION="3200", **hold_env(tmp_path, "boundary:1:5:signal"))
     env["EXTRA_PARAMS"] += " log.progress_interval_steps=5 ckpt.poll_steps=5"
     job_id = sbatch(two_nodes, env, out_file, "--requeue")
-    wait_for_output(two_nodes, job_id, out_file, r"step +5 \|")
+    deadline = time.monotonic() + 240
+    while not (tmp_path / "held" / "held_rank1_step5").exists():
+        if time.monotonic() > deadline:
+            subprocess.run(["scancel", job_id], env=two_nodes.env)
+            pytest.fail("rank 1 never held at step 5:\n" + (out_file.read_text() if out_file.exists() else "")[-3000:])
+        time.sleep(0.1)
     subprocess.run(["scancel", "--batch", "--signal=USR1", job_id], env=two_nodes.env, check=True, timeout=30)
     two_nodes.requeue_now(job_id)
     job = two_nodes.wait_job(job_id, timeout_s=300)
     output = out_file.read_text()
     assert job["Restarts"] == "1", output[-4000:] + two_nodes.logs()
     assert "SIGUSR1: requeueing job" in output and "checkpointed on a signal (training exit 3)" in output, output[-4000:]
-    assert re.search(r"resumed from .*rq2_1_ckpt/step_0+\d+ at step \d+", output), output[-4000:]
+    assert re.search(r"resumed from .*rq2_1_ckpt/step_000000005 at step 5,", output), output[-4000:]
     # Resumed: the run reached the target, but the checker rejects a log of two parts.
     assert "run 1/1: resumed from a checkpoint: not a valid timed result" in output, output[-4000:]
     assert "run.sub: 1 run(s), 1 failed" in output and job["ExitCode"] == "1:0", output[-4000:]
