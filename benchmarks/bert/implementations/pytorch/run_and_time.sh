@@ -19,7 +19,7 @@
 # script already is one rank (started by srun or mpirun), so it runs one process.
 #
 # Signals. SIGUSR1 / SIGTERM (and SIGHUP, as SIGTERM) to this script reach the training
-# processes, which checkpoint at their next poll and exit 3 (bert/resume.py): bash would
+# processes, which checkpoint at their next poll and exit 3 (bert/checkpoint.py): bash would
 # otherwise die of SIGUSR1 and leave them orphaned, and torchrun would die of it too, so
 # under torchrun the signal goes to its workers (found in /proc: no procps needed). A signal
 # that comes before they can catch it (torchrun not started, its workers not yet past their
@@ -76,7 +76,7 @@ catches() { # catches PID SIGNUM: PID has a handler for it now (SigCgt in /proc/
 forward() { # forward SIG: to the trainer (under torchrun: to its workers, not to torchrun)
   signalled=1
   # First noted for the processes that cannot catch it yet (not started, or not yet past
-  # their start-up), which raise it once they can (bert/resume.py StopFlag.installed); then
+  # their start-up), which raise it once they can (bert/checkpoint.py StopFlag.installed); then
   # sent to those that catch it now. A process sees it one way or the other, never both lost.
   echo "$1" >> "${status_dir}/signals"
   local targets=() pid

@@ -1,5 +1,5 @@
 """What proving a checkpoint's bytes costs: hash throughput, and writing and restoring a
-checkpoint-sized file with and without its CRC-32 (bert/storage.py, bert/resume.py).
+checkpoint-sized file with and without its CRC-32 (bert/storage.py, bert/checkpoint.py).
 
     python bench/checkpoint_sums.py [--mib 1024] [--dir DIR] [--repeats 3] [--out FILE.json]
 
@@ -7,7 +7,7 @@ Hashes: CRC-32 (zlib), sha256, sha1, blake2b and md5 over one in-memory buffer o
 CPU time. Files: a state dict of float32 tensors totalling --mib MiB (a BERT-Large train.pt
 is ~4 GiB: weights and LAMB's two moments), written as a checkpoint file is
 (``storage.save_torch``: temp file, fsync, rename; the CRC summed as the bytes go out) or
-through the same file object with the sum left out; restored as bert/resume.py restores (the file
+through the same file object with the sum left out; restored as bert/checkpoint.py restores (the file
 summed, then ``torch.load``) or loaded alone. The restore reads a file just written, from the
 page cache: the sum's cost, not the disk's. Medians of --repeats, the cases interleaved;
 process CPU seconds beside wall seconds (the machine may be shared).

@@ -262,7 +262,7 @@ class DistConfig:
 
 @dataclass
 class CheckpointConfig:
-    """Train-state checkpoints (bert/resume.py): everything a run needs to continue exactly."""
+    """Train-state checkpoints (bert/checkpoint.py): everything a run needs to continue exactly."""
 
     dir: str = ""  # where they are written and looked for; empty = <log.output_dir>/checkpoints
     # Write one every N optimizer steps; 0 = off (timed MLPerf runs: a write stalls training).
@@ -438,7 +438,7 @@ def launcher_variable(key: str) -> str:
 
 # ---------------------------------------------------------------- resuming
 
-# What a resume may change (bert/resume.py check_settings): where the files are, how the run
+# What a resume may change (bert/checkpoint.py check_settings): where the files are, how the run
 # is checkpointed, logged and connected, its guards (read bound, md5 check, NaN streak, lock,
 # threads), none of which changes what a step computes, and when it ends (the target, the
 # sample and step limits: read afresh, never from the checkpoint, so a run can be resumed to

@@ -2,7 +2,7 @@
 
 Torch-free, so that the data-preparation steps (``python -m input_preprocessing``) and the
 tools that only read or write shards start without importing torch (seconds per process;
-bert/data.py turns these shards into batches of tensors).
+bert/loader.py turns these shards into batches of tensors).
 
 Two on-disk layouts are read, detected per file from the shape of ``input_ids``:
 
@@ -19,7 +19,7 @@ Prediction slots whose ``masked_lm_positions`` is 0 are padding (position 0 is a
 the reader sees real predictions only.
 
 In memory a shard is ragged (CSR): one flat array of real tokens plus row offsets. That
-keeps variable-length data free of padding until ``bert.data.collate`` decides the batch
+keeps variable-length data free of padding until ``bert.batches.collate`` decides the batch
 layout.
 """
 

@@ -6,7 +6,7 @@ a write that fails leaves no partial file behind. A write fails with an ``OSErro
 disk, a quota, EIO, a read-only or vanished filesystem, a permission) on one rank, while the
 others go on: they must learn of it, or they block in their next collective and report a dead
 peer. So the ranks agree at points where they meet anyway (``check`` after a checkpoint's
-files, the checkpoint poll of bert/resume.py, the end of the run): one integer in a
+files, the checkpoint poll of bert/checkpoint.py, the end of the run): one integer in a
 collective that is there already, or costs nothing where it is added (start and end of the
 run, checkpoint steps). Only when some rank failed does a second collective gather what
 each rank saw, and every rank then raises the same ``WriteFailed`` (bert.train: one line
@@ -76,7 +76,7 @@ def os_error(e: BaseException) -> OSError | None:
 @dataclass(frozen=True)
 class Sum:
     """A file's CRC-32 and size: what a checkpoint's meta.json records of each file, and what
-    restoring checks (bert/resume.py). CRC-32 because it is what bit rot needs (every burst of
+    restoring checks (bert/checkpoint.py). CRC-32 because it is what bit rot needs (every burst of
     up to 32 flipped bits, anything else but 1 in 2^32) at several times a cryptographic hash's
     speed (BENCHMARKS.md section 10); a checkpoint is guarded against accidents, not against an
     attacker."""

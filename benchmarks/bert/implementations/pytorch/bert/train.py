@@ -17,14 +17,14 @@ from pathlib import Path
 
 import torch
 
-from . import console, distributed, resume, runlock, storage
+from . import checkpoint, console, distributed, runlock, storage
 from .config import Config, ConfigError, build_config, launcher_overrides, parse_overrides, timed_run_problems
 from .exit_status import ExitStatus, describe
 from .mlperf_log import MLPerfLogger, logged_seed
 from .shards import DataError
 from .trainer import RunFiles, Trainer
 
-BAD_INPUT = (ConfigError, DataError, resume.CheckpointError, runlock.InUse, runlock.NoLocks)  # exit 2, no traceback
+BAD_INPUT = (ConfigError, DataError, checkpoint.CheckpointError, runlock.InUse, runlock.NoLocks)  # exit 2, no traceback
 
 log = logging.getLogger("bert.train")  # not __name__: "__main__" under python -m bert.train
 
@@ -32,7 +32,7 @@ log = logging.getLogger("bert.train")  # not __name__: "__main__" under python -
 def run(cfg: Config, dry_run: bool = False, pending_signals: Path | None = None) -> ExitStatus:
     """One run of ``cfg`` on this process's rank: the exit status; every expected failure is
     one line on stderr (from each rank) and its own status. ``pending_signals``: signals the
-    launcher got before this process could catch them (resume.StopFlag.installed)."""
+    launcher got before this process could catch them (checkpoint.StopFlag.installed)."""
     denv = distributed.job_env(cfg.dist)
     device = distributed.device_for(cfg.run.device, denv.local_rank)
     if cfg.run.threads > 0:
@@ -51,8 +51,8 @@ def run(cfg: Config, dry_run: bool = False, pending_signals: Path | None = None)
             for note in notes:
                 print(note, flush=True)
     try:
-        start_from = resume.plan(files.checkpoints, cfg.ckpt.resume)  # filesystem only: before the log opens
-    except resume.CheckpointError as e:
+        start_from = checkpoint.plan(files.checkpoints, cfg.ckpt.resume)  # filesystem only: before the log opens
+    except checkpoint.CheckpointError as e:
         distributed.rank_line(f"error: {e}")
         return ExitStatus.BAD_INPUT
     # A resumed run appends to the log of the run it continues, so the log shows both parts
@@ -61,7 +61,7 @@ def run(cfg: Config, dry_run: bool = False, pending_signals: Path | None = None)
     mine = denv.is_main and refused is None
     mllog = MLPerfLogger(files.log if mine else None, enabled=mine, echo=cfg.log.echo_mllog,
                          append=start_from is not None)
-    stop = resume.StopFlag()
+    stop = checkpoint.StopFlag()
     peers = distributed.Peers()
     comm_failed = False
     try:
@@ -75,13 +75,13 @@ def run(cfg: Config, dry_run: bool = False, pending_signals: Path | None = None)
             if refused:  # rank 0 could not lock the log or the checkpoint directory
                 raise runlock.InUse(refused)
             if chosen != str(start_from):
-                raise resume.CheckpointError(f"rank {denv.rank} found checkpoint {start_from} but rank 0 found "
+                raise checkpoint.CheckpointError(f"rank {denv.rank} found checkpoint {start_from} but rank 0 found "
                                              f"{chosen}: ckpt.dir={files.checkpoints} must be one shared directory")
             if start_from is None and denv.is_main:
-                resume.clear(files.checkpoints)  # a finished run's checkpoints must not mix with this run's
+                checkpoint.clear(files.checkpoints)  # a finished run's checkpoints must not mix with this run's
             if start_from is not None:  # the newest that proves its bytes on every rank
-                start_from = resume.choose(files.checkpoints, start_from, cfg.ckpt.resume, denv.rank)
-                resume.check_settings(start_from, cfg)  # under the settings it was written with
+                start_from = checkpoint.choose(files.checkpoints, start_from, cfg.ckpt.resume, denv.rank)
+                checkpoint.check_settings(start_from, cfg)  # under the settings it was written with
             # Only now: a resume refused above adds nothing to the log of the run it would continue.
             mllog.init_start(cfg.run.cache_cleared)
             status = Trainer(cfg, denv, device, mllog, stop).run(start_from, dry_run)
@@ -130,7 +130,7 @@ def run(cfg: Config, dry_run: bool = False, pending_signals: Path | None = None)
 def _after_write_failure(e: storage.WriteFailed, ckpt_dir: Path) -> str:
     """What a rerun continues from, and what to change first."""
     try:
-        found = resume.complete_checkpoints(ckpt_dir)
+        found = checkpoint.complete_checkpoints(ckpt_dir)
     except OSError:
         found = []
     setting = e.first.setting

@@ -331,7 +331,7 @@ def _image_build(root: Path | None = None) -> ImageBuild:
 # EPYC cores, summed per file: launchers 425, tune 257, pretrain 223, precision 211, resume 194,
 # sampler 182, bench 153, budget 125, two_nodes 115, study 112, configs 97), in that order: a
 # long file taken last would run alone at the end. A stale list costs minutes, not a result.
-LONGEST_FIRST = ("test_launchers.py", "test_tune.py", "test_pretrain.py", "test_precision.py", "test_resume.py",
+LONGEST_FIRST = ("test_launchers.py", "test_tune.py", "test_pretrain.py", "test_precision.py", "test_checkpoint.py",
                  "test_sampler.py", "test_bench.py", "test_budget.py", "test_two_nodes.py", "test_study.py",
                  "test_configs.py")
 

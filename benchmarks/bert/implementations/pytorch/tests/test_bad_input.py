@@ -3,6 +3,7 @@ traceback, and nothing half-written (no weights file, no checkpoint, no temp fil
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -16,7 +17,7 @@ from bert import train
 from bert.mlperf_log import read_events
 from bert.shards import read_shard, write_shard
 from input_preprocessing.checksum import checksum
-from test_resume import TINY, checkpoints, no_partial_files, tiny_data  # noqa: F401 - fixture
+from test_checkpoint import TINY, checkpoints, no_partial_files, tiny_data  # noqa: F401 - fixture
 
 
 def run(data_args: list[str], out: Path, *extra: str) -> int:
@@ -106,10 +107,19 @@ def test_checkpoint_of_another_model_shape(tiny_data, tmp_path, capsys):  # noqa
     before = sorted(p.name for p in ckpt.iterdir())
     capsys.readouterr()
     assert run(data, out, "model.hidden_size=64", "model.intermediate_size=128") == 2
+    err = capsys.readouterr().err  # the checkpoint's settings name the keys first
+    assert "model.hidden_size=64 (the checkpointed run's: 32)" in err, err
+    assert sorted(p.name for p in ckpt.iterdir()) == before  # the checkpoint is left intact
+    # A checkpoint that holds no settings (as written before checkpoints held them): the
+    # tensors' shapes refuse it.
+    meta = json.loads((ckpt / "meta.json").read_text())
+    del meta["files"]["config.json"]
+    (ckpt / "meta.json").write_text(json.dumps(meta))
+    (ckpt / "config.json").unlink()
+    assert run(data, out, "model.hidden_size=64", "model.intermediate_size=128") == 2
     err = capsys.readouterr().err
     assert f"{ckpt / 'train.pt'}: written for a different model" in err
     assert "bert.embeddings.word_embeddings.weight has shape (128, 32) there, (128, 64) here" in err
-    assert sorted(p.name for p in ckpt.iterdir()) == before  # the checkpoint is left intact
     assert not (out / "final.pt").exists() and not no_partial_files(out)
 
     # The same model as an init checkpoint (plain weights) is refused alike.
@@ -131,8 +141,11 @@ def test_torn_checkpoint_file_is_named(tiny_data, tmp_path, capsys):  # noqa: F8
     ckpt = checkpoints(out)[-1]
     _truncate(ckpt / "train.pt")  # damage after the fact (the atomic write never leaves this)
     capsys.readouterr()
-    assert run(data, out) == 2
-    assert f"{ckpt / 'train.pt'}: cannot read checkpoint" in capsys.readouterr().err
+    assert run(data, out, "ckpt.resume=require") == 2  # its size and CRC-32 in meta.json refuse it
+    err = capsys.readouterr().err
+    assert f"{ckpt / 'train.pt'}: crc32 " in err and "damaged since it was written" in err, err
+    assert run(data, out) == 1  # auto: the newest checkpoint that verifies instead, saying so
+    assert f"warning: checkpoint {ckpt.name} does not verify: {ckpt / 'train.pt'}: crc32 " in capsys.readouterr().out
 
 
 def test_stratum_counts_not_summing_to_the_batch(tmp_path, capsys, tiny_data):  # noqa: F811
@@ -242,7 +255,7 @@ def test_a_read_that_hangs_ends_every_rank_naming_the_file(tiny_data, tmp_path, 
     learnt it at the same point (the eval set, which both read) or only through a collective
     that failed under it (a training shard one rank reads: bad input outranks the dead peer).
     Both exit 2; the MLPerf log ends with run_stop aborted; nothing is written."""
-    from test_resume import launch, rank_output, wait_all
+    from test_checkpoint import launch, rank_output, wait_all
 
     train_dir, eval_dir = _copy_data(tiny_data, tmp_path / "data")
     # the eval file both ranks read; the training shard rank 1 reads first (run.seed=12345)
@@ -271,7 +284,7 @@ def test_run_and_time_exits_2_for_a_shard_that_hangs_on_one_rank(tiny_data, tmp_
     import subprocess
 
     from conftest import PKG
-    from test_resume import _run_and_time_env
+    from test_checkpoint import _run_and_time_env
 
     train_dir, eval_dir = _copy_data(tiny_data, tmp_path / "data")
     _lost_sector(train_dir / "part_00000_of_00004.hdf5")

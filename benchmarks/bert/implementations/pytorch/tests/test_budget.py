@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from bert import budget, ladder
-from bert import sampler as smp
+from bert import budget, loader
 from bert.attention import build_attention
 from bert.config import ConfigError, ModelConfig, build_config, parse_budgets
 from bert.trainer import train_layout
-from bert.data import IGNORE_INDEX, collate
+from bert.batches import collate
+from bert.model import IGNORE_INDEX
 from bert.model import BertForPreTraining, pretraining_loss
 from bert.shards import Sample
 
@@ -174,15 +174,15 @@ def test_budgets_need_the_unpadded_layout():
 
 def test_optimal_ladder_equals_brute_force():
     rng = np.random.default_rng(0)
-    top = 10 * ladder.ALIGN
+    top = 10 * budget.ALIGN
     pmf = rng.random(top + 1) ** 4
     pmf /= pmf.sum()
-    grid = list(range(ladder.ALIGN, top, ladder.ALIGN))
+    grid = list(range(budget.ALIGN, top, budget.ALIGN))
     for k in (1, 2, 3, 4):
-        best = min(ladder.expected_padding(pmf, (*c, top)) for c in itertools.combinations(grid, k - 1))
-        got = ladder.optimal_ladder(pmf, top, k)
+        best = min(budget.expected_padding(pmf, (*c, top)) for c in itertools.combinations(grid, k - 1))
+        got = budget.optimal_ladder(pmf, top, k)
         assert len(got) == k and got[-1] == top
-        assert ladder.expected_padding(pmf, got) == pytest.approx(best, rel=1e-9), (k, got, best)
+        assert budget.expected_padding(pmf, got) == pytest.approx(best, rel=1e-9), (k, got, best)
 
 
 def test_auto_ladder_rule():
@@ -193,20 +193,20 @@ def test_auto_ladder_rule():
     for name, cfg in (("random", rand), ("stratified", strat)):
         lay = train_layout(cfg, 8)
         rungs = lay.rungs
-        assert 1 < len(rungs) <= ladder.MAX_RUNGS and rungs[-1] == 16 * 512
-        assert list(rungs) == sorted(set(rungs)) and all(r % ladder.ALIGN == 0 for r in rungs)
+        assert 1 < len(rungs) <= budget.MAX_RUNGS and rungs[-1] == 16 * 512
+        assert list(rungs) == sorted(set(rungs)) and all(r % budget.ALIGN == 0 for r in rungs)
         assert train_layout(cfg, 8) == lay  # a pure function of the config
-        pmf = ladder.token_pmf(cfg.sampler, 512, 16, 8, cfg.model.hidden_size)
-        out[name] = ladder.expected_padding(pmf, rungs)
+        pmf = budget.token_pmf(cfg.sampler, 512, 16, 8, cfg.model.hidden_size)
+        out[name] = budget.expected_padding(pmf, rungs)
         # one more rung would save less than MIN_GAIN (or the cap is reached)
-        if len(rungs) < ladder.MAX_RUNGS:
-            more = ladder.ladder(pmf, 16 * 512, len(rungs) + 1)
-            assert out[name] - ladder.expected_padding(pmf, more) < ladder.MIN_GAIN
+        if len(rungs) < budget.MAX_RUNGS:
+            more = budget.ladder(pmf, 16 * 512, len(rungs) + 1)
+            assert out[name] - budget.expected_padding(pmf, more) < budget.MIN_GAIN
     # the stratified sampler keeps a rank's tokens near the mean: less padding, fewer rungs
     assert out["stratified"] < out["random"] < 0.08
     # the exact random pmf: the mean of T is 16 x the histogram's mean length
-    pmf = ladder.token_pmf(rand.sampler, 512, 16, 8, rand.model.hidden_size)
-    lengths = ladder.length_pmf(512)
+    pmf = budget.token_pmf(rand.sampler, 512, 16, 8, rand.model.hidden_size)
+    lengths = budget.length_pmf(512)
     assert (pmf * np.arange(len(pmf))).sum() == pytest.approx(16 * (lengths * np.arange(513)).sum(), rel=1e-9)
 
 
@@ -215,7 +215,7 @@ def test_auto_ladder_assumes_as_many_strata_as_the_counts():
     cfg = build_config({"data.token_budgets": "auto", "run.local_batch_size": 16, "run.division": "open",
                         "optim.name": "adam", "sampler.mode": "stratified", "sampler.counts": "8,4,4"})
     rungs = train_layout(cfg, 8).rungs
-    assert rungs[-1] == 16 * 512 and len(rungs) <= ladder.MAX_RUNGS
+    assert rungs[-1] == 16 * 512 and len(rungs) <= budget.MAX_RUNGS
 
 
 def test_ladder_tool_measures_what_the_run_builds():
@@ -232,7 +232,7 @@ def test_ladder_tool_measures_what_the_run_builds():
     assert 0.4 < r["masked_real_mean"] / r["masked_slots"] < 0.6
     # the FLOP shares against bench/flops.py's count of sampled batches (an independent sum)
     rng = np.random.default_rng(0)
-    pmf = ladder.length_pmf(512)
+    pmf = budget.length_pmf(512)
     useful = np.mean([train_flops(useful_forward_flops(LARGE, list(ls), int(sum(min(76, max(1, round(0.15 * n)))
                                                                                 for n in ls))))
                       for ls in rng.choice(513, size=(400, 16), p=pmf)])
@@ -251,7 +251,7 @@ def _demo_cfg(demo_data, **extra):
 
 
 def _loader(cfg, rank, world, layout=None):
-    return smp.train_batches(cfg.data, cfg.sampler, cfg.model, cfg.run.local_batch_size, cfg.run.seed, rank, world,
+    return loader.train_batches(cfg.data, cfg.sampler, cfg.model, cfg.run.local_batch_size, cfg.run.seed, rank, world,
                              layout)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bert import train
-from bert.checkpoint import tf_tensor_names
+from bert.weights import tf_tensor_names
 from bert.config import ModelConfig
 from conftest import mllog_events, run_checker
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from bert.config import ModelConfig
-from bert.data import EvalSet, TrainLoader
+from bert.loader import EvalSet, TrainLoader
 from bert.model import BertForPreTraining, pretraining_loss
 from bert.shards import list_shards, read_shard
 from input_preprocessing.common import PrepError

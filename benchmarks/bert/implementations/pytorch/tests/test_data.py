@@ -1,4 +1,4 @@
-"""bert.shards, bert.data and bert.demo_data: shard formats, collation, rank splits, demo data quality.
+"""bert.shards, bert.loader and bert.demo_data: shard formats, collation, rank splits, demo data quality.
 
 Shards for the format tests are written here with raw h5py, following NVIDIA's layout,
 so the reader is checked against the format and not only against our own writer.
@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from bert import demo_data
-from bert.data import EvalSet, RandomShardOrder, TrainLoader, collate
-from bert.sampler import eval_batches
+from bert.batches import collate
+from bert.loader import EvalSet, RandomShardOrder, TrainLoader, eval_batches
 from bert.shards import DataError, Sample, Shard, list_shards, read_shard, shard_size, write_shard
 
 S, P = 32, 6  # sequence length and prediction slots of the hand-made shards
@@ -455,7 +455,7 @@ def test_watchdog_bounds_a_read_and_says_so_without_waiting(tmp_path):
 def test_a_failed_read_ahead_of_the_loop_stops_every_rank_at_the_poll(tmp_path):
     """The checkpoint poll carries a flag for a shard read that failed or overran ahead of the
     loop (TrainLoader.failure): every rank raises the same DataError there, naming the rank."""
-    from bert import resume
+    from bert import checkpoint
     from bert.config import CheckpointConfig
 
     class State:
@@ -466,8 +466,8 @@ def test_a_failed_read_ahead_of_the_loop_stops_every_rank_at_the_poll(tmp_path):
         def failure(self):
             return "/d/part_3.hdf5: reading took longer"
 
-    ckpt = resume.Checkpointer(CheckpointConfig(poll_steps=10), tmp_path, 0, 1, torch.device("cpu"), 16,
-                               resume.StopFlag())
+    ckpt = checkpoint.Checkpointer(CheckpointConfig(poll_steps=10), tmp_path, 0, 1, torch.device("cpu"), 16,
+                               checkpoint.StopFlag())
     with pytest.raises(DataError, match=r"^/d/part_3\.hdf5: reading took longer \(on rank 0\)$"):
         ckpt.at_boundary(None, State(), Stream())
     State.step = 9  # no poll: nothing asked

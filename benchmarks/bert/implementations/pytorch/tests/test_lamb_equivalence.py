@@ -23,7 +23,7 @@ import re
 import pytest
 import torch
 
-from bert.checkpoint import TIED, name_map
+from bert.weights import TIED, name_map
 from bert.config import GradSyncConfig, ModelConfig, OptimConfig
 from bert.grad_sync import build as build_grad_sync
 from bert.model import BertForPreTraining

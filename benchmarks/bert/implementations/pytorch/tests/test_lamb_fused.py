@@ -176,7 +176,7 @@ def _checkpoint(variant, steps):
                                       ("compiled", "plain"), ("plain", "compiled"),
                                       ("capturable", "capturable")])
 def test_checkpoint_loads_across_variants(src, dst):
-    """A checkpoint written by one variant resumes in another (bert/resume.py's order:
+    """A checkpoint written by one variant resumes in another (bert/checkpoint.py's order:
     model, optimizer, scheduler) and continues as an uninterrupted plain run; a capturable
     optimizer that already holds state loads into the same tensors (a captured graph's
     addresses stay valid)."""

@@ -1,7 +1,7 @@
 """bert.sampler: strata counts, deals, packing, coverage / determinism / resume of every mode,
 reading by id, the strata manifest, and the model's packed path against the padded one.
 
-Stratified datasets are written here with ``bert.data.write_shard`` in the layout of issue
+Stratified datasets are written here with ``bert.shards.write_shard`` in the layout of issue
 3's ``stratify`` step (one directory per stratum, manifest.json, length_index.npz).
 """
 
@@ -18,7 +18,8 @@ import torch
 from bert import sampler as smp
 from bert.attention import build_attention, varlen_via_padded
 from bert.config import ConfigError, ModelConfig, SamplerConfig, build_config
-from bert.data import collate
+from bert import batches, loader
+from bert.batches import collate
 from bert.model import BertForPreTraining
 from bert.shards import Sample, Shard, read_shard, write_shard
 from conftest import end_worker, free_port
@@ -127,7 +128,7 @@ def test_snake_order_and_greedy_beats_it():
 
 def test_pack_ffd_respects_capacity_and_count():
     lengths = np.random.default_rng(2).integers(1, 513, size=200)
-    rows = smp.pack_ffd(lengths, 512, 3)
+    rows = batches.pack_ffd(lengths, 512, 3)
     assert sorted(i for r in rows for i in r) == list(range(200))
     assert all(len(r) <= 3 and lengths[r].sum() <= 512 for r in rows)
     assert len(rows) < 200
@@ -278,7 +279,7 @@ def _cfg(root, **sampler):
 
 
 def _loader(cfg, rank, world):
-    return smp.train_batches(cfg.data, cfg.sampler, cfg.model, cfg.run.local_batch_size, cfg.run.seed, rank, world)
+    return loader.train_batches(cfg.data, cfg.sampler, cfg.model, cfg.run.local_batch_size, cfg.run.seed, rank, world)
 
 
 def test_loader_resumes_mid_epoch(strata_dir):
@@ -299,7 +300,7 @@ def test_loader_resumes_mid_epoch(strata_dir):
 
 
 def test_train_batches_picks_the_closed_loader(demo_data):
-    from bert.data import TrainLoader
+    from bert.loader import TrainLoader
 
     cfg = build_config({"data.train_dir": str(demo_data.train), "data.max_seq_length": 128,
                         "model.max_position_embeddings": 128, "data.max_predictions_per_seq": 20, "run.seed": 1})
@@ -363,7 +364,7 @@ def test_packed_and_unpadded_equal_padded(backend):
     torch.manual_seed(0)
     model = BertForPreTraining(dataclasses.replace(TINY, attention_backend=backend)).eval()
     padded = collate(samples, False, S)
-    packed = smp.collate_packed(samples, S)
+    packed = batches.collate_packed(samples, S)
     assert packed["input_ids"].shape[0] < len(samples)  # several sequences share rows
     unpadded = collate(samples, True, S)
     with torch.no_grad():
@@ -381,7 +382,7 @@ def test_packed_model_dispatch_and_config():
     cfg = dataclasses.replace(TINY, unpad=False, pack=True)
     model = BertForPreTraining(cfg).eval()
     rng = np.random.default_rng(8)
-    batch = smp.collate_packed([make_sample(i, 10, rng) for i in range(3)], S)
+    batch = batches.collate_packed([make_sample(i, 10, rng) for i in range(3)], S)
     mlm, nsp = model(**{k: v for k, v in batch.items() if k not in ("mlm_labels", "nsp_labels")})
     assert nsp.shape == (3, 2) and mlm.shape[0] == len(batch["mlm_labels"])
     with pytest.raises(ConfigError, match="model.pack"):

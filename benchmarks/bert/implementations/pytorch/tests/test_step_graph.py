@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from bert import evaluate, rng, sampler, step_graph, train
+from bert import evaluate, loader, rng, step_graph, train
 from bert.config import ConfigError, build_config, check_cuda_graphs, parse_overrides
 from bert.optim import build_optimizer, build_scheduler
 from bert.distributed import DistEnv
@@ -56,7 +56,7 @@ def _weights(learner):
 
 def _batches(cfg, counts, seed=5):
     d, m = cfg.data, cfg.model
-    collate = sampler.batch_collate(m.unpad, m.pack, d.max_seq_length)
+    collate = loader.batch_collate(m.unpad, m.pack, d.max_seq_length)
     return step_graph.synthetic_batches(collate, counts, cfg.run.local_batch_size, d.max_seq_length,
                                         d.max_predictions_per_seq, m.vocab_size, seed=seed)
 
@@ -307,12 +307,12 @@ def test_no_compile_after_the_warm_ups_for_budgets_graphs_and_eval(demo_data, tm
                                     t.eval_counts)
     assert frames() == f1 + 1
     assert "was not captured" not in caplog.text
-    exact = sampler.eval_batches(data_eval_set(cfg), 16, True, False, cfg.data.max_seq_length)
+    exact = loader.eval_batches(data_eval_set(cfg), 16, True, False, cfg.data.max_seq_length)
     assert evaluate.mlm_accuracy(real.model, exact, real.device, real.precision.eval_autocast) == acc
 
 
 def data_eval_set(cfg):
-    from bert.data import EvalSet
+    from bert.loader import EvalSet
 
     return EvalSet(cfg.data.eval_dir, 0, 1, cfg.data.eval_samples, cfg.data.max_seq_length)
 
@@ -324,15 +324,15 @@ def test_pinned_batches_for_training_and_eval(demo_data, tmp_path, monkeypatch):
     pinned = []
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda t: pinned.append(t) or t.clone())
     cfg = _cfg(demo_data, tmp_path, "data.token_budgets=auto", "eval.batch_size=16", "data.eval_samples=50")
-    loader = sampler.train_batches(cfg.data, cfg.sampler, cfg.model, cfg.run.local_batch_size, cfg.run.seed, 0, 1,
-                                   train_layout(cfg, 1), pin=True)
-    batch = next(loader)
-    loader.close()
+    training = loader.train_batches(cfg.data, cfg.sampler, cfg.model, cfg.run.local_batch_size, cfg.run.seed, 0, 1,
+                                    train_layout(cfg, 1), pin=True)
+    batch = next(training)
+    training.close()
     assert len(pinned) == sum(torch.is_tensor(v) for v in batch.values()) > 0
     pinned.clear()
-    evals = sampler.eval_batches(data_eval_set(cfg), 16, True, False, cfg.data.max_seq_length,
-                                 eval_layout(cfg), pin=True)
+    evals = loader.eval_batches(data_eval_set(cfg), 16, True, False, cfg.data.max_seq_length,
+                                eval_layout(cfg), pin=True)
     assert len(pinned) == sum(torch.is_tensor(v) for b in evals for v in b.values())
     pinned.clear()
-    sampler.eval_batches(data_eval_set(cfg), 16, True, False, cfg.data.max_seq_length)
+    loader.eval_batches(data_eval_set(cfg), 16, True, False, cfg.data.max_seq_length)
     assert not pinned

@@ -1,6 +1,6 @@
 """Holds for fault tests, injected into the real trainer from outside: every Python process
 started with this directory on PYTHONPATH imports this module first (site.py's
-``sitecustomize``), and where ``BERT_TEST_HOLD`` is set it wraps a few of bert.resume's
+``sitecustomize``), and where ``BERT_TEST_HOLD`` is set it wraps a few of bert.checkpoint's
 functions as soon as that module is imported. Nothing else changes, so the trainer runs as
 the launchers start it (directly, under torchrun, under srun in a SLURM job).
 
@@ -44,7 +44,7 @@ from pathlib import Path
 SPEC, HELD_DIR = os.environ.get("BERT_TEST_HOLD", ""), os.environ.get("BERT_TEST_HELD_DIR", "")
 
 
-def _install(resume, where: str, rank: str, step: int, until: str, held_dir: Path, only: str) -> None:
+def _install(checkpoint, where: str, rank: str, step: int, until: str, held_dir: Path, only: str) -> None:
     from bert import distributed, storage
 
     me = distributed.launch_rank()
@@ -65,7 +65,7 @@ def _install(resume, where: str, rank: str, step: int, until: str, held_dir: Pat
             time.sleep(0.01)
 
     if where == "poison":
-        at_boundary = resume.Checkpointer.at_boundary
+        at_boundary = checkpoint.Checkpointer.at_boundary
 
         def poisoned_boundary(self, learner, state, *rest):
             if state.step == step:
@@ -75,18 +75,18 @@ def _install(resume, where: str, rank: str, step: int, until: str, held_dir: Pat
                     next(learner.model.parameters()).fill_(float("nan"))
             return at_boundary(self, learner, state, *rest)
 
-        resume.Checkpointer.at_boundary = poisoned_boundary
+        checkpoint.Checkpointer.at_boundary = poisoned_boundary
     elif where == "boundary":
-        at_boundary = resume.Checkpointer.at_boundary
+        at_boundary = checkpoint.Checkpointer.at_boundary
 
         def held_boundary(self, learner, state, *rest):
             if state.step == step:
                 hold(self.stop)
             return at_boundary(self, learner, state, *rest)
 
-        resume.Checkpointer.at_boundary = held_boundary
+        checkpoint.Checkpointer.at_boundary = held_boundary
     elif where == "checkpoint":
-        save = resume.Checkpointer.save
+        save = checkpoint.Checkpointer.save
 
         def held_save(self, learner, state, *rest):
             path = save(self, learner, state, *rest)
@@ -94,7 +94,7 @@ def _install(resume, where: str, rank: str, step: int, until: str, held_dir: Pat
                 hold(self.stop)
             return path
 
-        resume.Checkpointer.save = held_save
+        checkpoint.Checkpointer.save = held_save
     elif where == "writing":
         save_torch = storage.save_torch
 
@@ -109,11 +109,11 @@ def _install(resume, where: str, rank: str, step: int, until: str, held_dir: Pat
         raise SystemExit(f"BERT_TEST_HOLD: unknown hold point {where!r}")
 
 
-class _AfterResume(importlib.abc.MetaPathFinder):
-    """Finds bert.resume as usual, and installs the holds once it has been executed."""
+class _AfterCheckpoint(importlib.abc.MetaPathFinder):
+    """Finds bert.checkpoint as usual, and installs the holds once it has been executed."""
 
     def find_spec(self, name, path, target=None):
-        if name != "bert.resume":
+        if name != "bert.checkpoint":
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)
@@ -131,4 +131,4 @@ class _AfterResume(importlib.abc.MetaPathFinder):
 
 
 if SPEC:
-    sys.meta_path.insert(0, _AfterResume())
+    sys.meta_path.insert(0, _AfterCheckpoint())

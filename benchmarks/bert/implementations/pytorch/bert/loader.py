@@ -1,102 +1,31 @@
-"""Training and eval data: shards (bert/shards.py) -> collated batches of torch tensors.
+"""What a run reads: the training batch iterator and the eval set, chosen once from the
+data, sampler and model sections (``train_batches``, ``EvalSet``, ``eval_batches``).
 
-``collate`` decides the batch layout of a list of samples:
-
-* padded (``unpad=False``): [B, max_seq_length] tensors plus ``attention_mask``, labels
-  [B, S] with -100 everywhere but the masked positions (Hugging Face's convention);
-* unpadded (``unpad=True``): the batch's real tokens packed into [T] with ``cu_seqlens``,
-  ``position_ids`` and ``masked_index`` (where each prediction sits in the packed tokens).
+Shards (bert/shards.py) are read under a watchdog (bert/watchdog.py), checked against the
+directory's md5 manifest (bert/integrity.py) and the model's bounds, and collated into
+batches (bert/batches.py; static token budgets: bert/budget.py).
 
 Sampling is kept apart from reading: ``RandomShardOrder`` says which shards a rank reads in
 an epoch and in which order it takes their samples; ``SampleStream`` reads what the policy
 names; ``TrainLoader`` only cuts the stream into batches. A different policy (stratified
-sampling, ``bert/sampler.py``) replaces the first piece and reuses the other two.
+sampling, ``bert/sampler.py``) replaces the first piece and reuses the other two;
+its id-based ``IndexLoader`` serves every mode but the closed division's.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import numpy as np
-import torch
 
 from . import watchdog
 from .integrity import Manifest
-from .model import IGNORE_INDEX
-from .shards import (SHARD_SUFFIXES, Bounds, DataError, Sample, Shard, list_shards, read_shard, row_offsets,
-                     shard_size)
-
-LABEL_KEYS = ("mlm_labels", "nsp_labels")  # what collate adds to the model's keyword arguments
-
-
-# ---------------------------------------------------------------- batches
-
-
-def collate(samples: Sequence[Sample], unpad: bool, max_seq_length: int) -> dict[str, Any]:
-    """Stack samples into the model's keyword arguments plus ``mlm_labels``/``nsp_labels``.
-
-    Padded: ``input_ids``, ``token_type_ids``, ``attention_mask``, ``mlm_labels`` [B, S]
-    (S = ``max_seq_length``), ``nsp_labels`` [B]. Unpadded: ``input_ids``,
-    ``token_type_ids``, ``position_ids`` [T]; ``cu_seqlens`` int32 [B+1]; ``max_seqlen``
-    (int, this batch's longest sample); ``masked_index`` [M] into the T packed tokens;
-    ``mlm_labels`` [M]; ``nsp_labels`` [B]. All integer tensors are int64 except
-    ``cu_seqlens``. CPU tensors; moving (and pinning) is the caller's choice.
-    """
-    b = len(samples)
-    if b == 0:
-        raise ValueError("collate: empty batch")
-    lengths = np.fromiter((len(s.input_ids) for s in samples), dtype=np.int64, count=b)
-    if lengths.max() > max_seq_length:
-        i = int(np.argmax(lengths))
-        raise ValueError(f"collate: sample {i} of the batch has {int(lengths[i])} tokens > "
-                         f"max_seq_length {max_seq_length}")
-    n_pred = np.fromiter((len(s.masked_positions) for s in samples), dtype=np.int64, count=b)
-    tokens = np.concatenate([s.input_ids for s in samples]).astype(np.int64)
-    segments = np.concatenate([s.segment_ids for s in samples]).astype(np.int64)
-    positions = np.concatenate([s.masked_positions for s in samples]).astype(np.int64)
-    labels = np.concatenate([s.masked_ids for s in samples]).astype(np.int64)
-    nsp = torch.tensor([s.nsp_label for s in samples], dtype=torch.int64)
-    row_of_pred = np.repeat(np.arange(b), n_pred)
-
-    if unpad:
-        cu = row_offsets(lengths)
-        starts = cu[:-1]
-        return {
-            "input_ids": torch.from_numpy(tokens),
-            "token_type_ids": torch.from_numpy(segments),
-            "position_ids": torch.from_numpy(np.arange(cu[-1]) - np.repeat(starts, lengths)),
-            "cu_seqlens": torch.from_numpy(cu.astype(np.int32)),
-            "max_seqlen": int(lengths.max()),
-            "masked_index": torch.from_numpy(positions + starts[row_of_pred]),
-            "mlm_labels": torch.from_numpy(labels),
-            "nsp_labels": nsp,
-        }
-    mask = np.arange(max_seq_length)[None, :] < lengths[:, None]
-    input_ids = np.zeros((b, max_seq_length), dtype=np.int64)
-    input_ids[mask] = tokens  # row-major boolean assignment fills each row's prefix in order
-    token_type_ids = np.zeros((b, max_seq_length), dtype=np.int64)
-    token_type_ids[mask] = segments
-    mlm_labels = np.full((b, max_seq_length), IGNORE_INDEX, dtype=np.int64)
-    mlm_labels[row_of_pred, positions] = labels
-    return {
-        "input_ids": torch.from_numpy(input_ids),
-        "token_type_ids": torch.from_numpy(token_type_ids),
-        "attention_mask": torch.from_numpy(mask.astype(np.int64)),
-        "mlm_labels": torch.from_numpy(mlm_labels),
-        "nsp_labels": nsp,
-    }
-
-
-def to_device(batch: dict, device: torch.device) -> dict:
-    # non_blocking: overlaps the host-to-device copy with compute on GPU (from pinned
-    # memory); free on CPU.
-    return {k: (v.to(device, non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}
-
-
-def split_labels(batch: dict) -> tuple[dict, dict]:
-    """(the model's keyword arguments, the labels)."""
-    return {k: v for k, v in batch.items() if k not in LABEL_KEYS}, {k: batch[k] for k in LABEL_KEYS}
+from .batches import collate, collate_packed, pinned
+from .budget import BudgetCollate, Layout
+from .config import DataConfig, ModelConfig, SamplerConfig
+from .sampler import IdReader, IndexLoader, LengthIndex, build_sampler
+from .shards import SHARD_SUFFIXES, Bounds, DataError, Sample, Shard, list_shards, read_shard, shard_size
 
 
 # ---------------------------------------------------------------- sampling policy
@@ -270,7 +199,7 @@ class TrainLoader:
         return collate(batch, self.unpad, self.max_seq_length)
 
     def failure(self) -> str | None:
-        """A shard read that failed or overran ahead of the loop (bert.resume's poll asks)."""
+        """A shard read that failed or overran ahead of the loop (bert.checkpoint's poll asks)."""
         return self.stream.failure()
 
     def state_dict(self) -> dict[str, int]:
@@ -358,3 +287,59 @@ class EvalSet:
 
     def __len__(self) -> int:
         return len(self.shard)
+
+
+# ---------------------------------------------------------------- what the trainer builds
+
+
+def batch_collate(unpad: bool, pack: bool, max_seq_length: int, budget: Layout | None = None, *,
+                  samples: int | None = None, pin: bool = False) -> Callable[[Sequence[Sample]], dict]:
+    """The collate of the model's layout, chosen once: packed rows, unpadded (padded to a
+    static token budget when ``budget``, a ``bert.budget.Layout``, is given; with
+    ``samples``, short batches filled up to that many samples), or padded. ``pin``: the
+    batches come in pinned host memory (``pinned``; for a CUDA device)."""
+    if budget is not None:
+        fn: Callable[[Sequence[Sample]], dict] = BudgetCollate(budget, samples)
+    elif pack:
+        fn = lambda b: collate_packed(b, max_seq_length)  # noqa: E731
+    else:
+        fn = lambda b: collate(b, unpad, max_seq_length)  # noqa: E731
+    return (lambda b: pinned(fn(b))) if pin else fn
+
+
+def train_batches(d: DataConfig, sm: SamplerConfig, m: ModelConfig, local_batch: int, seed: int, rank: int,
+                  world_size: int, budget: Layout | None = None, pin: bool = False,
+                  read_timeout_s: float = 60.0) -> Any:
+    """The training batch iterator of ``local_batch`` samples per rank, chosen once from the
+    data, sampler and model sections; ``budget`` is the static token budget layout
+    (``bert.ladder.layout_for``; None when data.token_budgets is off); ``read_timeout_s``
+    the seconds a shard may take to read (``config.read_timeout_s``).
+
+    Closed-division sampling (random, no deal) on a plain directory keeps
+    ``bert.data.TrainLoader`` (each rank reads its own shards). Everything else -- a strata
+    manifest, a deal, packed rows -- goes through the id-based ``IndexLoader``; its
+    ``random`` is a uniform permutation of all samples per epoch. ``pin``: batches in pinned
+    host memory (a CUDA run).
+    """
+    # Static token budgets (data.token_budgets): training batches only; eval stays exact.
+    fn = batch_collate(m.unpad, m.pack, d.max_seq_length, budget, pin=pin)
+    stratified_dir = (Path(d.train_dir) / "manifest.json").exists() if d.train_dir else False
+    if sm.mode == "random" and sm.deal == "none" and not stratified_dir and not m.pack:
+        return TrainLoader(d.train_dir, rank, world_size, local_batch, seed, m.unpad, d.max_seq_length,
+                           collate_fn=fn, bounds=Bounds(m.vocab_size, m.type_vocab_size), verify_md5=d.verify_md5,
+                           read_timeout_s=read_timeout_s)
+    index = LengthIndex.from_dir(d.train_dir)
+    sampler = build_sampler(sm, index, rank, world_size, local_batch, seed, d.max_seq_length, m.hidden_size)
+    return IndexLoader(sampler, IdReader(index), fn, gather=sm.lengths == "gather")
+
+
+def eval_batches(eval_set: Any, batch_size: int, unpad: bool, pack: bool, max_seq_length: int,
+                 layout: Any = None, pin: bool = False) -> list[dict]:
+    """The eval set's batches in the model's layout (collated once at start-up); with
+    ``layout`` (``bert.ladder.eval_layout_for``) each padded to a static token budget and the
+    last one filled up to ``batch_size`` samples, so every batch has a captured shape."""
+    fn = batch_collate(unpad, pack, max_seq_length, layout, samples=batch_size if layout is not None else None,
+                       pin=pin)
+    shard = eval_set.shard
+    return [fn([shard[i] for i in range(a, min(a + batch_size, len(shard)))])
+            for a in range(0, len(shard), batch_size)]
