@@ -22,7 +22,7 @@ class ExitStatus(enum.IntEnum):
         return _MEANING[self]
 
 
-# The README's table says the same, word for word (tests/test_exit_status.py).
+# The README's table says the same, word for word (tests/unit/test_exit_status.py).
 _MEANING = {
     ExitStatus.SUCCESS: "target reached (`run_stop` `success`); `run.mode=pretrain`: the phase ran to its last step",
     ExitStatus.NOT_CONVERGED: "sample limit reached first (`run_stop` `aborted`)",
