@@ -1,19 +1,5 @@
-"""The documentation holds: every relative link and anchor of every Markdown file resolves,
-and every command block a reader may paste is tested.
-
-Each command block (``bash``, ``sh``, ``python``, ... fences; ``text`` shows output) of the
-README, ``docs/`` and the root README is claimed by exactly one entry of ``BLOCKS``, keyed
-by (page, the heading above it, the start of its first line):
-
-- ``RUN``: this module runs it, with the substitutions its test lists (cheap commands);
-- the README's "Quick start on a cluster": tests/integration/test_launchers.py runs every block of that
-  section as written (its QUICK_START_CHANGES);
-- ``Covered(test, needles, why)``: a block that needs what a test cannot have here as
-  written (GPUs, pyxis, a user's paths, minutes of benchmark) is run in its tested form by
-  ``test``, which must exist and must name each of ``needles`` (the scripts the block calls).
-
-A new command block without an entry fails, and so does an entry no block matches.
-"""
+"""The documentation holds: the integration tier's (the links of every tracked page, the
+blocks that run tools); tests/unit/test_docs.py has the rest and says what the file covers."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""bert.optim's graph-safe LAMB variants: ``Lamb(capturable=True)`` (step counts
-and lr on the device) and ``optim.impl=compiled`` (the same update under torch.compile),
-against the plain foreach ``Lamb`` that tests/unit/test_optim.py checks against a per-tensor
-oracle, with the project's own LambdaLR schedule; checkpoints across the variants; no
-recompile per step; and, for the capturable step, no host read and no host value that
-changes between steps (what a captured CUDA graph would bake in).
-
-On the CPU the compiled variant runs with the "aot_eager" backend (the same Dynamo graph,
-functionalized by AOTAutograd, without inductor's C++ build), plus one small inductor case.
-"""
+"""bert.optim's graph-safe LAMB variants: the tests that start processes (peers, launchers,
+tools); tests/unit/test_lamb_fused.py has the rest and says what the file covers."""
 
 from __future__ import annotations
 
@@ -19,16 +11,7 @@ import pytest
 import torch
 
 from bert.optim import Lamb
-
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    """Dynamo's cache lives on the code object, shared by every compiled Lamb: start each
-    test from an empty one so its compile count is its own."""
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
-    yield
-    torch._dynamo.reset()
+from lamb_fused_helpers import fresh_dynamo  # noqa: F401 - an autouse fixture
 
 
 def _cxx_problem() -> str | None:

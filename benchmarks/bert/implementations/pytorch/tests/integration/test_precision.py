@@ -1,12 +1,6 @@
-"""Mixed precision (bert.precision) through the real training step: bf16 and fp16 autocast,
-fp16 dynamic loss scaling (skip + backoff on inf/nan, growth on schedule), fp32 master
-weights and optimizer state, evaluation precision, the resolved settings in the log, a
-bf16 run of the demo model from scratch to the demo target, and the torch.compile option.
-
-Oracles: torch.amp.GradScaler's documented rules (backoff on a non-finite step, growth
-after growth_interval finite ones), fp32 arithmetic for the bf16 loss, and the MLCommons
-compliance checker for the log.
-"""
+"""Mixed precision (bert.precision) through the real training step: the integration tier's
+(processes started, or long); tests/unit/test_precision.py has the rest and says what the
+file covers."""
 
 from __future__ import annotations
 
@@ -17,17 +11,7 @@ from bert import train
 from bert.evaluate import mlm_accuracy
 from bert.trainer import Trainer
 from conftest import mllog_events, run_checker
-from precision_helpers import _parts
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread, restored after: these tiny models gain little from a second
-    thread, and on a shared machine spinning threads cost more than they give."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+from precision_helpers import _parts, one_thread  # noqa: F401 - one_thread: an autouse fixture
 
 
 def _linear_dtypes(p: Trainer, run) -> set[torch.dtype]:

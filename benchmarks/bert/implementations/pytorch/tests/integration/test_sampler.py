@@ -1,9 +1,5 @@
-"""bert.sampler: strata counts, deals, packing, coverage / determinism / resume of every mode,
-reading by id, the strata manifest, and the model's packed path against the padded one.
-
-Stratified datasets are written here with ``bert.shards.write_shard`` in the layout of issue
-3's ``stratify`` step (one directory per stratum, manifest.json, length_index.npz).
-"""
+"""bert.sampler: the integration tier's (processes started, or long);
+tests/unit/test_sampler.py has the rest and says what the file covers."""
 
 from __future__ import annotations
 

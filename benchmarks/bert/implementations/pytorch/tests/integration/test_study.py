@@ -1,9 +1,5 @@
-"""tools/study.py and tools/study_report.py: the plan and its scaling rules, the statistics
-against cases with known answers, the token imbalance against the sampler's own ids, a work
-directory that refuses other data, and ``--quick`` end to end (2 recipes x 2 seeds and 2
-scaling points through run_and_time.sh), stopped by SIGTERM after its first run and
-continued by the same command; what it reports is checked against the runs' MLPerf logs.
-None of it asserts on the science."""
+"""tools/study.py and tools/study_report.py: the tests that start processes (peers, launchers,
+tools); tests/unit/test_study.py has the rest and says what the file covers."""
 
 from __future__ import annotations
 

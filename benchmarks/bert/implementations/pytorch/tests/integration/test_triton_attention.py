@@ -1,11 +1,6 @@
-"""bert/triton_attention.py (the "triton" attention backend) against ``MathAttention``.
-
-The kernels run in Triton's CPU interpreter (set up by conftest.py through
-tests/support/triton_interpret.py, before anything imports triton). The interpreter executes each
-program of the grid in Python, so the shapes here are small; the block sizes are shrunk to
-16 where a test needs several blocks per sequence. The backend is built directly
-(``TritonVarlenAttention``): ``build_attention`` refuses it on a CPU.
-"""
+"""bert/triton_attention.py (the "triton" attention backend) against ``MathAttention``: the
+tests that start processes (peers, launchers, tools); tests/unit/test_triton_attention.py
+has the rest and says what the file covers."""
 
 from __future__ import annotations
 
@@ -17,15 +12,11 @@ import pytest
 import torch
 
 from bert import triton_attention as ta
+import triton_interpret
 from conftest import PKG
 
 
-if not ta.AVAILABLE:
-    _WHY = "triton is not installed (pip install -c constraints.txt triton)"
-elif torch.cuda.is_available():
-    _WHY = "a CUDA machine: Triton stays compiled here; these tests use its CPU interpreter"
-else:
-    _WHY = "triton was imported in compiler mode before tests/conftest.py set up its interpreter"
+_WHY = triton_interpret.why_not_interpreted()  # the skip reason of the interpreter's tests
 
 
 def test_without_triton_the_module_imports_and_auto_skips_it():

@@ -1,17 +1,5 @@
-"""create and eval against the reference itself: Google's own ``create_pretraining_data.py``
-and ``tokenization.py`` (``bert-tensorflow`` 1.0.4, the algorithm of MLCommons' copies; loaded
-by ``bench/google_bert.py`` from ``.venv/oracle``, where ``make venv`` installs it).
-
-Every example our ``create`` writes (the fixed-layout hdf5 file, read back) is compared with
-every example the reference writes for the same part (``write_instance_to_example_files``,
-its writer kept in memory): token ids, input mask, segment ids, masked positions and ids,
-their weights, the next-sentence label, in order. The parts: generated text of mixed scripts
-with the characters the two tokenizers of the issue disagreed on (Greek capitals ending in
-sigma, line breaks other than "\n", controls, marks, private-use and unassigned code points,
-words of 100-250 characters); uncased and cased; the benchmark's flags. The tokenizer alone
-is compared on every code point in context; the eval pick on counts where float and integer
-arithmetic disagree; the vocab refusal against what the reference would do.
-"""
+"""create and eval against the reference itself: the integration tier's (processes started, or
+long); tests/unit/test_vs_reference.py has the rest and says what the file covers."""
 
 from __future__ import annotations
 

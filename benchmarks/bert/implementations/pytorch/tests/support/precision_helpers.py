@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from bert.config import build_config, parse_overrides
@@ -26,3 +27,13 @@ def _parts(demo_data, tmp_path, *extra, seed=0) -> Trainer:
     t = Trainer(cfg, SINGLE, torch.device("cpu"))
     t.open_data(timed=False)
     return t
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread, restored after: these tiny models gain little from a second
+    thread, and on a shared machine spinning threads cost more than they give."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -48,6 +48,19 @@ def setup() -> bool:
     return is_interpreted()
 
 
+def why_not_interpreted() -> str:
+    """Why our kernels do not run in the interpreter here (the skip reason of its tests)."""
+    import torch
+
+    from bert import triton_attention
+
+    if not triton_attention.AVAILABLE:
+        return "triton is not installed (pip install -c constraints.txt triton)"
+    if torch.cuda.is_available():
+        return "a CUDA machine: Triton stays compiled here; these tests use its CPU interpreter"
+    return "triton was imported in compiler mode before tests/conftest.py set up its interpreter"
+
+
 def is_interpreted() -> bool:
     """Whether triton's language functions and our kernels run in the interpreter here."""
     try:

@@ -132,7 +132,7 @@ def claim(block) -> object:
     hits = [v for (page, head, start), v in BLOCKS.items()
             if page == block.page and head == block.heading and block.first_line.startswith(start)]
     assert len(hits) == 1, (f"{block.page}:{block.line} ({block.heading!r}, {block.first_line!r}): "
-                            f"{'no' if not hits else len(hits)} entries of tests/{unit,integration}/test_docs.py BLOCKS claim it")
+                            f"{'no' if not hits else len(hits)} entries of tests/unit/test_docs.py BLOCKS claim it")
     return hits[0]
 
 

@@ -23,6 +23,7 @@ from bert import optim
 from bert.config import ConfigError, OptimConfig, build_config
 from bert.optim import Lamb, build_optimizer, build_scheduler, lr_at, param_groups
 from optim_helpers import make_model, set_grads
+from lamb_fused_helpers import fresh_dynamo  # noqa: F401 - an autouse fixture
 
 
 # A schedule that changes lr every step: warmup from a negative start, then decay.
@@ -38,16 +39,6 @@ VARIANTS = {  # name -> Lamb keyword arguments
     "capturable": {"capturable": True},
     "compiled": {"compile_backend": "aot_eager"},
 }
-
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    """Dynamo's cache lives on the code object, shared by every compiled Lamb: start each
-    test from an empty one so its compile count is its own."""
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
-    yield
-    torch._dynamo.reset()
 
 
 def set_grads_as(model, seed: int, none: tuple[str, ...] = ()) -> None:

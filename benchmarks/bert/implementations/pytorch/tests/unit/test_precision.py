@@ -23,17 +23,7 @@ from bert import train
 from bert.config import ConfigError, PrecisionConfig, build_config
 from bert.trainer import Trainer
 from conftest import mllog_events
-from precision_helpers import TINY, _demo, _parts
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread, restored after: these tiny models gain little from a second
-    thread, and on a shared machine spinning threads cost more than they give."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+from precision_helpers import TINY, _demo, _parts, one_thread  # noqa: F401 - one_thread: an autouse fixture
 
 
 def _snapshot(p: Trainer):

@@ -1,13 +1,6 @@
 """The open recipe exactly as published (Samsung's MLPerf v1.1/v2.0 open submission, config
-128x8x16x1; docs/published_recipe.md): its schedule step by step, its
-bucket layout and threshold, its reduction scaling, its precision variants, its values to
-the digit, and a scaled-down CPU run of the whole recipe that reaches the target.
-
-The oracles are written here from the published description, independently of bert/: the
-schedule as the published scheduler's own stepping (a state machine, not our closed form),
-DDP's bucket layout from torch's own bucket-assignment function (itself checked against a
-real DDP), torch's AdamW for the optimizer, the MLCommons checker for the log.
-"""
+128x8x16x1; docs/published_recipe.md): the in-process tests;
+tests/integration/test_published_recipe.py has the rest and says what the file covers."""
 
 from __future__ import annotations
 

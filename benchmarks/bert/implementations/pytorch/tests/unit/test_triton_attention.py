@@ -23,12 +23,7 @@ from bert.config import ModelConfig
 from bert.model import BertForPreTraining, pretraining_loss
 
 
-if not ta.AVAILABLE:
-    _WHY = "triton is not installed (pip install -c constraints.txt triton)"
-elif torch.cuda.is_available():
-    _WHY = "a CUDA machine: Triton stays compiled here; these tests use its CPU interpreter"
-else:
-    _WHY = "triton was imported in compiler mode before tests/conftest.py set up its interpreter"
+_WHY = triton_interpret.why_not_interpreted()  # the skip reason of the interpreter's tests
 
 
 needs_interpreter = pytest.mark.skipif(not triton_interpret.is_interpreted(), reason=_WHY)

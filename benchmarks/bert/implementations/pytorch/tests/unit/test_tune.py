@@ -1,15 +1,5 @@
-"""tools/tune.py and tools/tune.sub: an Optuna study over the demo model's learning rate and
-beta1 on the one-node SLURM cluster (2 trials at a time, hopeless trials pruned, a setting
-that reaches the target picked), a requeued worker's trial retried once and counted once,
-and the parts that need no training: the space file, a trial's environment, the objective,
-and the reaper that fails and retries the trials of dead workers.
-
-Every trial starts from the `trained` demo model (demo_run_env) with a raised target (0.77;
-the model starts at 0.74): a good rate reaches it at its first evaluation, 320 samples in,
-a far too small one stays at 0.74 until the pruner stops it. A trial trains on one rank
-(DGXNGPU=1, still through run_and_time.sh and torchrun): what is tested is the study around
-the runs, and a second rank would add a process (mostly torch's start-up) to each of its
-runs."""
+"""tools/tune.py and tools/tune.sub: the in-process tests; tests/integration/test_tune.py has
+the rest and says what the file covers."""
 
 from __future__ import annotations
 
