@@ -7,11 +7,11 @@ plus the GPU path end to end once: the prepared device run of issue 14.
     python bench/gpu_bert_large.py --table results/gpu.json              # the markdown table of a run
 
 **Cases are config overrides.** Each case is a dict of dotted keys applied with the trainer's
-own ``bert.config.build_config`` and built with the trainer's own ``bert.train.build_model``
-(model, precision, gradient sync with global-norm clip 1.0, ``bert.optim.build_optimizer``,
-schedule), then run with the trainer's own step: ``bert.train.prepare_step`` (warm-up on
-synthetic batches and, with ``run.cuda_graphs``, the captured step of bert/step_graph.py)
-where the tree has it, else ``bert.train.train_step``. A new speed feature is therefore a new
+own ``bert.config.build_config`` and built by the trainer itself (``bert.trainer.Trainer``:
+model, precision, gradient sync with global-norm clip 1.0, ``bert.optim.build_optimizer``,
+schedule), then run with the trainer's own step, prepared by ``Trainer.prepare`` (warm-up on
+synthetic batches and, with ``run.cuda_graphs``, the captured step of bert/step_graph.py). A
+new speed feature is therefore a new
 case, or ``--case NAME:key=value,...`` on the command line, never new code. A case whose key
 or value this tree does not know (``build_config`` raises ``ConfigError``), or that the
 trainer refuses at build time (``run.cuda_graphs`` or Triton attention on a CPU), is recorded as
@@ -62,6 +62,7 @@ import gc
 import importlib.metadata
 import importlib.util
 import json
+import logging
 import math
 import os
 import platform
@@ -83,7 +84,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common, flops  # noqa: E402
-from bert import sampler, train  # noqa: E402
+from bert import config_script, loader  # noqa: E402
+from bert.mlperf_log import read_events  # noqa: E402
+from bert.evaluate import mlm_accuracy  # noqa: E402
+from bert.trainer import Trainer, train_layout, train_step  # noqa: E402
 from bert.config import Config, ConfigError, ModelConfig, build_config  # noqa: E402
 from bert.distributed import DistEnv  # noqa: E402
 
@@ -304,28 +308,12 @@ def case_config(case: Case, args) -> tuple[Config, dict[str, str]]:
 
 
 def collate_for(cfg: Config) -> tuple[Callable[[list], dict], Any]:
-    """The trainer's training collate for ``cfg`` on one device, as ``bert.sampler.train_batches``
-    builds it: ``batch_collate(unpad, pack, max_seq_length, bert.ladder.layout_for(cfg, 1))``
-    (the static token budget's collate when ``data.token_budgets`` is set), and the budget
-    layout (None when off). A tree from before bert/ladder.py (2026-12-01) finds it in
-    bert/budget.py; one without either collates as before, and refuses a case that sets
-    ``data.token_budgets`` (ConfigError)."""
+    """The trainer's training collate for ``cfg`` on one device, as ``bert.loader.train_batches``
+    builds it (the static token budget's collate when ``data.token_budgets`` is set), and the
+    budget layout (``bert.trainer.train_layout``; None when off)."""
     m, d = cfg.model, cfg.data
-    try:  # imported here: the bench runs on older trees too (the baseline's checkout)
-        from bert.ladder import layout_for
-    except ImportError:
-        layout_for = None
-    if layout_for is None:
-        try:
-            from bert.budget import layout_for
-        except ImportError:
-            layout_for = None
-    if layout_for is None:
-        if getattr(d, "token_budgets", ""):
-            raise ConfigError("data.token_budgets: bert/budget.py is not on this tree") from None
-        return sampler.batch_collate(m.unpad, m.pack, d.max_seq_length), None
-    layout = layout_for(cfg, 1)
-    return sampler.batch_collate(m.unpad, m.pack, d.max_seq_length, layout), layout
+    layout = train_layout(cfg, 1)
+    return loader.batch_collate(m.unpad, m.pack, d.max_seq_length, layout), layout
 
 
 def _flags(opt: torch.optim.Optimizer) -> dict[str, Any]:
@@ -339,40 +327,51 @@ def _flags(opt: torch.optim.Optimizer) -> dict[str, Any]:
     return out
 
 
-def build_case(cfg: Config, own: dict[str, str], device: torch.device) -> tuple[Any, str, Callable, dict]:
-    """Model and loop parts of one case through the trainer's own builders, and the step the
-    trainer would call (prepared: warmed up and, with run.cuda_graphs, captured)."""
-    parts, impl = train.build_model(cfg, SINGLE, device)
-    return prepare_case(parts, impl, cfg, own, device)
+def build_case(cfg: Config, own: dict[str, str], device: torch.device) -> tuple[Trainer, str, dict]:
+    """One case through the trainer itself, its step prepared (warmed up and, with
+    run.cuda_graphs, captured: ``trainer.step``)."""
+    trainer = Trainer(cfg, SINGLE, device)
+    impl, info = prepare_case(trainer, own, device)
+    return trainer, impl, info
 
 
-def prepare_case(parts: Any, impl: str, cfg: Config, own: dict[str, str],
-                 device: torch.device) -> tuple[Any, str, Callable, dict]:
-    """``bench.compile``, then the trainer's ``prepare_step`` (where the tree has it)."""
+class _Notes(logging.Handler):
+    """The trainer's lines (bert.console's loggers) while a case prepares."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def prepare_case(trainer: Trainer, own: dict[str, str], device: torch.device) -> tuple[str, dict]:
+    """``bench.compile``, then the trainer's ``prepare_step`` and ``prepare_eval``."""
+    impl = trainer.optimizer_impl
+    learner = trainer.learner
     if own.get("bench.compile"):
-        parts = dataclasses.replace(parts, train_model=torch.compile(parts.model, dynamic=True,
-                                                                     backend=own["bench.compile"]))
+        learner.train_model = torch.compile(learner.model, dynamic=True, backend=own["bench.compile"])
         impl += f" + compile({own['bench.compile']})"
     info: dict[str, Any] = {}
-    prepare = getattr(train, "prepare_step", None)
-    needs_prepare = getattr(cfg.run, "warmup_steps", 0) or getattr(cfg.run, "cuda_graphs", False)
-    if prepare is None:
-        if needs_prepare:
-            raise ConfigError("run.warmup_steps / run.cuda_graphs: bert.train.prepare_step is not on this tree")
-        return parts, impl, train.train_step, info
-    notes: list[str] = []
+    notes = _Notes()
+    logger = logging.getLogger("bert")
+    level = logger.level
+    logger.addHandler(notes)
+    logger.setLevel(logging.INFO)
     t0, f0 = time.perf_counter(), _frames()
-    step = prepare(parts, cfg, 1, notes.append)
-    prepare_eval = getattr(train, "prepare_eval", None)
-    if prepare_eval is not None:
-        parts = prepare_eval(parts, cfg, 1, notes.append)
+    try:
+        trainer.prepare()
+    finally:
+        logger.removeHandler(notes)
+        logger.setLevel(level)
     common.sync(device)
     info["prepare_s"] = time.perf_counter() - t0
     info["compiles_in_prepare"] = _frames() - f0
-    info.update(_timings(notes))
-    if notes:
-        info["prepare_notes"] = notes
-    return parts, impl, step, info
+    info.update(_timings(notes.lines))
+    if notes.lines:
+        info["prepare_notes"] = notes.lines
+    return impl, info
 
 
 def _frames() -> int:
@@ -381,8 +380,8 @@ def _frames() -> int:
 
 
 def _timings(notes: list[str]) -> dict[str, float]:
-    """compile / warm-up / capture seconds from the trainer's warm-up lines (bert.train's
-    prepare_step and prepare_eval print them; a tree without them prints none)."""
+    """compile / warm-up / capture seconds from the trainer's warm-up lines
+    (``Trainer.prepare_step`` and ``prepare_eval`` log them)."""
     out: dict[str, float] = {}
     for line in notes:
         m = re.search(r"^(eval )?warm-up before run_start: .* ([\d.]+) s \(compile ([\d.]+) s(?:, capture ([\d.]+) s)?\)",
@@ -427,8 +426,8 @@ def time_optimizer(opt: torch.optim.Optimizer, device: torch.device, reps: int =
 
 
 def step_kind(step: Callable) -> str:
-    """eager: bert.train.train_step; graphed: bert/step_graph.py's GraphedStep; else the name."""
-    if step is train.train_step:
+    """eager: bert.trainer.train_step; graphed: bert/step_graph.py's GraphedStep; else the name."""
+    if getattr(step, "func", None) is train_step:
         return "eager"
     return "graphed" if type(step).__name__ == "GraphedStep" else getattr(step, "__name__", type(step).__name__)
 
@@ -474,28 +473,29 @@ def run_case(case: Case, args, device: torch.device, peak: float, samples_cache:
     # plan compiles each variant once (main raises dynamo's recompile limit to hold them).
     t0 = time.perf_counter()
     try:
-        parts, impl = train.build_model(cfg, SINGLE, device)
+        trainer = Trainer(cfg, SINGLE, device)
     except (ConfigError, ValueError) as e:  # the trainer's refusal (CUDA graphs or Triton on a CPU)
         return {**head, "status": f"skipped: refused at build: {type(e).__name__}: {e}"}
     common.sync(device)
     build_s = time.perf_counter() - t0
-    parts, impl, step, info = prepare_case(parts, impl, cfg, own, device)
+    impl, info = prepare_case(trainer, own, device)
+    step, parts = trainer.step, trainer.learner
     f_ready = _frames()
-    parts = dataclasses.replace(parts, batches=_cycle(on_dev))
+    batches = _cycle(on_dev)
     # Every batch of the cycle once at least before the clock starts: a shape seen first
     # inside the timed steps would put its compile (or its eager fallback) in the number.
     warm = max(args.warmup, len(on_dev))
     for _ in range(warm):
-        step(parts, 1)
+        step(batches, 1)
     common.sync(device)
     ready_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     for _ in range(args.steps):
-        loss, _skipped = step(parts, 1)
+        loss, _skipped = step(batches, 1)
     common.sync(device)
     secs = time.perf_counter() - t0
     compiles_timed = _frames() - f_ready  # in the untimed and the timed steps: 0 after a warm-up
-    evaluation = time_eval(parts, cfg, device)
+    evaluation = time_eval(trainer, device)
     done = range(warm, warm + args.steps)  # batch index k % num_batches
     n = len(samples)
     fl = 3 * sum(useful[k % n] for k in done)
@@ -519,22 +519,20 @@ def run_case(case: Case, args, device: torch.device, peak: float, samples_cache:
             **evaluation, "final_loss": float(loss)}
 
 
-def time_eval(parts: Any, cfg: Config, device: torch.device, reps: int = 2) -> dict[str, Any]:
-    """The trainer's evaluation (``bert.train.evaluate``, graphed where ``prepare_eval``
-    captured it) over synthetic eval batches of the shapes a run evaluates (one per eval
-    budget rung; ``bert.train.eval_warmup_batches``), timed after one untimed pass: ms per
-    batch of ``eval.batch_size`` samples. Empty on a tree without those functions."""
-    batches_for = getattr(train, "eval_warmup_batches", None)
-    if batches_for is None:
-        return {}
-    batches = batches_for(cfg, 1)
-    args = (parts.model, batches, device, parts.precision.eval_autocast, getattr(parts, "eval_counts", None))
+def time_eval(trainer: Trainer, device: torch.device, reps: int = 2) -> dict[str, Any]:
+    """The trainer's evaluation (``bert.evaluate.mlm_accuracy``, graphed where
+    ``prepare_eval`` captured it) over synthetic eval batches of the shapes a run evaluates
+    (one per eval budget rung; ``Trainer.eval_warmup_batches``), timed after one untimed
+    pass: ms per batch of ``eval.batch_size`` samples."""
+    cfg, learner = trainer.cfg, trainer.learner
+    batches = trainer.eval_warmup_batches()
+    args = (learner.model, batches, device, learner.precision.eval_autocast, trainer.eval_counts)
     f0 = _frames()
-    train.evaluate(*args)
+    mlm_accuracy(*args)
     common.sync(device)
     t0 = time.perf_counter()
     for _ in range(reps):
-        train.evaluate(*args)
+        mlm_accuracy(*args)
     common.sync(device)
     ms = 1000 * (time.perf_counter() - t0) / (reps * len(batches))
     return {"eval_ms_per_batch": ms, "eval_seq_per_s": cfg.eval.batch_size * 1000 / ms,
@@ -663,10 +661,10 @@ def check_attention_blocks(args, device: torch.device, samples_cache: dict, reps
     rounding differs), and each compiled kernel's registers and spills."""
     if device.type != "cuda":
         return {"status": "skipped: the Triton kernels run on CUDA only"}
-    from bert import budget, ladder, triton_attention
+    from bert import budget, triton_attention
 
     cfg, _ = case_config(_case("blocks", args.small, f=FAST), args)
-    layout = ladder.layout_for(cfg, 1)
+    layout = train_layout(cfg, 1)
     if args.small not in samples_cache:
         samples_cache[args.small] = common.make_batches(args.num_batches, args.small, args.seq_len, args.max_pred,
                                                         cfg.model.vocab_size, args.seed)
@@ -746,8 +744,8 @@ def _fp16_steps(args, device: torch.device, samples_cache: dict, extra: dict[str
                                                         cfg.model.vocab_size, args.seed)
     collate, _ = collate_for(cfg)
     batches = [_to_device(collate(b), device) for b in samples_cache[case.batch]]
-    parts, impl = train.build_model(cfg, SINGLE, device)
-    parts = dataclasses.replace(parts, batches=_cycle(batches))
+    trainer = Trainer(cfg, SINGLE, device)
+    parts, impl, feed = trainer.learner, trainer.optimizer_impl, _cycle(batches)
     watched = [p for p in parts.model.parameters() if p.requires_grad][-4:]  # the MLM head's, among others
     rows = []
     for i in range(args.fp16_steps):
@@ -756,7 +754,7 @@ def _fp16_steps(args, device: torch.device, samples_cache: dict, extra: dict[str
             # The trainer advances the schedule on a skipped step too (the samples were used);
             # torch warns when the first optimizer step was the one skipped.
             warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
-            loss, skipped = train.train_step(parts, 1)
+            loss, skipped = train_step(parts, feed, 1)
         moved = any(not torch.equal(a, p.detach()) for a, p in zip(before, watched))
         # get_scale() syncs the host: fine in a check, never in the loop.
         rows.append({"step": i + 1, "loss": float(loss), "skipped": int(skipped), "scale": parts.scaler.get_scale(),
@@ -767,18 +765,6 @@ def _fp16_steps(args, device: torch.device, samples_cache: dict, extra: dict[str
             "optimizer_impl": impl, "steps": rows, "skipped_total": sum(r["skipped"] for r in rows),
             "finite_losses": sum(math.isfinite(r["loss"]) for r in rows), "final_scale": rows[-1]["scale"],
             "skips_left_weights_alone": all(r["weights_moved"] != bool(r["skipped"]) for r in rows)}
-
-
-def source_config(name: str) -> dict[str, str]:
-    """The variables a config_*.sh exports (sourced by bash, as a user does)."""
-    out = subprocess.run(["bash", "-c", f"set -a; source ./{name} >/dev/null; env -0"], cwd=PKG, check=True,
-                         capture_output=True, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}).stdout
-    env = dict(item.split("=", 1) for item in out.decode().split("\0") if "=" in item)
-    return {k: v for k, v in env.items() if k not in ("PWD", "SHLVL", "_", "OLDPWD", "PATH")}
-
-
-def mllog_events(log: Path) -> list[dict]:
-    return [json.loads(line.split(":::MLLOG", 1)[1]) for line in log.read_text().splitlines() if ":::MLLOG" in line]
 
 
 def check_demo(workdir: Path, artifacts: Path, smoke: bool, data_dir: Path | None = None,
@@ -792,7 +778,7 @@ def check_demo(workdir: Path, artifacts: Path, smoke: bool, data_dir: Path | Non
     ``artifacts`` as demo_result_0.txt, demo_train.log, demo_compliance.txt."""
     from bert import demo_data
 
-    conf = source_config("config_CPU_1x2.sh")
+    conf = config_script.source(PKG / "config_CPU_1x2.sh", {"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
     t0 = time.perf_counter()
     if data_dir is None:
         data_dir = workdir / "demo_data"
@@ -855,7 +841,7 @@ def check_demo(workdir: Path, artifacts: Path, smoke: bool, data_dir: Path | Non
         out["checker"] = "not run: no log"
         return out
     shutil.copyfile(log, artifacts / "demo_result_0.txt")
-    events = mllog_events(log)
+    events = read_events(log)
     first = {e["key"]: e for e in reversed(events)}  # each key's first event
     accs = [(e["metadata"].get("epoch_num"), e["value"]) for e in events if e["key"] == "eval_accuracy"]
     out["eval_accuracy"] = accs

@@ -9,7 +9,7 @@ from the MLPerf Wikipedia length histogram (up to 512 tokens, 15% masked, at mos
 - hf: ``transformers.BertForPreTraining`` as its users run it: padded [16, 512] batches,
   ``labels`` / ``next_sentence_label`` (MLM logits over every position), default
   ``torch.optim.AdamW``, ``clip_grad_norm_(1.0)``, ``zero_grad()``.
-- ours: ``bert.train.train_step`` (the loop's own step) on the unpadded model
+- ours: ``bert.trainer.train_step`` (the loop's own step) on the unpadded model
   (``model.unpad=True``) with AdamW from ``bert.optim`` (the same update rule) and the same
   clipping. HF's initial weights are loaded into ours.
 
@@ -50,7 +50,8 @@ from bert.config import GradSyncConfig, ModelConfig, OptimConfig, PrecisionConfi
 from bert.model import BertForPreTraining  # noqa: E402
 from bert.optim import build_optimizer, build_scheduler  # noqa: E402
 from bert.precision import build_precision, build_scaler  # noqa: E402
-from bert.train import Parts, train_step  # noqa: E402
+from bert.state import Learner  # noqa: E402
+from bert.trainer import train_step  # noqa: E402
 
 LR, WD, CLIP = 1e-4, 0.01, 1.0
 
@@ -91,18 +92,18 @@ class Ours:
         self.k = 0
         pcfg = PrecisionConfig(dtype="fp32")  # same dtype as the HF side
         prec = build_precision(pcfg, "cpu")
-        self.parts = Parts(self.model, self.model, opt, build_scheduler(opt, ocfg),
-                           build_scaler(pcfg, prec, "cpu"), prec,
-                           grad_sync.build(GradSyncConfig(), None, self.model.parameters(), CLIP),
-                           self._feed(),
-                           [], 0, torch.device("cpu"), setup.batch, 1, 1)
+        self.learner = Learner(self.model, self.model, opt, build_scheduler(opt, ocfg),
+                               build_scaler(pcfg, prec, "cpu"), prec,
+                               grad_sync.build(GradSyncConfig(), None, self.model.parameters(), CLIP),
+                               torch.device("cpu"))
+        self.feed = self._feed()
 
     def _feed(self):
         while True:
             yield self.batches[self.k % len(self.batches)]
 
     def step(self) -> None:
-        train_step(self.parts, 1)
+        train_step(self.learner, self.feed, 1)
         self.k += 1
 
 

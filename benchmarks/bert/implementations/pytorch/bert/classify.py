@@ -3,11 +3,11 @@
 The encoder is ``bert/model.py``'s (``BertModel``: embeddings, encoder, pooler), driven by the
 padded path; on top, dropout and one linear layer on the pooled [CLS] vector, as Hugging Face
 ``BertForSequenceClassification`` has it: the same parameter names (``bert.*``,
-``classifier.*``), so its state dict loads here and the logits agree (tests/test_glue.py).
+``classifier.*``), so its state dict loads here and the logits agree (tests/unit/test_glue.py).
 ``num_labels`` 1 is regression (STS-B); the loss is chosen by the caller.
 
 The pretraining heads (``cls.*``) are not here: ``encoder_state`` takes the ``bert.*`` part of
-a pretraining state dict (ours, HF's, a TF checkpoint's after ``bert.checkpoint``'s import).
+a pretraining state dict (ours, HF's, a TF checkpoint's after ``bert.weights``' import).
 The word embedding has exactly ``vocab_size`` rows (no ``model.vocab_pad_multiple`` padding:
 no vocab-sized GEMM runs here).
 """

@@ -77,7 +77,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import resume
+from . import rng
 from .config import GradSyncConfig
 
 EPS = 1e-6  # the same guard torch.nn.utils.clip_grad_norm_ adds to the norm
@@ -228,7 +228,7 @@ class PowerSGD:
                 "error": {str(k): v for k, v in st.error_dict.items()},
                 "p": {str(k): v for k, v in st.p_memory_dict.items()},
                 "q": {str(k): v for k, v in st.q_memory_dict.items()},
-                "rng": resume.numpy_rng_to_dict(st.rng.get_state())}
+                "rng": rng.numpy_to_dict(st.rng.get_state())}
 
     def load_state_dict(self, sd: dict[str, Any], device: torch.device) -> None:
         st = self.state
@@ -236,7 +236,7 @@ class PowerSGD:
         for key, target in (("error", st.error_dict), ("p", st.p_memory_dict), ("q", st.q_memory_dict)):
             target.clear()
             target.update({int(k): v.to(device) for k, v in sd[key].items()})
-        st.rng.set_state(resume.numpy_rng_from_dict(sd["rng"]))
+        st.rng.set_state(rng.numpy_from_dict(sd["rng"]))
 
 
 def make_comm(cfg: GradSyncConfig, group: dist.ProcessGroup | None = None) -> Comm:
@@ -333,7 +333,7 @@ def build(cfg: GradSyncConfig, ddp: DDP | None, params: Iterable[torch.nn.Parame
         clip = BucketClip(cfg.bucket_clip_norm, cfg.bucket_clip_rule, loss_scale, cfg.bucket_clip_count)
         mode = f"bucket clip ({cfg.bucket_clip_rule}) before allreduce"
         if ddp is None:
-            # after_sync runs after scaler.unscale_ (bert.train.train_step): true gradients,
+            # after_sync runs after scaler.unscale_ (bert.trainer.train_step): true gradients,
             # so the threshold is not scaled here. One bucket: C, or C/sqrt(count) when fixed.
             clip.set_layout([sum(p.numel() for p in params)])
             return GradSync(lambda: clip_([p.grad for p in params if p.grad is not None],

@@ -24,7 +24,7 @@ from typing import Any
 from mlperf_logging.mllog import constants as C
 from mlperf_logging.mllog.mllog import MLLogger
 
-from .config import lr_decay_end
+from .config import DataConfig, GradSyncConfig, OptimConfig, RunConfig, lr_decay_end
 
 _PKG_ROOT = str(Path(__file__).resolve().parent.parent)
 
@@ -73,6 +73,7 @@ class MLPerfLogger:
 
     def __init__(self, path: str | Path | None, enabled: bool, echo: bool, append: bool = False):
         self.enabled = enabled
+        self._stopped = False
         self._handlers: list[logging.Handler] = []
         self._file: _FileHandler | None = None
         self._open_error: OSError | None = None
@@ -185,16 +186,22 @@ class MLPerfLogger:
         # Our own key: optimizer steps fp16 loss scaling skipped so far (0 unless fp16).
         self.event("skipped_steps", int(count), samples_count=samples)
 
+    @property
+    def stopped(self) -> bool:
+        """run_stop has been logged (the run's end is on record)."""
+        return self._stopped
+
     def run_stop(self, status: str, samples: int, eval_samples: int, time_ms: int | None = None) -> None:
         """``time_ms``: when the run stopped (clock_ms()), where its last lines are written
         later (after the final weights: bert.train); the score is run_stop - run_start."""
         self.event(C.TRAIN_SAMPLES, samples, time_ms=time_ms)
         self.event(C.EVAL_SAMPLES, eval_samples, time_ms=time_ms)
         self.end(C.RUN_STOP, time_ms=time_ms, status=status, samples_count=samples)
+        self._stopped = True
 
 
-def hyperparameters(cfg, world_size: int, global_batch: int, optimizer_impl: str,
-                    precision: dict[str, Any] | None = None) -> dict[str, Any]:
+def hyperparameters(o: OptimConfig, g: GradSyncConfig, d: DataConfig, r: RunConfig, *, world_size: int,
+                    global_batch: int, optimizer_impl: str, precision: dict[str, Any] | None = None) -> dict[str, Any]:
     """The benchmark's required hyperparameter keys (5.0.0), plus a few that describe the run
     (``precision``: the resolved arithmetic and loss-scale settings, bert.precision).
 
@@ -204,7 +211,6 @@ def hyperparameters(cfg, world_size: int, global_batch: int, optimizer_impl: str
     ``opt_lamb_learning_rate_decay_poly_power`` are logged as NVIDIA's closed logs do
     (5.0.0 ignores them; reviewers read them).
     """
-    o, g = cfg.optim, cfg.grad_sync
     # Not MLPerf keys (the checker ignores them): how gradients are bounded and sent.
     sync = {"grad_sync_bucket_cap_mb": g.bucket_cap_mb, "grad_sync_bucket_clip_norm": g.bucket_clip_norm,
             "grad_sync_compression": g.compression}
@@ -219,9 +225,9 @@ def hyperparameters(cfg, world_size: int, global_batch: int, optimizer_impl: str
         sync.update(grad_sync_powersgd_rank=g.powersgd_rank, grad_sync_powersgd_start_step=g.powersgd_start_step)
     return {
         "opt_epsilon": o.eps,
-        C.SEED: cfg.run.seed,
+        C.SEED: r.seed,
         C.GLOBAL_BATCH_SIZE: global_batch,
-        C.GRADIENT_ACCUMULATION_STEPS: cfg.run.grad_accum_steps,
+        C.GRADIENT_ACCUMULATION_STEPS: r.grad_accum_steps,
         C.OPT_BASE_LR: o.lr,
         C.OPT_LAMB_EPSILON: o.eps,
         C.OPT_LR_TRAINING_STEPS: o.total_steps,
@@ -238,8 +244,8 @@ def hyperparameters(cfg, world_size: int, global_batch: int, optimizer_impl: str
         "lr_schedule": o.schedule,
         "lr_decay_end_step": lr_decay_end(o),
         "opt_gradient_clip_norm": o.max_grad_norm,
-        "max_sequence_length": cfg.data.max_seq_length,
-        "max_predictions_per_seq": cfg.data.max_predictions_per_seq,
+        "max_sequence_length": d.max_seq_length,
+        "max_predictions_per_seq": d.max_predictions_per_seq,
         "opt_lamb_learning_rate_decay_poly_power": o.decay_power,
         "world_size": world_size,
         **sync,
@@ -264,9 +270,17 @@ def parse_line(line: str) -> dict[str, Any] | None:
         return None
 
 
-def read_events(log: str | Path) -> list[dict[str, Any]]:
-    """Every event of a log file, in order."""
-    return [e for e in map(parse_line, Path(log).read_text().splitlines()) if e is not None]
+def read_events(log: str | Path, strict: bool = False) -> list[dict[str, Any]]:
+    """Every event of a log file, in order. ``strict``: a ``:::MLLOG`` line that does not
+    parse (torn, or not JSON) is an error naming it, not skipped (tests read logs so)."""
+    out = []
+    for n, line in enumerate(Path(log).read_text().splitlines(), 1):
+        event = parse_line(line)
+        if event is not None:
+            out.append(event)
+        elif strict and ":::MLLOG" in line:
+            raise ValueError(f"{log}:{n}: not a whole MLPerf log line: {line[:200]!r}")
+    return out
 
 
 def eval_curve(events: list[dict[str, Any]]) -> list[tuple[int, float]]:

@@ -10,10 +10,8 @@ Two costs the timed run should not pay, and what this module does about them:
   allows before run_start), then puts the model, optimizer,
   scheduler, loss scaler, gradient-sync state and every RNG back exactly as they were
   (``snapshot``/``restore``), so the timed run starts from the true initial state. The
-  caller prints the time it took, outside the timed region. ``warm_up_eval`` does the same
-  for evaluation: one no-grad forward per evaluation shape (each eval budget rung, or one
-  typical batch without budgets), under the evaluation's own autocast, so its compile
-  (torch.compile guards on grad mode: a compile of its own) is paid here too.
+  caller prints the time it took, outside the timed region. ``bert.evaluate.warm_up_eval``
+  does the same for evaluation.
 - **Launch overhead.** An eager BERT-Large step issues thousands of small kernels; at local
   batch 16 on an H200 the GPU waits on the host. ``GraphedStep`` replays the step as CUDA
   graphs: one graph of forward + backward per batch shape (a micro-batch), and one of the
@@ -21,7 +19,7 @@ Two costs the timed run should not pay, and what this module does about them:
   ``data.token_budgets`` pads every micro-batch's token count to one of a few budgets
   (bert/budget.py), so there are a few shapes, each captured once during the warm-up.
 
-What graph capture requires, and where it is checked (``check``): CUDA; one process (DDP's
+What graph capture requires, and where it is checked (``bert.config.check_cuda_graphs``): CUDA; one process (DDP's
 reducer and our comm hooks are not captured here); not fp16 (GradScaler's step syncs the
 host to decide whether to skip); a capturable optimizer (step count and learning rate on
 the device: ``build_optimizer(..., capturable=True)``; the scheduler fills the learning-rate
@@ -33,9 +31,8 @@ Gradients are persistent in graph mode: allocated once before capture (outside t
 memory pool), accumulated in place by backward (AccumulateGrad adds into an existing
 ``.grad``), read by the optimizer graph and zeroed in place at its end. A batch whose shape
 was not captured runs its forward + backward eagerly into the same gradients (correct,
-slower; noted once per shape). ``GraphedEval`` captures evaluation's forward and its
-(correct, labelled) counts per eval shape the same way (no backward, no optimizer; the
-model's weights are read in place, so each replay sees the trained weights).
+slower; noted once per shape). ``bert.evaluate.GraphedEval`` captures evaluation the same
+way with ``CudaGraphs``.
 
 Compiles: with ``model.compile_layers`` (one ``dynamic=True`` compile of the encoder
 layer, shared by its 24 instances) a run compiles the training step once and evaluation
@@ -47,22 +44,29 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import random
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
 
-from .config import Config, ConfigError
-from .model import mlm_correct_and_count, pretraining_loss
+from .config import ConfigError
+from .batches import LABEL_KEYS, to_device
+from .model import pretraining_loss
 from .shards import Sample
+from .state import Learner
 
 # Eager forward + backward passes on a side stream before each capture: the first use of
 # a cuBLAS handle, of autograd's engine and of each allocation size must not be recorded
 # (torch's documented warm-up for whole-network capture). Three, as torch's examples use.
 CAPTURE_WARMUP_ITERS = 3
-LABEL_KEYS = ("mlm_labels", "nsp_labels")
+
+log = logging.getLogger(__name__)
+# A training step: (micro-batches, micro-batches per optimizer step) -> (mean loss, skipped),
+# both on the device (bert.trainer.train_step, GraphedStep).
+Step = Callable[[Iterator[dict], int], tuple[torch.Tensor, Any]]
 
 
 # ---------------------------------------------------------------- synthetic batches
@@ -93,14 +97,14 @@ def synthetic_batches(collate: Callable[[list[Sample]], dict], token_counts: lis
     return [collate(synthetic_samples(t, n, max_seq_length, max_pred, vocab_size, rng)) for t in token_counts]
 
 
-def warmup_token_counts(cfg: Config, layout: Any) -> list[int]:
+def warmup_token_counts(layout: Any, batch_size: int, max_seq_length: int) -> list[int]:
     """Token counts of the warm-up's synthetic micro-batches: one per shape the run can see.
     With token budgets (``layout``, a ``bert.budget.Layout``) each rung, filled exactly, so
     every shape the run will meet is compiled and captured; without, every batch has its
     own shape, and one typical batch (half the grid) warms up what does not depend on it."""
     if layout is not None:
         return list(layout.rungs)
-    return [cfg.run.local_batch_size * cfg.data.max_seq_length // 2]
+    return [batch_size * max_seq_length // 2]
 
 
 def shape_key(batch: dict) -> tuple:
@@ -134,18 +138,18 @@ def _params(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [p for g in opt.param_groups for p in g["params"]]
 
 
-def snapshot(parts: Any) -> Snapshot:
+def snapshot(learner: Learner) -> Snapshot:
     """Copy the train state (one extra copy of weights and optimizer state in memory, freed
     after ``restore``)."""
-    opt = parts.optimizer
+    opt = learner.optimizer
     cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
     return Snapshot(
-        model={k: v.detach().clone() for k, v in parts.model.state_dict().items()},
+        model={k: v.detach().clone() for k, v in learner.model.state_dict().items()},
         groups=[{k: _clone(v) for k, v in g.items() if k != "params"} for g in opt.param_groups],
         state=[({k: _clone(v) for k, v in opt.state[p].items()} if p in opt.state else None) for p in _params(opt)],
-        scheduler=copy.deepcopy(parts.scheduler.state_dict()),
-        scaler=copy.deepcopy(parts.scaler.state_dict()),
-        grad_sync=copy.deepcopy(parts.grad_sync.state_dict()),
+        scheduler=copy.deepcopy(learner.scheduler.state_dict()),
+        scaler=copy.deepcopy(learner.scaler.state_dict()),
+        grad_sync=copy.deepcopy(learner.grad_sync.state_dict()),
         rng=(random.getstate(), np.random.get_state(), torch.get_rng_state(),
              torch.cuda.get_rng_state_all() if cuda else None),
     )
@@ -163,7 +167,7 @@ def _put(container: dict, key: str, value: Any) -> None:
         container[key] = _clone(value)
 
 
-def restore(parts: Any, snap: Snapshot) -> None:
+def restore(learner: Learner, snap: Snapshot) -> None:
     """Put back what ``snapshot`` copied, in place: tensors keep their storage (captured
     graphs read and write those addresses).
 
@@ -173,10 +177,10 @@ def restore(parts: Any, snap: Snapshot) -> None:
     captured stay valid. Gradients are zeroed in place when persistent, else dropped.
     """
     with torch.no_grad():
-        current = parts.model.state_dict()
+        current = learner.model.state_dict()
         for k, v in snap.model.items():
             current[k].copy_(v)
-        opt = parts.optimizer
+        opt = learner.optimizer
         for group, saved in zip(opt.param_groups, snap.groups):
             for k, v in saved.items():
                 _put(group, k, v)
@@ -193,10 +197,10 @@ def restore(parts: Any, snap: Snapshot) -> None:
             else:
                 for k, v in saved.items():
                     _put(state, k, v)
-    parts.scheduler.load_state_dict(snap.scheduler)
-    parts.scaler.load_state_dict(snap.scaler)  # fills its scale tensor in place
+    learner.scheduler.load_state_dict(snap.scheduler)
+    learner.scaler.load_state_dict(snap.scaler)  # fills its scale tensor in place
     if snap.grad_sync:
-        parts.grad_sync.load_state_dict(snap.grad_sync, parts.device)
+        learner.grad_sync.load_state_dict(snap.grad_sync, learner.device)
     random.setstate(snap.rng[0])
     np.random.set_state(snap.rng[1])
     torch.set_rng_state(snap.rng[2])
@@ -229,36 +233,33 @@ class CudaGraphs:
         return graph.replay
 
 
-def _note_uncaptured(seen: set[tuple], key: tuple, what: str, runs: str) -> None:
+def note_uncaptured(seen: set[tuple], key: tuple, what: str, runs: str) -> None:
     """Say once per shape that it was not captured (it then runs eagerly)."""
     if key not in seen:
         seen.add(key)
-        print(f"note: {what} {dict((k[0], k[1]) for k in key)} was not captured in the warm-up: "
-              f"{runs} eagerly (correct, slower)")
-
-
-def _on(batch: dict, device: torch.device) -> dict:
-    return {k: (v.to(device, non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}
+        log.info(f"note: {what} {dict((k[0], k[1]) for k in key)} was not captured in the warm-up: "
+                 f"{runs} eagerly (correct, slower)")
 
 
 class GraphedStep:
-    """``bert.train.train_step`` as CUDA graphs (see the module docstring); same signature,
-    same result: ``(mean loss over the micro-batches, skipped)`` with skipped always 0
+    """``bert.trainer.train_step`` as CUDA graphs (see the module docstring), bound to its
+    ``learner`` as the trainer binds the eager one: ``step(batches, accum)`` gives the same
+    result, ``(mean loss over the micro-batches, skipped)``, with skipped always 0
     (fp16 is refused). ``graphs`` does the capturing (``CudaGraphs``; tests pass a stand-in
     that calls the captured function on every replay, which checks everything here except
     CUDA's own recording). ``capture(batch)`` prepares a shape; ``__call__`` replays."""
 
-    def __init__(self, parts: Any, accum: int, precision: str, graphs: Any) -> None:
-        self.parts, self.accum, self.graphs = parts, accum, graphs
+    def __init__(self, learner: Learner, accum: int, precision: str, graphs: Any) -> None:
+        self.learner, self.accum, self.graphs = learner, accum, graphs
         # Autocast's weight-cast cache must be off under capture: a cached cast made in one
         # replay would be stale in the next (torch's rule for autocast + graphs). The same
-        # factory as the eager warm-up steps' (build_model makes it uncached for a graphed
-        # run): a different cache setting there would be a recompile at capture.
-        self.autocast = parts.precision.train_autocast
+        # factory as the eager warm-up steps' (bert.trainer.build_learner makes it uncached for
+        # a graphed run): a different cache setting there would be a recompile at capture.
+        self.autocast = learner.precision.train_autocast
         if uncached_autocast_required(precision) and _autocast_cache(self.autocast) is not False:
             raise ConfigError("run.cuda_graphs: the training autocast caches weight casts; build the precision "
-                              "with build_precision(..., autocast_cache=False) (bert.train.build_model does)")
-        self.params = [p for p in parts.model.parameters() if p.requires_grad]
+                              "with build_precision(..., autocast_cache=False) (bert.trainer.build_learner does)")
+        self.params = [p for p in learner.model.parameters() if p.requires_grad]
         with torch.no_grad():
             for p in self.params:  # persistent, outside any graph pool; zeroed in place
                 if p.grad is None:
@@ -271,18 +272,16 @@ class GraphedStep:
         self.finish = graphs.capture(self._finish)
 
     def _forward_backward(self, batch: dict, loss_out: torch.Tensor) -> None:
-        p = self.parts
         inputs = {k: v for k, v in batch.items() if k not in LABEL_KEYS}
         with self.autocast():
-            mlm, nsp = p.model(**inputs)
+            mlm, nsp = self.learner.model(**inputs)
             loss = pretraining_loss(mlm, nsp, batch["mlm_labels"], batch["nsp_labels"]) / self.accum
         loss.backward()  # into the persistent .grad tensors, in place
         loss_out.copy_(loss.detach())
 
     def _finish(self) -> None:
-        p = self.parts
-        p.grad_sync.after_sync()  # global clip (or the 1-process bucket clip): no host sync
-        p.optimizer.step()  # capturable: step count and lr read from device tensors
+        self.learner.grad_sync.after_sync()  # global clip (or the 1-process bucket clip): no host sync
+        self.learner.optimizer.step()  # capturable: step count and lr read from device tensors
         torch._foreach_zero_(self.grads)
 
     def capture(self, batch: dict) -> tuple:
@@ -291,22 +290,23 @@ class GraphedStep:
         caller zeroes them (``warm_up`` restores the whole state afterwards)."""
         key = shape_key(batch)
         if key not in self.micro:
-            static = {k: (v.to(self.parts.device).clone() if torch.is_tensor(v) else v) for k, v in batch.items()}
-            loss = torch.zeros((), device=self.parts.device)
+            static = {k: (v.to(self.learner.device).clone() if torch.is_tensor(v) else v) for k, v in batch.items()}
+            loss = torch.zeros((), device=self.learner.device)
             replay = self.graphs.capture(lambda: self._forward_backward(static, loss))
             self.micro[key] = (replay, static, loss)
         return key
 
-    def __call__(self, p: Any, accum: int) -> tuple[torch.Tensor, int]:
-        total = torch.zeros((), device=p.device)
+    def __call__(self, batches: Iterator[dict], accum: int) -> tuple[torch.Tensor, int]:
+        device = self.learner.device
+        total = torch.zeros((), device=device)
         for _ in range(accum):
-            batch = next(p.batches)
+            batch = next(batches)
             key = shape_key(batch)
             entry = self.micro.get(key)
             if entry is None:
-                _note_uncaptured(self.eager_shapes, key, "batch shape", "its forward + backward run")
-                loss = torch.zeros((), device=p.device)
-                self._forward_backward(_on(batch, p.device), loss)
+                note_uncaptured(self.eager_shapes, key, "batch shape", "its forward + backward run")
+                loss = torch.zeros((), device=device)
+                self._forward_backward(to_device(batch, device), loss)
             else:
                 replay, static, loss = entry
                 for k, v in batch.items():
@@ -315,32 +315,11 @@ class GraphedStep:
                 replay()
             total += loss
         self.finish()
-        p.scheduler.step()  # fills the device lr tensors in place: the next replay reads them
+        self.learner.scheduler.step()  # fills the device lr tensors in place: the next replay reads them
         return total, 0
 
 
 # ---------------------------------------------------------------- choosing and preparing
-
-
-def check(cfg: Config, device: torch.device, world_size: int) -> None:
-    """Refuse, naming the key, what graph capture cannot do (module docstring)."""
-    if not cfg.run.cuda_graphs:
-        return
-    why = None
-    if device.type != "cuda":
-        why = f"needs a CUDA device (device is {device.type!r})"
-    elif world_size > 1:
-        why = f"captures a single process's step; this run has {world_size} ranks (DDP's allreduce is not captured)"
-    elif cfg.precision.dtype == "fp16":
-        why = "fp16's loss scaler syncs the host to skip overflowing steps: use precision.dtype=bf16"
-    elif cfg.optim.impl == "apex":
-        why = "apex's fused optimizers are not capturable: use optim.impl=compiled or torch"
-    elif not cfg.data.token_budgets:
-        why = "needs static batch shapes: set data.token_budgets (e.g. auto)"
-    elif cfg.run.warmup_steps < 1:
-        why = "needs run.warmup_steps >= 1 (the optimizer state must exist before capture)"
-    if why:
-        raise ConfigError(f"run.cuda_graphs: {why}")
 
 
 def capturable(optimizer: torch.optim.Optimizer) -> bool:
@@ -376,124 +355,46 @@ def compiled_frames() -> int:
     return int(torch._dynamo.utils.counters["frames"]["ok"])
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def warm_up(parts: Any, cfg: Config, train_batches: list[dict], step: Callable[[Any, int], Any],
-            graphs: Any = None) -> tuple[Callable[[Any, int], Any], dict[str, Any]]:
-    """Run ``cfg.run.warmup_steps`` eager steps on each batch of ``train_batches`` (one per
-    shape), then, with ``graphs``, build the ``GraphedStep`` and capture each shape, and
-    restore the state exactly.
+def warm_up(learner: Learner, train_batches: list[dict], step: Step, steps: int, accum: int,
+            graphs: Any = None) -> tuple[Step, dict[str, Any]]:
+    """Run ``steps`` eager optimizer steps of ``accum`` micro-batches on each batch of
+    ``train_batches`` (one per shape), then, with ``graphs``, build the ``GraphedStep`` and
+    capture each shape, and restore the state exactly.
 
-    ``step`` is the eager ``bert.train.train_step``. The eager steps come first: they
-    create the optimizer state that the optimizer graph captures (and compile what
-    torch.compile compiles). Returns the step the loop should call (the graphed one, or
-    ``step``) and what happened, for the caller to print: ``seconds`` in all, of which
+    ``step`` is the eager ``bert.trainer.train_step`` bound to ``learner``. The eager steps
+    come first: they create the optimizer state that the optimizer graph captures (and
+    compile what torch.compile compiles). Returns the step the loop should call (the graphed
+    one, or ``step``) and what happened, for the caller to print: ``seconds`` in all, of which
     ``warmup_s`` the eager steps (``compile_s`` of them compiling) and ``capture_s`` the
     captures; ``compiled_frames`` the compiles it caused.
     """
     t0, c0, f0 = time.perf_counter(), compile_seconds(), compiled_frames()
-    snap = snapshot(parts)
-    accum, n = cfg.run.grad_accum_steps, cfg.run.warmup_steps
+    snap = snapshot(learner)
     for batch in train_batches:
-        feed = dataclasses.replace(parts, batches=iter([batch] * n * accum))
-        for _ in range(n):
+        feed = iter([batch] * steps * accum)
+        for _ in range(steps):
             step(feed, accum)
-    _sync(parts.device)
+    sync(learner.device)
     t1 = time.perf_counter()
     graphed = None
     if graphs is not None:
-        graphed = GraphedStep(parts, accum, parts.precision.train, graphs)
+        graphed = GraphedStep(learner, accum, learner.precision.train, graphs)
         for batch in train_batches:
             graphed.capture(batch)
-    _sync(parts.device)
+    sync(learner.device)
     t2 = time.perf_counter()
-    restore(parts, snap)
+    restore(learner, snap)
     if graphed is not None:
         torch._foreach_zero_(graphed.grads)  # the capture warm-ups added into them
     else:
-        parts.optimizer.zero_grad()
+        learner.optimizer.zero_grad()
     info = {"seconds": time.perf_counter() - t0, "warmup_s": t1 - t0, "capture_s": t2 - t1,
             "compile_s": compile_seconds() - c0, "compiled_frames": compiled_frames() - f0,
-            "steps": n * len(train_batches), "shapes": len({shape_key(b) for b in train_batches}),
+            "steps": steps * len(train_batches), "shapes": len({shape_key(b) for b in train_batches}),
             "graphs": len(graphed.micro) + 1 if graphed is not None else 0}
     return (graphed if graphed is not None else step), info
-
-
-# ---------------------------------------------------------------- evaluation
-
-
-def eval_counts(model: torch.nn.Module, batch: dict, autocast: Callable[[], Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(correct, labelled) masked-LM predictions of one eval batch already on the device, as
-    0-d int64 tensors (no host sync): the eager evaluation step. Call under no_grad, with
-    the model in eval mode."""
-    inputs = {k: v for k, v in batch.items() if k not in LABEL_KEYS}
-    with autocast():
-        mlm_logits, _ = model(**inputs)
-    return mlm_correct_and_count(mlm_logits, batch["mlm_labels"])
-
-
-class GraphedEval:
-    """``eval_counts`` as CUDA graphs, one per eval batch shape (see the module docstring);
-    ``graphs`` does the capturing (``CudaGraphs``, or the tests' stand-in). Call under
-    no_grad with the model in eval mode, as ``bert.train.evaluate`` does; a shape that
-    was not captured runs eagerly (noted once)."""
-
-    def __init__(self, model: torch.nn.Module, autocast: Callable[[], Any], device: torch.device, graphs: Any) -> None:
-        self.model, self.autocast, self.device, self.graphs = model, autocast, device, graphs
-        self.captured: dict[tuple, tuple[Callable[[], None], dict, torch.Tensor]] = {}
-        self.eager_shapes: set[tuple] = set()
-
-    def _counts_into(self, static: dict, out: torch.Tensor) -> None:
-        correct, count = eval_counts(self.model, static, self.autocast)
-        out[0].copy_(correct)
-        out[1].copy_(count)
-
-    def capture(self, batch: dict) -> tuple:
-        key = shape_key(batch)
-        if key not in self.captured:
-            static = {k: (v.to(self.device).clone() if torch.is_tensor(v) else v) for k, v in batch.items()}
-            out = torch.zeros(2, dtype=torch.int64, device=self.device)
-            self.captured[key] = (self.graphs.capture(lambda: self._counts_into(static, out)), static, out)
-        return key
-
-    def __call__(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        key = shape_key(batch)
-        entry = self.captured.get(key)
-        if entry is None:
-            _note_uncaptured(self.eager_shapes, key, "eval batch shape", "it runs")
-            return eval_counts(self.model, _on(batch, self.device), self.autocast)
-        replay, static, out = entry
-        for k, v in batch.items():
-            if torch.is_tensor(v):
-                static[k].copy_(v, non_blocking=True)
-        replay()
-        return out[0].clone(), out[1].clone()  # the next replay overwrites out
-
-
-def warm_up_eval(parts: Any, eval_batches: list[dict], graphs: Any = None
-                 ) -> tuple[Callable[[dict], tuple[torch.Tensor, torch.Tensor]] | None, dict[str, Any]]:
-    """One no-grad evaluation forward per batch of ``eval_batches`` (one per eval shape),
-    under the evaluation's autocast, and with ``graphs`` a ``GraphedEval`` capturing each.
-    Changes no state (no gradient, no optimizer, no dropout: the model is in eval mode).
-    Returns the graphed counts function (None without graphs: evaluation stays eager) and
-    what happened (``seconds``, ``compile_s``, ``compiled_frames``, ``shapes``, ``graphs``)."""
-    t0, c0, f0 = time.perf_counter(), compile_seconds(), compiled_frames()
-    model, device, autocast = parts.model, parts.device, parts.precision.eval_autocast
-    was = model.training
-    model.eval()
-    graphed = GraphedEval(model, autocast, device, graphs) if graphs is not None else None
-    with torch.no_grad():
-        for batch in eval_batches:
-            on_device = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in batch.items()}
-            eval_counts(model, on_device, autocast)
-            if graphed is not None:
-                graphed.capture(on_device)
-    model.train(was)
-    _sync(device)
-    info = {"seconds": time.perf_counter() - t0, "compile_s": compile_seconds() - c0,
-            "compiled_frames": compiled_frames() - f0, "shapes": len({shape_key(b) for b in eval_batches}),
-            "graphs": len(graphed.captured) if graphed is not None else 0}
-    return graphed, info

@@ -207,7 +207,7 @@ def _model_files(g: Grid) -> tuple[Path, Path]:
 
 
 def model_config(g: Grid, bert_config: Path):
-    from bert.checkpoint import config_from_bert_json
+    from bert.weights import config_from_bert_json
     from bert.config import ModelConfig
 
     # The padded path through SDPA on every device (fine-tuning batches are padded [B, S]);
@@ -261,7 +261,7 @@ def finetune(g: Grid, run: Run, stop: Stop | None = None) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
 
-    from bert.checkpoint import load_weights
+    from bert.weights import load_weights
     from bert.classify import BertForSequenceClassification
     from bert.optim import param_groups
 
@@ -533,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"glue: stopped ({e}); no result written, a rerun starts this run again", file=sys.stderr)
         return STOPPED
     except Exception as e:
-        from bert.checkpoint import CheckpointError  # the weights' own error type: torch is loaded by now
+        from bert.weights import CheckpointError  # the weights' own error type: torch is loaded by now
 
         if isinstance(e, CheckpointError):
             print(f"glue: {e}", file=sys.stderr)

@@ -44,7 +44,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from input_preprocessing.common import PrepError
-from input_preprocessing.create import load_vocab, wordpiece_tokenizer
+from input_preprocessing.create import load_vocab
+from input_preprocessing.wordpiece import Tokenizer
 
 
 class GlueDataError(ValueError):
@@ -286,7 +287,7 @@ def load_task(t: Task, glue_dir: str | Path = "", hf_cache: str | Path = "") -> 
 
 
 class Encoder:
-    """WordPiece inputs (the pretraining data's tokenizer, input_preprocessing.create):
+    """WordPiece inputs (the pretraining data's tokenizer, input_preprocessing.wordpiece):
     ``[CLS] a [SEP]`` or ``[CLS] a [SEP] b [SEP]``, segment ids 0 then 1, cut to
     ``max_seq_length`` by dropping the last token of the longer text until it fits (BERT's
     rule for pairs)."""
@@ -296,11 +297,11 @@ class Encoder:
             self.vocab = load_vocab(vocab_path)
         except PrepError as e:
             raise GlueDataError(str(e)) from None
-        self.tokenizer = wordpiece_tokenizer(self.vocab, lowercase)
+        self.tokenizer = Tokenizer(self.vocab.tokens, lowercase)
         self.max_seq_length = max_seq_length
 
     def _ids(self, texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
+        return [self.tokenizer.ids(t) for t in texts]
 
     def encode(self, examples: list[Example]) -> tuple[list[list[int]], list[list[int]]]:
         """(token ids, segment ids) of each example."""

@@ -3,7 +3,7 @@ Pearson and Spearman correlation; a task's score; the GLUE average.
 
 The definitions are scikit-learn's (``accuracy_score``, ``f1_score``, ``matthews_corrcoef``)
 and scipy's (``pearsonr``, ``spearmanr``: Pearson on average ranks), which
-tests/test_glue.py checks them against; not imported here, so the harness needs neither.
+tests/unit/test_glue.py checks them against; not imported here, so the harness needs neither.
 Where a metric is undefined (no positive prediction or label for F1, a constant input for a
 correlation) it is 0, as scikit-learn returns for F1 and Matthews (scipy's correlations
 return nan there, which would poison a median and the average).
