@@ -36,7 +36,7 @@ $(STAMP): $(PKG)/constraints.txt $(PKG)/pyproject.toml
 	@$(MAKE) --no-print-directory prereqs
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c $(PKG)/constraints.txt -e "$(PKG)[dev,prep,mpi,tools]"
+	$(PY) -m pip install --quiet -c $(PKG)/constraints.txt -e "$(PKG)[dev,prep,mpi,tools,tensorboard]"
 	$(PY) -m pip install --quiet --no-deps --upgrade --target $(ORACLE) -c $(PKG)/constraints.txt bert-tensorflow
 	touch $@
 

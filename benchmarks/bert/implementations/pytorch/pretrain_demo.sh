@@ -66,6 +66,7 @@ run_phase() { # run_phase P SEQ PRED STEPS BATCH ACCUM LR EVAL_SAMPLES [INIT]
     DATADIR="${out}/p${p}_train" EVALDIR="${out}/p${p}_eval" LOGDIR="${out}/phase${p}" LOGFILE=log.txt \
     BATCHSIZE="$5" GRADIENT_STEPS="$6" LR="$7" MAX_STEPS="$4" WARMUP_STEPS=$(($4 / 10)) EVAL_ITER_SAMPLES="$8" \
     SAVE_CHECKPOINT="${out}/phase${p}/final.pt" INIT_CHECKPOINT="${9:-}" CKPT_DIR="${out}/phase${p}/ckpt" \
+    TENSORBOARD_DIR="${out}/phase${p}/tb" \
     EXTRA_PARAMS="run.mode=pretrain ${model} data.max_seq_length=$2 data.max_predictions_per_seq=$3 \
 data.eval_samples=0 eval.batch_size=50 log.progress_interval_steps=20 \
 ckpt.interval_minutes=5 optim.max_grad_norm=1.0" \
@@ -128,5 +129,5 @@ seq 0 $(( $(glue plan --count) - 1 )) | xargs -P "${PD_RANKS}" -I{} \
 glue table > /dev/null
 cat "${out}/glue/same_doc/table.md"
 glue compare --task STDLIB-SAME-DOC --margin "${PD_GLUE_MARGIN}" --out "${out}/same_doc_compare.json"
-echo "pretrain-demo: both phases done; curves ${out}/curves.png; HF model ${out}/hf;" \
-  "downstream ${out}/glue/same_doc/table.md"
+echo "pretrain-demo: both phases done; curves ${out}/curves.png (TensorBoard: tensorboard --logdir ${out});" \
+  "HF model ${out}/hf; downstream ${out}/glue/same_doc/table.md"

@@ -38,7 +38,7 @@ if [[ -z "${DGXSYSTEM:-}" || ( -z "${DGXNGPU:-}" && "${LAUNCHER:-torchrun}" == t
   echo "run_and_time.sh: no config: source a config_*.sh first (e.g. source config_CPU_1x2.sh)" >&2
   exit 2
 fi
-for var in DATADIR EVALDIR LOGDIR INIT_CHECKPOINT SAVE_CHECKPOINT CKPT_DIR; do
+for var in DATADIR EVALDIR LOGDIR INIT_CHECKPOINT SAVE_CHECKPOINT CKPT_DIR TENSORBOARD_DIR; do
   if [[ -n "${!var:-}" && "${!var}" != /* ]]; then printf -v "${var}" '%s/%s' "${PWD}" "${!var}"; fi
 done
 cd "$(dirname "${BASH_SOURCE[0]}")"

@@ -9,6 +9,7 @@
 #
 # Each phase is one run.sub job (NEXP=1, no compliance check: pretraining is not an MLPerf
 # result) with LOGDIR=OUTDIR/phase<N>: its log phase<N>_1.log, curves phase<N>_1_curves.png,
+# TensorBoard curves phase<N>_1_tb/ (TENSORBOARD=0 turns them off; docs/watching.md),
 # checkpoints phase<N>_1_ckpt/, final weights OUTDIR/phase1/final.pt, which phase 2 starts
 # from (run.init_checkpoint) with a fresh optimizer and schedule. sbatch --signal=B:USR1@LEAD
 # (SIGNAL_LEAD, default 300 s) makes run.sub checkpoint and requeue itself before the time
@@ -32,7 +33,7 @@ submit() { # submit PHASE CONFIG DATADIR EVALDIR [DEPENDENCY]: prints the job id
     # shellcheck disable=SC1090  # the config is the caller's
     if [[ "$2" == */* ]]; then source "$2"; else source "./$2"; fi
     export DATADIR="$3" EVALDIR="$4" LOGDIR="${OUTDIR}/phase$1" DATESTAMP="phase$1" NEXP=1 CLEAR_CACHES=0 \
-      CHECK_COMPLIANCE=0 SAVE_CHECKPOINT=final.pt SEED="${SEED:-$((12344 + $1))}"
+      CHECK_COMPLIANCE=0 SAVE_CHECKPOINT=final.pt SEED="${SEED:-$((12344 + $1))}" TENSORBOARD="${TENSORBOARD:-1}"
     if (( $1 == 2 )); then export INIT_CHECKPOINT="${OUTDIR}/phase1/final.pt"; fi
     mkdir -p "${LOGDIR}"
     dep=()

@@ -21,7 +21,7 @@ from bert.config import ModelConfig, padded_vocab_size  # noqa: E402
 from bert.batches import collate  # noqa: E402
 from bert.shards import Sample  # noqa: E402
 
-from bench.flops import Shape  # noqa: E402
+from bert.flops import Shape  # noqa: E402
 
 
 def shape_of(cfg: ModelConfig) -> Shape:

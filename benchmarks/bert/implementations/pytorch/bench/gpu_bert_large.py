@@ -83,7 +83,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import common, flops  # noqa: E402
+from bench import common  # noqa: E402
+from bert import flops  # noqa: E402
 from bert import config_script, loader  # noqa: E402
 from bert.mlperf_log import read_events  # noqa: E402
 from bert.evaluate import mlm_accuracy  # noqa: E402

@@ -44,7 +44,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import common, flops  # noqa: E402
+from bench import common  # noqa: E402
+from bert import flops  # noqa: E402
 from bert import grad_sync  # noqa: E402
 from bert.config import GradSyncConfig, ModelConfig, OptimConfig, PrecisionConfig  # noqa: E402
 from bert.model import BertForPreTraining  # noqa: E402

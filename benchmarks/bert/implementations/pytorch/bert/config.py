@@ -288,6 +288,14 @@ class LogConfig:
     output_dir: str = "results"
     log_file: str = "result_0.txt"  # MLPerf log file name inside output_dir
     progress_interval_steps: int = 10  # human progress line (one host sync) every N steps
+    # TensorBoard event files of the loop's curves (bert/curves.py, docs/watching.md), written
+    # by rank 0 at each progress line and evaluation; empty = off. run.sub sets it under LOGDIR
+    # with TENSORBOARD=1, the pretraining scripts always. Needs the [tensorboard] extra; costs
+    # one small gather of the ranks' token counts per progress line (BENCHMARKS.md, section 12).
+    tensorboard_dir: str = ""
+    # One device's peak FLOP/s for the model's arithmetic, the denominator of the MFU curve
+    # (e.g. 989e12, an H100 SXM's dense bf16 tensor cores); 0 = unknown: no MFU curve.
+    peak_flops_per_s: float = 0.0
     # Also print the MLPerf log's :::MLLOG lines on stdout (they always go to the log file);
     # off, a person sees the progress and eval lines and the verdicts.
     echo_mllog: bool = False
@@ -389,6 +397,7 @@ LAUNCHER_VARIABLES: dict[str, str] = {
     "CKPT_DIR": "ckpt.dir",
     "LOGDIR": "log.output_dir",
     "LOGFILE": "log.log_file",
+    "TENSORBOARD_DIR": "log.tensorboard_dir",
     "DGXSYSTEM": "log.system",
     "SUBMISSION_ORG": "log.submitter",
     "SUBMISSION_PLATFORM": "log.platform",
@@ -790,6 +799,7 @@ def validate(cfg: Config) -> None:
     need(cfg.dist.startup_timeout_s > 0, "dist.startup_timeout_s", "must be positive")
     need(0 < cfg.dist.master_port < 65536, "dist.master_port", "must be a TCP port")
     need(cfg.log.progress_interval_steps > 0, "log.progress_interval_steps", "must be positive")
+    need(cfg.log.peak_flops_per_s >= 0, "log.peak_flops_per_s", "must be >= 0 (0 = unknown)")
     need(bool(cfg.log.output_dir), "log.output_dir", "must not be empty")
     sm = cfg.sampler
     need(sm.group_size >= 0, "sampler.group_size", "must be >= 0 (0 = all ranks)")

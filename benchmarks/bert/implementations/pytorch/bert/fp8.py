@@ -16,7 +16,7 @@ heads) runs in ``precision.dtype`` as before. The recipes are torchao's:
 
 Converted: every linear of the encoder (Q, K, V -- or the fused QKV GEMM, which runs
 through the query module -- the attention output, FFN in and out): 93% of a BERT-Large
-training step's useful FLOPs at seq 512 on Wikipedia lengths (bench/flops.py). Not
+training step's useful FLOPs at seq 512 on Wikipedia lengths (bert/flops.py). Not
 converted: the pooler (one row per sequence) and the MLM head (masked rows only; its decoder
 is the tied word embedding), which keep the logits at ``precision.dtype``.
 

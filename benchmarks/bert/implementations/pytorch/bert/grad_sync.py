@@ -286,6 +286,10 @@ class GradSync:
     clip: BucketClip | None  # the bucket-wise clipping state, when the hook clips
     mode: str  # human-readable: "global clip after allreduce", "bucket clip (count) + bf16", ...
     comm: Comm | None = None  # the registered bucket reduction (None: DDP's own allreduce)
+    # With build(keep_norm=True) and a global norm to keep (a global clip, or the one-process
+    # bucket clip): the last step's gradient norm before clipping, a 0-d fp32 device tensor
+    # (bert/curves.py reads it at the progress poll). One scalar copy per step; None otherwise.
+    norm: torch.Tensor | None = None
 
     def state_dict(self) -> dict[str, Any]:
         """Per-rank state a resumed run needs (PowerSGD's); empty for the stateless modes."""
@@ -320,15 +324,24 @@ def _noop() -> None:
     return None
 
 
+def _keeping(clip: Callable[[], torch.Tensor], norm: torch.Tensor) -> Callable[[], None]:
+    """``clip``, its returned norm copied into ``norm`` (in place: a CUDA graph replays it)."""
+    def after() -> None:
+        norm.copy_(clip())
+    return after
+
+
 def build(cfg: GradSyncConfig, ddp: DDP | None, params: Iterable[torch.nn.Parameter], max_grad_norm: float,
-          loss_scale: LossScale | None = None) -> GradSync:
+          loss_scale: LossScale | None = None, keep_norm: bool = False) -> GradSync:
     """Choose the gradient synchronisation once.
 
     ``ddp`` is None in a single process: no communication; bucket-wise clipping then sees
     one bucket holding the whole gradient (B = 1, t = C), i.e. the global clip, which is
-    also what DDP's own first step does before its bucket rebuild.
+    also what DDP's own first step does before its bucket rebuild. ``keep_norm``: keep the
+    norm before clipping where there is a global one (``GradSync.norm``).
     """
     params = [p for p in params if p.requires_grad]
+    norm = torch.zeros((), dtype=torch.float32, device=params[0].device) if keep_norm and params else None
     if cfg.bucket_clip_norm > 0:
         clip = BucketClip(cfg.bucket_clip_norm, cfg.bucket_clip_rule, loss_scale, cfg.bucket_clip_count)
         mode = f"bucket clip ({cfg.bucket_clip_rule}) before allreduce"
@@ -336,8 +349,11 @@ def build(cfg: GradSyncConfig, ddp: DDP | None, params: Iterable[torch.nn.Parame
             # after_sync runs after scaler.unscale_ (bert.trainer.train_step): true gradients,
             # so the threshold is not scaled here. One bucket: C, or C/sqrt(count) when fixed.
             clip.set_layout([sum(p.numel() for p in params)])
-            return GradSync(lambda: clip_([p.grad for p in params if p.grad is not None],
-                                          clip.thresholds[0]), clip, mode + ", 1 process")
+
+            def one_bucket() -> torch.Tensor:
+                return clip_([p.grad for p in params if p.grad is not None], clip.thresholds[0])
+            return GradSync(one_bucket if norm is None else _keeping(one_bucket, norm), clip, mode + ", 1 process",
+                            norm=norm)
         comm = make_comm(cfg)
         attach(ddp, comm, clip)
         return GradSync(_noop, clip, f"{mode} + {cfg.compression}", comm)
@@ -347,5 +363,6 @@ def build(cfg: GradSyncConfig, ddp: DDP | None, params: Iterable[torch.nn.Parame
         attach(ddp, comm)
     if max_grad_norm > 0:  # closed-division semantics: global norm after the allreduce
         after = functools.partial(torch.nn.utils.clip_grad_norm_, params, max_grad_norm, foreach=True)
-        return GradSync(after, None, f"global clip after allreduce + {cfg.compression}", comm)
+        return GradSync(after if norm is None else _keeping(after, norm), None,
+                        f"global clip after allreduce + {cfg.compression}", comm, norm)
     return GradSync(_noop, None, f"no clipping + {cfg.compression}", comm)

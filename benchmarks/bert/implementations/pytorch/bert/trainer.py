@@ -30,6 +30,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import budget, checkpoint, distributed, fp8, grad_sync, loader, rng, step_graph, storage
+from .curves import Curves
 from .batches import split_labels, to_device
 from .budget import Layout
 from .config import (Config, ConfigError, check_for_device, dumps, eval_interval_samples, global_batch_size,
@@ -135,7 +136,8 @@ def build_learner(cfg: Config, world_size: int, device: torch.device) -> tuple[L
     # The bucket-clip hook sees scaled fp16 gradients: its thresholds follow the live scale.
     hook_scale = functools.partial(_scale_or_one, scaler) if scaler.is_enabled() else None
     sync = grad_sync.build(cfg.grad_sync, train_model if isinstance(train_model, DDP) else None,
-                           model.parameters(), cfg.optim.max_grad_norm, hook_scale)
+                           model.parameters(), cfg.optim.max_grad_norm, hook_scale,
+                           keep_norm=bool(cfg.log.tensorboard_dir))  # the curves' gradient norm
     # Graphs: step counts and learning rates on the device, read by the optimizer graph.
     optimizer, impl = build_optimizer(model, cfg.optim, device.type, capturable=cfg.run.cuda_graphs)
     scheduler = build_scheduler(optimizer, cfg.optim)
@@ -247,6 +249,7 @@ class Trainer:
         self.eval_batches: list[dict] = []  # collated once (open_data): the eval set never changes
         self.eval_samples = 0  # across all ranks
         self._loader_state: dict[str, Any] | None = None  # a resumed stream's position, for open_data
+        self.curves: Curves | None = None  # TensorBoard (log.tensorboard_dir), opened by ``train``
 
     @property
     def precision_hyperparameters(self) -> dict[str, Any]:
@@ -344,6 +347,10 @@ class Trainer:
         the run_stop status ("success", "aborted") or why it stopped ("preempted",
         "interrupted", "diverged": a NaN/inf streak, or NaN/inf state at a checkpoint)."""
         cfg, s, mllog = self.cfg, self.state, self.mllog
+        if cfg.log.tensorboard_dir and self.curves is None:  # from this run's first step: a resume continues
+            self.curves = Curves(cfg.log.tensorboard_dir, cfg.model, self.denv.rank, self.denv.world_size,
+                                 cfg.run.grad_accum_steps, cfg.log.peak_flops_per_s, s.step, s.samples)
+            self.batches = self.curves.count(self.batches)
         last_t, last_samples = time.perf_counter(), s.samples
         # The open block's first sample count (its block_stop repeats it) and when it began:
         # the throughput logged at each eval is over the block's training time, evals excluded.
@@ -373,14 +380,21 @@ class Trainer:
     def _progress(self, loss: torch.Tensor, rate: float) -> None:
         """The progress line (the NaN guard is the checkpoint poll's: every rank agrees there)."""
         s, p = self.state, self.learner
-        # One host sync for the device-side counters; get_scale() is a second one, fp16 only.
-        value, streak, skipped = torch.stack(
+        # One host sync for the device-side counters (and the curves' gradient norm);
+        # get_scale() is a second one, fp16 only.
+        norm = p.grad_sync.norm if self.curves is not None else None
+        value, streak, skipped, *grad_norm = torch.stack(
             [loss.double(), s.nonfinite[1].double(), torch.as_tensor(s.skipped_steps, device=loss.device).double()]
+            + ([norm.double()] if norm is not None else [])
         ).tolist()
+        lr, scale = p.scheduler.get_last_lr()[0], p.scaler.get_scale()
         log.info(f"step {s.step:6d} | samples {s.samples:9d} | loss {value:7.4f} | "
-                 f"lr {p.scheduler.get_last_lr()[0]:.3e} | skipped {int(skipped)} | "
-                 f"scale {p.scaler.get_scale():.0f} | {rate:8.1f} samples/s"
+                 f"lr {lr:.3e} | skipped {int(skipped)} | "
+                 f"scale {scale:.0f} | {rate:8.1f} samples/s"
                  + (f" | NaN/inf loss {int(streak)} steps in a row" if streak else ""))
+        if self.curves is not None:  # every rank: the token counts are gathered here
+            values = {"loss": value, "learning_rate": lr, "loss_scale": scale, "skipped_steps": skipped}
+            self.curves.progress(s.step, values | ({"grad_norm": grad_norm[0]} if grad_norm else {}), rate)
 
     def _evaluate(self, loss: torch.Tensor, done: bool) -> str | None:
         """One evaluation, logged; what the goal makes of it (None: go on)."""
@@ -396,6 +410,8 @@ class Trainer:
                 mllog.event(f"eval_{k}", v, epoch_num=s.samples)
         mllog.skipped_steps(int(s.skipped_steps), s.samples)  # a sync; the eval had one
         log.info(self.goal.line(s, metrics))
+        if self.curves is not None:
+            self.curves.evaluate(s.step, s.samples, metrics)
         status = self.goal.after_eval(s, metrics, float(loss), done)
         while s.next_eval <= s.samples:
             s.next_eval += self.eval_interval
@@ -454,6 +470,8 @@ class Trainer:
         reads, the exit status."""
         s, mllog, ckpt = self.state, self.mllog, self.checkpointer
         stopped_ms = clock_ms()  # run_stop's time: the final outputs below are written after it, untimed
+        if self.curves is not None:
+            self.curves.close()
         total_nonfinite = int(s.nonfinite[0])  # host sync, once
         mllog.event("nonfinite_loss_steps", total_nonfinite)  # not an MLPerf key; skipped/NaN steps
         clip = self.learner.grad_sync.clip

@@ -38,7 +38,7 @@ import numpy as np
 PKG = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PKG))
 
-from bench.flops import Shape, attention_flops, head_flops, layer_flops  # noqa: E402
+from bert.flops import Shape, attention_flops, head_flops, layer_flops  # noqa: E402
 from bert import budget  # noqa: E402
 from bert.trainer import train_layout  # noqa: E402
 from bert.config import build_config  # noqa: E402

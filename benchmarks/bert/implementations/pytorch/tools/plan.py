@@ -11,7 +11,7 @@ The model, per optimizer step of a phase (global batch B on N nodes x G GPUs, A 
 
 compute   B / (N G) / throughput: the per-GPU samples/s of that phase's sequence length,
           given (``--throughput p1,p2``) or read from ``bench/gpu_bert_large.py``'s JSON (its
-          best seq-512 case; phase 1's rate from it by the FLOP ratio of ``bench/flops.py``).
+          best seq-512 case; phase 1's rate from it by the FLOP ratio of ``bert/flops.py``).
 comm      the gradient (its element count from the model shape) as DDP's buckets (``--bucket-mb``,
           reverse parameter order, the tied word embedding last, complete only when backward
           ends), each through a ring allreduce over two serial links in turn: inside the node
@@ -199,7 +199,7 @@ def links_of(hw: Hardware) -> list[tuple[float, float]]:
 def train_sample_flops(s: Shape, seq: int, max_pred: int) -> float:
     """A full-length sample (pretraining data is mostly full at 128; the 512 rate is the
     bench's, on Wikipedia's length mix, so both sides use what the bench saw)."""
-    from bench import flops
+    from bert import flops
 
     shape = flops.Shape(s.hidden, s.layers, s.intermediate, s.vocab)
     return float(flops.train_flops(flops.useful_forward_flops(shape, [seq], max_pred)))

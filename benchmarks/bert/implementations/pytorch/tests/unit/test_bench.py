@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from bench import common, flops, gpu_bert_large
+from bench import common, gpu_bert_large
+from bert import flops
 from bert.config import ModelConfig
 from bert.model import BertForPreTraining
 

@@ -216,7 +216,7 @@ def test_ladder_tool_measures_what_the_run_builds():
     """tools/budget_ladder.py: the run's own ladder; held-out padding near the expected one."""
     from tools.budget_ladder import LARGE, config, measure
 
-    from bench.flops import head_flops, train_flops, useful_forward_flops
+    from bert.flops import head_flops, train_flops, useful_forward_flops
 
     r = measure("random", 16, 8, 2048, 512, 76)
     assert tuple(r["rungs"]) == train_layout(config("random", 16, 512, 76), 8).rungs
@@ -224,7 +224,7 @@ def test_ladder_tool_measures_what_the_run_builds():
     assert r["hit"] <= len(r["rungs"]) and r["masked_slots"] == 16 * 76
     # ~0.15 L predictions per sample (capped at 76): about half of the 76 slots are real
     assert 0.4 < r["masked_real_mean"] / r["masked_slots"] < 0.6
-    # the FLOP shares against bench/flops.py's count of sampled batches (an independent sum)
+    # the FLOP shares against bert/flops.py's count of sampled batches (an independent sum)
     rng = np.random.default_rng(0)
     pmf = budget.length_pmf(512)
     useful = np.mean([train_flops(useful_forward_flops(LARGE, list(ls), int(sum(min(76, max(1, round(0.15 * n)))

@@ -68,9 +68,9 @@ def test_communication_model_against_the_measured_grad_sync_table():
 
 
 def test_throughput_from_a_bench_json(tmp_path):
-    """bench/gpu_bert_large.py's best useful FLOP/s, divided by bench/flops.py's count of one
+    """bench/gpu_bert_large.py's best useful FLOP/s, divided by bert/flops.py's count of one
     training sample of each phase."""
-    from bench import flops
+    from bert import flops
 
     path = tmp_path / "gpu.json"
     path.write_text(json.dumps({"cases": [{"status": "ok", "useful_tflops_per_s": 100.0},
