@@ -4,7 +4,7 @@ without TENSORBOARD_DIR, interleaved, the same seed and steps each time.
 
     python bench/curves_overhead.py --data DIR [--reps 3] [--samples 12800] [--out curves.json]
     python bench/curves_overhead.py --data DIR --reps 1 --only on --extra "DIVISION=open sampler.deal=snake"
-    python bench/curves_overhead.py --data DIR --counts     # the per-micro-batch count alone
+    python bench/curves_overhead.py --data DIR --counts     # the count and the poll alone
 
 DIR: the demo data (``python -m bert.demo_data``, as demo.sh makes it in build/demo_data).
 Per run: the training throughput of each eval block as the MLPerf log records it
@@ -58,6 +58,30 @@ def count_cost(data: Path, batches: int = 50, reps: int = 20) -> list[float]:
     return out
 
 
+def poll_cost(data: Path, polls: int = 200) -> list[float]:
+    """CPU microseconds of one ``Curves.progress`` on rank 0 of one process (no gather to
+    wait for): the interval's counts (the demo's 25 steps) summed and its ~35 scalars handed
+    to TensorBoard's writer thread; three measurements."""
+    from bert import curves
+    from bert.config import ModelConfig
+
+    model = ModelConfig(vocab_size=128, hidden_size=128, num_layers=2, num_heads=4, intermediate_size=512)
+    counts = [(32, 2050, 160000, 300)] * 25
+    out = []
+    with tempfile.TemporaryDirectory() as tb:
+        c = curves.Curves(tb, model, 0, 1, 1, 1e12, 0, 0)
+        values = {"loss": 2.0, "learning_rate": 1e-3, "loss_scale": 1.0, "skipped_steps": 0.0, "grad_norm": 1.0}
+        for _ in range(3):
+            t = time.process_time()
+            for i in range(polls):
+                c.counted = curves.Counted(iter(()))
+                c.counted.counts = list(counts)
+                c.progress(25 * (i + 1), values, 400.0)
+            out.append((time.process_time() - t) / polls * 1e6)
+        c.close()
+    return out
+
+
 def balance(tb: Path) -> dict:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -106,16 +130,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("curves_overhead.json"))
     ap.add_argument("--only", choices=["on", "off"], help="only runs with the curves on (or off)")
     ap.add_argument("--extra", default="", help="VAR=value and key=value words added to every run")
-    ap.add_argument("--counts", action="store_true", help="only the cost of counting one micro-batch")
+    ap.add_argument("--counts", action="store_true", help="only the cost of a count and of a poll")
     a = ap.parse_args(argv)
     if not (a.data / "train").is_dir() or not (a.data / "eval").is_dir():
         print(f"curves_overhead: --data {a.data} has no train/ and eval/ (python -m bert.demo_data makes them)",
               file=sys.stderr)
         return 2
     if a.counts:
-        us = count_cost(a.data)
-        print(f"curves.batch_counts: {', '.join(f'{x:.1f}' for x in us)} CPU-us per micro-batch")
-        a.out.write_text(json.dumps({"batch_counts_cpu_us": us}, indent=1))
+        us, poll = count_cost(a.data), poll_cost(a.data)
+        print(f"curves.batch_counts: {', '.join(f'{x:.1f}' for x in us)} CPU-us per micro-batch; "
+              f"Curves.progress: {', '.join(f'{x:.0f}' for x in poll)} CPU-us per poll (one process)")
+        a.out.write_text(json.dumps({"batch_counts_cpu_us": us, "progress_cpu_us": poll}, indent=1))
         return 0
     runs = []
     with tempfile.TemporaryDirectory() as work:

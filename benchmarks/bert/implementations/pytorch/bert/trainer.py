@@ -30,11 +30,11 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import budget, checkpoint, distributed, fp8, grad_sync, loader, rng, step_graph, storage
-from .curves import Curves
 from .batches import split_labels, to_device
 from .budget import Layout
 from .config import (Config, ConfigError, check_for_device, dumps, eval_interval_samples, global_batch_size,
                      is_benchmark_model, max_samples, read_timeout_s)
+from .curves import Curves
 from .evaluate import held_out_metrics, mlm_accuracy, warm_up_eval
 from .exit_status import ExitStatus
 from .loader import EvalSet, check_eval_dir
@@ -371,7 +371,7 @@ class Trainer:
                 if status:
                     return status
                 mllog.block_start(s.samples, self.eval_interval)
-                last_t = time.perf_counter()  # the eval's time is not training throughput
+                last_t, last_samples = time.perf_counter(), s.samples  # the eval's time is not training throughput
                 block_first, block_t = s.samples, last_t
             stop = self.checkpointer.at_boundary(self.learner, s, self.batches)  # after the eval: never repeated
             if stop:

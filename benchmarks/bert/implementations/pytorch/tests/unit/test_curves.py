@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from bert import curves, flops, train
@@ -115,3 +116,22 @@ def test_without_tensorboard_installed_the_key_is_named(tmp_path, monkeypatch):
     monkeypatch.setattr(curves.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(curves.ConfigError, match="log.tensorboard_dir"):
         curves.Curves(tmp_path, ModelConfig(), 0, 1, 1, 0.0, 0, 0)
+
+
+@pytest.mark.parametrize("bucket", [False, True])
+def test_the_kept_gradient_norm_is_the_norm_before_clipping(bucket):
+    """grad_sync.build(keep_norm=True): the global clip's (or the one-process bucket clip's)
+    norm before clipping, as torch.linalg computes it, while the gradients are clipped."""
+    from bert import grad_sync
+    from bert.config import GradSyncConfig
+
+    params = [torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2, 2))]
+    for p, g in zip(params, (torch.tensor([3.0, 0.0, 4.0]), torch.full((2, 2), 6.0))):
+        p.grad = g.clone()
+    want = torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in params]))  # 13
+    cfg = GradSyncConfig(bucket_clip_norm=1.0 if bucket else 0.0)
+    sync = grad_sync.build(cfg, None, params, 0.0 if bucket else 1.0, keep_norm=True)
+    sync.after_sync()
+    assert float(sync.norm) == pytest.approx(float(want))
+    assert float(torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in params]))) == pytest.approx(1.0, rel=1e-5)
+    assert grad_sync.build(GradSyncConfig(), None, params, 1.0).norm is None  # off unless asked

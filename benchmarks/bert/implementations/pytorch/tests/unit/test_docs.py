@@ -116,6 +116,11 @@ BLOCKS: dict[tuple[str, str, str], object] = {
         Covered("tests/integration/test_glue.py::test_array_on_slurm_runs_one_run_per_task_and_the_table_follows",
                 ("glue.sub", "plan", "table"),
                 "GLUE's data and a GPU cluster are yours; the test runs the array over generated tasks on its cluster"),
+    ("docs/watching.md", "Turning them on", "TENSORBOARD=1 CONT=<image>"): Covered(
+        "tests/integration/test_curves.py::test_two_ranks_resumed_and_the_server_returns_the_curves",
+        ("run_and_time.sh", "TENSORBOARD_DIR", "tensorboard", "--logdir", "--host", "127.0.0.1"),
+        "the image, your data and a cluster are yours: run.sub's TENSORBOARD=1 sets TENSORBOARD_DIR for "
+        "run_and_time.sh, which the test sets on 2 CPU ranks, then serves the folder on a free port"),
     ("docs/published_recipe.md", "The paper's recipe, as published (Kim et al. 2024, open division)",
      "python tools/schedule.py"): RUN,
     ("docs/published_recipe.md", "The paper's recipe, as published (Kim et al. 2024, open division)",
