@@ -22,7 +22,7 @@ import torch.nn as nn
 
 from .attention import build_attention
 from .config import ModelConfig
-from .model import BertModel, _attend_padded
+from .model import BertForPreTraining, BertModel, _attend_padded
 
 ENCODER_PREFIX = "bert."
 
@@ -38,16 +38,9 @@ class BertForSequenceClassification(nn.Module):
         self.classifier = nn.Linear(cfg.hidden_size, num_labels)
         self.apply(self._init_weights)
 
-    def _init_weights(self, module: nn.Module) -> None:
-        # BertForPreTraining's init (normal(0, initializer_range), zero biases, unit LayerNorm):
-        # a randomly initialised twin is the same draw a pretraining run starts from.
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=self.initializer_range)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.LayerNorm):
-            nn.init.ones_(module.weight)
-            nn.init.zeros_(module.bias)
+    # BertForPreTraining's init (normal(0, initializer_range), zero biases, unit LayerNorm):
+    # a randomly initialised twin is the same draw a pretraining run starts from.
+    _init_weights = BertForPreTraining._init_weights
 
     def forward(self, input_ids, token_type_ids, attention_mask):
         """[B, S] ids, segment ids and mask (nonzero = real) -> logits [B, num_labels]."""

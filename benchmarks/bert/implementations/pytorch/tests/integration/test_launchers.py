@@ -137,7 +137,8 @@ def test_slurm_usr1_checkpoints_requeues_and_resumes(slurm_cluster, trained, dem
     # Run 2's rank 0 is held after step 5 until the signal reaches it (hold_env): it is seen at
     # that step's poll, however fast the machine.
     env = demo_run_env(trained, demo_data, logdir, NEXP="2", SEED="7", DATESTAMP="rq", EVAL_ITER_SAMPLES="1600", MAX_SAMPLES_TERMINATION="3200",
-                   SLURM_CONF=slurm_cluster.env["SLURM_CONF"], **hold_env(tmp_path, "boundary:0:5:signal:if=LOGFILE=rq_2.log"))
+                   SLURM_CONF=slurm_cluster.env["SLURM_CONF"], TENSORBOARD="1",
+                   **hold_env(tmp_path, "boundary:0:5:signal:if=LOGFILE=rq_2.log"))
     env["EXTRA_PARAMS"] += " log.progress_interval_steps=5 ckpt.poll_steps=5"
     job_id, out_file = submit_held(slurm_cluster, env, tmp_path, 5, "--requeue")
     subprocess.run(["scancel", "--batch", "--signal=USR1", job_id], env=slurm_cluster.env, check=True, timeout=30)
@@ -161,6 +162,14 @@ def test_slurm_usr1_checkpoints_requeues_and_resumes(slurm_cluster, trained, dem
     assert any(e["key"] == "resumed_from_checkpoint" for e in events)
     assert (logdir / "rq_2_ckpt" / "finished.json").exists()
     assert not (logdir / f".run.sub_job_{job_id}").exists()  # the job's state is gone once it ends
+    # TENSORBOARD=1: each run's curves beside its log; the requeued run 2 continued its own
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    for i in (1, 2):
+        acc = EventAccumulator(str(logdir / f"rq_{i}_tb"))
+        acc.Reload()
+        assert [e.step for e in acc.Scalars("train/loss")] == [5, 10, 15, 20, 25], i
+        assert [e.step for e in acc.Scalars("balance/busiest_over_mean_tokens")] == list(range(1, 26)), i
 
 
 def test_slurm_sigint_stops_the_job_after_a_checkpoint(slurm_cluster, trained, demo_data, tmp_path):
