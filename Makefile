@@ -7,6 +7,10 @@ PKG   := benchmarks/bert/implementations/pytorch
 VENV  := .venv
 PY    := $(CURDIR)/$(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+# Google's bert-tensorflow (bert/create_pretraining_data.py, bert/tokenization.py): the oracle the
+# tests compare `create` with (bench/google_bert.py loads it by file path). Kept off sys.path in a
+# folder of its own: its top-level package is named `bert`, like ours, and would shadow it.
+ORACLE := $(VENV)/oracle
 
 .PHONY: demo pretrain-demo test lint venv prereqs clean
 
@@ -32,6 +36,7 @@ $(STAMP): $(PKG)/constraints.txt $(PKG)/pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c $(PKG)/constraints.txt -e "$(PKG)[dev,prep,mpi,tools]"
+	$(PY) -m pip install --quiet --no-deps --upgrade --target $(ORACLE) -c $(PKG)/constraints.txt bert-tensorflow
 	touch $@
 
 demo: $(STAMP)

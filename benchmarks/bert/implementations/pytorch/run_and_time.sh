@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Per-run launcher: turns the config_*.sh variables that are set into training overrides
-# (it holds no defaults of its own: unset variables leave bert/config.py's defaults), runs
-# training, and prints the start/end and, for a run that trained, one RESULT line (rank 0's).
+# Per-run launcher: runs training with the config_*.sh variables that are set (the trainer
+# reads them, --from-env, by the one table of bert/config.py's LAUNCHER_VARIABLES; unset
+# variables leave its defaults; EXTRA_PARAMS' words follow as command-line overrides), and
+# prints the start/end and, for a run that trained, one RESULT line (rank 0's).
 #
 #   source config_CPU_1x2.sh && DATADIR=... EVALDIR=... [LOGDIR=...] ./run_and_time.sh
 #
@@ -37,46 +38,10 @@ for var in DATADIR EVALDIR LOGDIR INIT_CHECKPOINT SAVE_CHECKPOINT CKPT_DIR; do
 done
 cd "$(dirname "${BASH_SOURCE[0]}")"
 : "${LOGDIR:=$(cd ../../../.. && pwd)/results/${DGXSYSTEM}/bert}"
+export LOGDIR
 
-args=()
-add() { # add KEY VAR: pass ${VAR} as KEY=value when VAR is set and non-empty
-  if [[ -n "${!2:-}" ]]; then args+=("$1=${!2}"); fi
-}
-add data.train_dir DATADIR
-add data.eval_dir EVALDIR
-add run.init_checkpoint INIT_CHECKPOINT
-add run.save_checkpoint SAVE_CHECKPOINT
-add ckpt.dir CKPT_DIR
-add log.output_dir LOGDIR
-add log.log_file LOGFILE
-add log.system DGXSYSTEM
-add log.submitter SUBMISSION_ORG
-add log.platform SUBMISSION_PLATFORM
-add log.status SUBMISSION_STATUS
-add run.division DIVISION
-add run.seed SEED
-add run.local_batch_size BATCHSIZE
-add run.grad_accum_steps GRADIENT_STEPS
-add run.max_samples MAX_SAMPLES_TERMINATION
-add run.threads CPU_THREADS_PER_RANK
-add run.cache_cleared CACHE_CLEARED
-add log.compat MLPERF_COMPAT_LOG
-add optim.name OPTIMIZER
-add optim.lr LR
-add optim.total_steps MAX_STEPS
-add optim.warmup_steps WARMUP_STEPS
-add optim.start_warmup_step START_WARMUP_STEP
-add optim.beta1 OPT_LAMB_BETA_1
-add optim.beta2 OPT_LAMB_BETA_2
-add optim.eps OPT_EPSILON
-add optim.weight_decay WEIGHT_DECAY_RATE
-add optim.end_lr END_LR
-add precision.dtype PRECISION
-add eval.interval_samples EVAL_ITER_SAMPLES
-add eval.target_accuracy TARGET_MLM_ACCURACY
 # EXTRA_PARAMS: further key=value overrides, whitespace separated (word splitting intended).
-read -r -a extra <<< "${EXTRA_PARAMS:-}"
-args+=("${extra[@]}")
+read -r -a args <<< "${EXTRA_PARAMS:-}"
 
 # Each rank writes its exit status here and exits 0 (bert/train.py --exit-status-dir).
 status_dir=$(mktemp -d)
@@ -95,10 +60,10 @@ if [[ "${LAUNCHER:-torchrun}" == torchrun ]]; then
   # this line only: torchrun and its workers get a process group of their own.
   set -m
   PET_SIGNALS_TO_HANDLE=SIGTERM,SIGHUP,SIGQUIT torchrun --standalone --nnodes=1 --nproc_per_node="${DGXNGPU}" \
-    -m bert.train --exit-status-dir "${status_dir}" "${args[@]}" &
+    -m bert.train --from-env --exit-status-dir "${status_dir}" "${args[@]}" &
   set +m
 else
-  python -m bert.train --exit-status-dir "${status_dir}" "${args[@]}" &
+  python -m bert.train --from-env --exit-status-dir "${status_dir}" "${args[@]}" &
 fi
 child=$!
 signalled=0 interrupts=0 kids=()

@@ -81,10 +81,13 @@ if (( ${#bad[@]} )); then
 fi
 command -v docker > /dev/null || fail "no docker client on PATH (apt-get install docker.io)"
 
-# What reaches the container: the config's variables and run_and_time.sh's inputs, with
-# the values they have here (a variable set on the command line overrides the config's).
-mapfile -t inputs < <(sed -n 's/^add [a-z0-9_.]* \([A-Z0-9_]*\)$/\1/p' "${here}/run_and_time.sh")
-[[ " ${inputs[*]} " == *" DATADIR "* ]] || fail "cannot read run_and_time.sh's inputs (its 'add KEY VAR' lines)"
+# What reaches the container: the config's variables and the trainer's launcher variables
+# (bert/config.py's LAUNCHER_VARIABLES: standard-library Python, read by the host's python3),
+# with the values they have here (a variable set on the command line overrides the config's).
+mapfile -t inputs < <(python3 -c 'import sys; sys.path.insert(0, sys.argv[1])
+from bert.config import LAUNCHER_VARIABLES, EXTRA_PARAMS
+print(*LAUNCHER_VARIABLES, EXTRA_PARAMS, sep="\n")' "${here}" 2> /dev/null)
+[[ " ${inputs[*]} " == *" DATADIR "* ]] || fail "cannot read the trainer's launcher variables (bert/config.py) with python3 (3.10 or newer)"
 mapfile -t exported < <(cd "${here}" && env -i bash -c "source '${config}' > /dev/null && compgen -e" |
                          grep -vxE 'PWD|SHLVL|_')
 env_args=()

@@ -16,7 +16,7 @@ PKG = Path(__file__).resolve().parent.parent
 if str(PKG) not in sys.path:  # scripts run as `python bench/x.py`: import this checkout's bert
     sys.path.insert(0, str(PKG))
 
-from bert import demo_data  # noqa: E402
+from bert import demo_data, lengths  # noqa: E402
 from bert.config import ModelConfig, padded_vocab_size  # noqa: E402
 from bert.data import collate  # noqa: E402
 from bert.shards import Sample  # noqa: E402
@@ -52,7 +52,7 @@ def make_batches(num_batches: int, batch_size: int, seq_len: int, max_pred: int,
     rng = np.random.default_rng(seed)
     lang = demo_data.make_language(vocab, rng)
     shard = demo_data.make_samples(num_batches * batch_size, lang, seq_len, max_pred,
-                                   demo_data.length_distribution(seq_len), rng)
+                                   lengths.length_distribution(seq_len), rng)
     samples = [shard[i] for i in range(len(shard))]
     return [samples[k * batch_size:(k + 1) * batch_size] for k in range(num_batches)]
 

@@ -6,7 +6,6 @@ weights)."""
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import re
 import shutil
@@ -22,18 +21,6 @@ if str(PKG) not in sys.path:
     sys.path.insert(0, str(PKG))
 
 
-def source_config(name: str) -> dict[str, str]:
-    """The variables a config_*.sh exports (sourced by bash, as a user does)."""
-    out = subprocess.run(["bash", "-c", f"set -a; source ./{name} >/dev/null; env -0"], cwd=PKG, check=True,
-                         capture_output=True, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}).stdout
-    env = dict(item.split("=", 1) for item in out.decode().split("\0") if "=" in item)
-    return {k: v for k, v in env.items() if k not in ("PWD", "SHLVL", "_", "OLDPWD", "PATH")}
-
-
-def mllog_events(log: Path) -> list[dict]:
-    return [json.loads(line.split(":::MLLOG", 1)[1]) for line in log.read_text().splitlines() if ":::MLLOG" in line]
-
-
 def check_demo(workdir: Path, artifacts: Path, smoke: bool, data_dir: Path | None = None,
                extra_env: dict[str, str] | None = None, timeout_s: float = 300.0) -> dict:
     """config_CPU_1x2.sh's model and data, trained by ``run_and_time.sh`` in one process on
@@ -43,9 +30,10 @@ def check_demo(workdir: Path, artifacts: Path, smoke: bool, data_dir: Path | Non
     expected). ``extra_env`` overrides the launcher's variables (the tests start from the
     trained demo model). Copies the log, the trainer's output and the checker's output to
     ``artifacts`` as demo_result_0.txt, demo_train.log, demo_compliance.txt."""
-    from bert import demo_data
+    from bert import config_script, demo_data
+    from bert.mlperf_log import read_events
 
-    conf = source_config("config_CPU_1x2.sh")
+    conf = config_script.source(PKG / "config_CPU_1x2.sh", {"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
     t0 = time.perf_counter()
     if data_dir is None:
         data_dir = workdir / "demo_data"
@@ -108,7 +96,7 @@ def check_demo(workdir: Path, artifacts: Path, smoke: bool, data_dir: Path | Non
         out["checker"] = "not run: no log"
         return out
     shutil.copyfile(log, artifacts / "demo_result_0.txt")
-    events = mllog_events(log)
+    events = read_events(log)
     first = {e["key"]: e for e in reversed(events)}  # each key's first event
     accs = [(e["metadata"].get("epoch_num"), e["value"]) for e in events if e["key"] == "eval_accuracy"]
     out["eval_accuracy"] = accs

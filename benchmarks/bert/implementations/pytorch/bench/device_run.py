@@ -223,11 +223,12 @@ def check_attention_blocks(args, device: torch.device, samples_cache: dict) -> d
     Wikipedia lengths, padded to its budget rung, 16 heads of 64, bf16, dropout 0.1)."""
     if device.type != "cuda":
         return {"status": "skipped: the Triton kernels run on CUDA only"}
-    from bert import budget, ladder
+    from bert import budget
+    from bert.trainer import train_layout
 
     cfg, _ = gbl.case_config(gbl._case("blocks", args.small, f=gbl.FAST), args)
     samples = gbl.samples_for(args.small, args, cfg.model.vocab_size, samples_cache)
-    batch = budget.BudgetCollate(ladder.layout_for(cfg, 1))(samples[0])
+    batch = budget.BudgetCollate(train_layout(cfg, 1))(samples[0])
     return attention_blocks.sweep(batch["cu_seqlens"].to(device), int(batch["input_ids"].numel()),
                                   cfg.model.num_heads, cfg.model.hidden_size // cfg.model.num_heads,
                                   cfg.data.max_seq_length, device)

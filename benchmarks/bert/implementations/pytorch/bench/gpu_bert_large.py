@@ -55,7 +55,7 @@ from bert import sampler  # noqa: E402
 from bert.config import Config, ConfigError, ModelConfig, build_config  # noqa: E402
 from bert.distributed import DistEnv  # noqa: E402
 from bert.evaluate import mlm_accuracy  # noqa: E402
-from bert.trainer import Trainer, train_step  # noqa: E402
+from bert.trainer import Trainer, train_layout, train_step  # noqa: E402
 
 SINGLE = DistEnv(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=29500, launcher="single")
 
@@ -307,13 +307,11 @@ def case_config(case: Case, args) -> tuple[Config, dict[str, str]]:
 
 
 def collate_for(cfg: Config) -> tuple[Callable[[list], dict], Any]:
-    """The trainer's training collate for ``cfg`` on one device (``sampler.batch_collate``
-    with ``bert.ladder.layout_for(cfg, 1)``: the static token budget's when
-    ``data.token_budgets`` is set) and the budget layout (None when off)."""
-    from bert.ladder import layout_for
-
+    """The trainer's training collate for ``cfg`` on one device, as ``bert.sampler.train_batches``
+    builds it (the static token budget's collate when ``data.token_budgets`` is set), and the
+    budget layout (``bert.trainer.train_layout``; None when off)."""
     m, d = cfg.model, cfg.data
-    layout = layout_for(cfg, 1)
+    layout = train_layout(cfg, 1)
     return sampler.batch_collate(m.unpad, m.pack, d.max_seq_length, layout), layout
 
 

@@ -14,12 +14,14 @@ component receives only its own section (``cfg.model``, ``cfg.optim``, ...).
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import math
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal, Mapping
 
 
 RESOLVED = "resolved"  # section of a dumped config holding facts resolved at run time
@@ -91,12 +93,13 @@ class DataConfig:
     eval_samples: int = 10000
     # Static token budgets (bert/budget.py): pad each training micro-batch's token count
     # (not each sequence) up to one of a few fixed sizes, so a GPU step has one of a few
-    # static shapes (CUDA graphs; inductor without dynamic shapes). "" = off (the exact
-    # count); "auto" = a ladder from the local batch, max_seq_length, the sampler and the
-    # shipped Wikipedia length histogram; "N,N,..." = increasing budgets in tokens. The full
-    # grid local_batch_size * max_seq_length is always the top budget, so a batch is padded,
-    # never cut. Needs model.unpad=true. Costs the padded tokens' compute (docs/performance.md).
-    token_budgets: str = ""
+    # static shapes (CUDA graphs; inductor without dynamic shapes). [] = off (the exact
+    # count; "" on the command line); "auto" = a ladder from the local batch, max_seq_length,
+    # the sampler and the shipped Wikipedia length histogram; [N, N, ...] ("N,N,..." on the
+    # command line) = increasing budgets in tokens. The full grid local_batch_size *
+    # max_seq_length is always the top budget, so a batch is padded, never cut. Needs
+    # model.unpad=true. Costs the padded tokens' compute (docs/performance.md).
+    token_budgets: list[int] | Literal["auto"] = field(default_factory=list)
 
 
 @dataclass
@@ -120,7 +123,7 @@ class SamplerConfig:
     strata_width: int = 0
     # Samples per stratum per draw unit, e.g. "6,3,2,5"; empty = largest-remainder
     # rounding of the strata's shares.
-    counts: str = ""
+    counts: list[int] = field(default_factory=list)
     # fixed: the same counts every step (the paper's); carry: each step rounds the running
     # deficit of every stratum, so fine strata keep their exact shares (counts vary a bit).
     rounding: Literal["fixed", "carry"] = "fixed"
@@ -356,6 +359,67 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
 
 
+# ---------------------------------------------------------------- launcher variables
+
+# The variables MLPerf's launchers and config_*.sh scripts set (NVIDIA's names), and the key
+# each one sets: the one table. run_and_time.sh hands them over with ``python -m bert.train
+# --from-env``; tools read a config script through bert/config_script.py. An unset or empty
+# variable leaves the default; EXTRA_PARAMS holds further key=value overrides (applied last).
+LAUNCHER_VARIABLES: dict[str, str] = {
+    "DATADIR": "data.train_dir",
+    "EVALDIR": "data.eval_dir",
+    "INIT_CHECKPOINT": "run.init_checkpoint",
+    "SAVE_CHECKPOINT": "run.save_checkpoint",
+    "CKPT_DIR": "ckpt.dir",
+    "LOGDIR": "log.output_dir",
+    "LOGFILE": "log.log_file",
+    "DGXSYSTEM": "log.system",
+    "SUBMISSION_ORG": "log.submitter",
+    "SUBMISSION_PLATFORM": "log.platform",
+    "SUBMISSION_STATUS": "log.status",
+    "MLPERF_COMPAT_LOG": "log.compat",
+    "DIVISION": "run.division",
+    "SEED": "run.seed",
+    "BATCHSIZE": "run.local_batch_size",
+    "GRADIENT_STEPS": "run.grad_accum_steps",
+    "MAX_SAMPLES_TERMINATION": "run.max_samples",
+    "CPU_THREADS_PER_RANK": "run.threads",
+    "CACHE_CLEARED": "run.cache_cleared",
+    "OPTIMIZER": "optim.name",
+    "LR": "optim.lr",
+    "MAX_STEPS": "optim.total_steps",
+    "WARMUP_STEPS": "optim.warmup_steps",
+    "START_WARMUP_STEP": "optim.start_warmup_step",
+    "OPT_LAMB_BETA_1": "optim.beta1",
+    "OPT_LAMB_BETA_2": "optim.beta2",
+    "OPT_EPSILON": "optim.eps",
+    "WEIGHT_DECAY_RATE": "optim.weight_decay",
+    "END_LR": "optim.end_lr",
+    "PRECISION": "precision.dtype",
+    "EVAL_ITER_SAMPLES": "eval.interval_samples",
+    "TARGET_MLM_ACCURACY": "eval.target_accuracy",
+}
+EXTRA_PARAMS = "EXTRA_PARAMS"
+
+
+def launcher_overrides(variables: Mapping[str, str], extra: bool = True) -> dict[str, str]:
+    """The overrides a launcher's ``variables`` stand for: each variable of the table that is
+    set and not empty, then (``extra``) EXTRA_PARAMS' ``key=value`` words. Words that are
+    flags (``--dry-run``) belong to the command line, not to the settings."""
+    out = {key: variables[var] for var, key in LAUNCHER_VARIABLES.items() if variables.get(var)}
+    if extra:
+        for word in variables.get(EXTRA_PARAMS, "").split():
+            if not word.startswith("--"):
+                out.update(parse_overrides([word]))
+    return out
+
+
+def launcher_variable(key: str) -> str:
+    """The launcher variable that sets dotted ``key`` (KeyError: none does)."""
+    (var,) = [v for v, k in LAUNCHER_VARIABLES.items() if k == key]
+    return var
+
+
 # ---------------------------------------------------------------- derived quantities
 
 
@@ -416,6 +480,20 @@ def timed_run_problems(cfg: Config) -> list[str]:
 def _coerce(key: str, tp: Any, value: Any) -> Any:
     """Convert ``value`` (a string from the command line, or a parsed file value) to ``tp``."""
     origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):  # e.g. list[int] | Literal["auto"]: the first arm that takes it
+        for arm in typing.get_args(tp):
+            try:
+                return _coerce(key, arm, value)
+            except ConfigError:
+                pass
+        raise ConfigError(f"{key}: expected {' or '.join(map(_describe, typing.get_args(tp)))}, got {value!r}")
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        if isinstance(value, str):  # "1,2,3" from the command line; "" = the empty list
+            value = [v.strip() for v in value.split(",")] if value.strip() else []
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list (N,N,... on the command line), got {value!r}")
+        return [_coerce(f"{key}[{i}]", item, v) for i, v in enumerate(value)]
     if origin is Literal:
         choices = typing.get_args(tp)
         if value not in choices:
@@ -459,6 +537,15 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
             raise ConfigError(f"{key}: expected a string, got {value!r}")
         return str(value)
     raise ConfigError(f"{key}: unsupported field type {tp!r}")  # a bug in this file
+
+
+def _describe(tp: Any) -> str:
+    """What a value of ``tp`` looks like, for an error message."""
+    if typing.get_origin(tp) is Literal:
+        return " or ".join(repr(c) for c in typing.get_args(tp))
+    if typing.get_origin(tp) is list:
+        return f"a list of {_describe(typing.get_args(tp)[0]).removeprefix('an ').removeprefix('a ')}s (N,N,...)"
+    return {int: "an integer", float: "a number", bool: "a boolean", str: "a string"}.get(tp, repr(tp))
 
 
 def _field_types(obj: Any) -> dict[str, Any]:
@@ -539,18 +626,14 @@ def build_config(overrides: dict[str, Any] | None = None, config_file: str | Non
     return cfg
 
 
-def parse_budgets(spec: str, local_batch: int, max_seq_length: int) -> tuple[int, ...] | None:
-    """``data.token_budgets`` -> None (off), "auto", or increasing explicit rungs with the
-    full grid appended when the list stops short of it. Raises ConfigError naming the key."""
-    spec = spec.strip()
-    if spec in ("", "auto"):
+def parse_budgets(spec: list[int] | Literal["auto"], local_batch: int, max_seq_length: int) -> tuple[int, ...] | None:
+    """``data.token_budgets`` -> None (off, or "auto": the ladder decides), or the explicit
+    rungs with the full grid appended when the list stops short of it. Raises ConfigError
+    naming the key."""
+    if spec == "auto" or not spec:
         return None
     full = local_batch * max_seq_length
-    try:
-        rungs = [int(x) for x in spec.split(",")]
-    except ValueError:
-        raise ConfigError(f"data.token_budgets={spec!r}: expected '', 'auto' or increasing token counts "
-                          "'N,N,...'") from None
+    rungs = list(spec)
     if any(r < 1 for r in rungs):
         raise ConfigError(f"data.token_budgets={spec!r}: every budget must be >= 1 token")
     if any(b <= a for a, b in zip(rungs, rungs[1:])):
@@ -585,7 +668,7 @@ def validate(cfg: Config) -> None:
     need(0 < d.max_predictions_per_seq <= d.max_seq_length, "data.max_predictions_per_seq",
          "must be in [1, data.max_seq_length]")
     need(d.eval_samples >= 0, "data.eval_samples", "must be >= 0")
-    if d.token_budgets.strip():  # budgets pad the unpadded layout (bert/budget.py)
+    if d.token_budgets:  # budgets pad the unpadded layout (bert/budget.py)
         if not m.unpad or m.pack:
             raise ConfigError(f"data.token_budgets={d.token_budgets!r}: budgets pad the unpadded layout; they "
                               "need model.unpad=true and model.pack=false")
@@ -612,10 +695,7 @@ def validate(cfg: Config) -> None:
     need(pr.loss_scale_growth > 1, "precision.loss_scale_growth", "must be > 1")
     need(0 < pr.loss_scale_backoff < 1, "precision.loss_scale_backoff", "must be in (0, 1)")
     need(pr.loss_scale_growth_interval > 0, "precision.loss_scale_growth_interval", "must be positive")
-    need(not (o.impl == "fused" and o.name == "lamb"), "optim.impl",
-         "'fused' is torch's fused AdamW; torch has no LAMB (use auto, apex or foreach)")
-    need(not (o.impl == "compiled" and o.name != "lamb"), "optim.impl",
-         "'compiled' is LAMB's; for AdamW torch's fused kernel is already one pass (use auto or fused)")
+    check_optim_impl(o)
     g = cfg.grad_sync
     need(g.bucket_cap_mb > 0, "grad_sync.bucket_cap_mb", "must be positive")
     need(0 <= g.first_bucket_mb <= g.bucket_cap_mb, "grad_sync.first_bucket_mb",
@@ -675,6 +755,95 @@ def validate(cfg: Config) -> None:
     need(k.interval_minutes >= 0, "ckpt.interval_minutes", "must be >= 0 (0 = off)")
     need(k.keep > 0, "ckpt.keep", "must be positive")
     need(k.poll_steps > 0, "ckpt.poll_steps", "must be positive")
+
+
+def check_optim_impl(o: OptimConfig) -> None:
+    """What ``optim.impl`` cannot give ``optim.name`` (validate; bert.optim.build_optimizer for
+    an OptimConfig built by hand)."""
+    if o.impl == "fused" and o.name == "lamb":
+        raise ConfigError("optim.impl: 'fused' is torch's fused AdamW; torch has no LAMB "
+                          "(use auto, apex, compiled or foreach)")
+    if o.impl == "compiled" and o.name != "lamb":
+        raise ConfigError("optim.impl: 'compiled' is LAMB's; AdamW's best is torch's fused kernel "
+                          "(use auto, torch or fused)")
+
+
+# ---------------------------------------------------------------- rules of a device and a world size
+
+FP8_MIN_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada, Hopper and later
+FP8_ALIGN = 16  # torch._scaled_mm: both dimensions of the second operand are multiples of 16
+
+
+def check_for_device(cfg: Config, device_type: str, world_size: int,
+                     capability: Callable[[], tuple[int, int]] | None = None) -> None:
+    """What this device and world size cannot run, refused naming the key (the trainer calls
+    it at build time, when both are known): CUDA graphs, FP8 GEMMs. ``capability`` gives the
+    CUDA device's compute capability (a parameter, so tests can stand in for a GPU)."""
+    check_cuda_graphs(cfg, device_type, world_size)
+    check_fp8(cfg, device_type, capability)
+
+
+def check_cuda_graphs(cfg: Config, device_type: str, world_size: int) -> None:
+    """What graph capture cannot do (bert/step_graph.py)."""
+    if not cfg.run.cuda_graphs:
+        return
+    why = None
+    if device_type != "cuda":
+        why = f"needs a CUDA device (device is {device_type!r})"
+    elif world_size > 1:
+        why = f"captures a single process's step; this run has {world_size} ranks (DDP's allreduce is not captured)"
+    elif cfg.precision.dtype == "fp16":
+        why = "fp16's loss scaler syncs the host to skip overflowing steps: use precision.dtype=bf16"
+    elif cfg.optim.impl == "apex":
+        why = "apex's fused optimizers are not capturable: use optim.impl=compiled or torch"
+    elif not cfg.data.token_budgets:
+        why = "needs static batch shapes: set data.token_budgets (e.g. auto)"
+    elif cfg.run.warmup_steps < 1:
+        why = "needs run.warmup_steps >= 1 (the optimizer state must exist before capture)"
+    if why:
+        raise ConfigError(f"run.cuda_graphs: {why}")
+
+
+def check_fp8(cfg: Config, device_type: str, capability: Callable[[], tuple[int, int]] | None = None) -> None:
+    """What FP8 GEMMs cannot do (bert/fp8.py)."""
+    recipe = cfg.precision.fp8
+    if recipe == "off":
+        return
+    key = f"precision.fp8={recipe}"
+    if importlib.util.find_spec("torchao") is None:
+        raise ConfigError(f"{key}: needs torchao (pip install the version pinned in constraints.txt, "
+                          "or the package's [fp8] extra)")
+    if cfg.precision.dtype == "fp16":
+        raise ConfigError(f"{key}: not with precision.dtype=fp16 (untested here; torchao's float8 recipes "
+                          "run their high-precision parts in bf16): use precision.dtype=bf16")
+    if device_type != "cuda":
+        return  # torchao's emulation: no tensor-core shape rules
+    if capability is None:
+        raise ConfigError(f"{key}: the CUDA device's compute capability is unknown")
+    cc = capability()
+    if tuple(cc) < FP8_MIN_CAPABILITY:
+        raise ConfigError(f"{key}: needs FP8 tensor cores (compute capability >= 8.9: Ada, Hopper or later); "
+                          f"this GPU has {cc[0]}.{cc[1]}")
+    m, d, r = cfg.model, cfg.data, cfg.run
+    for name in ("hidden_size", "intermediate_size"):
+        if getattr(m, name) % FP8_ALIGN:
+            raise ConfigError(f"{key}: model.{name}={getattr(m, name)} is not a multiple of {FP8_ALIGN} "
+                              "(torch._scaled_mm's rule for GEMM dimensions)")
+    if not m.unpad:  # padded or packed rows: batch (or rows) x max_seq_length tokens
+        if d.max_seq_length % FP8_ALIGN:
+            raise ConfigError(f"{key}: data.max_seq_length={d.max_seq_length} is not a multiple of {FP8_ALIGN}: "
+                              "the token rows are the inner dimension of the FP8 weight-gradient GEMM")
+        return
+    if not d.token_budgets:
+        raise ConfigError(f"{key}: the unpadded layout's token count is the inner dimension of the FP8 "
+                          f"weight-gradient GEMM and must be a multiple of {FP8_ALIGN}: set data.token_budgets "
+                          "(auto places its rungs on multiples of 64)")
+    full = r.local_batch_size * d.max_seq_length
+    rungs = parse_budgets(d.token_budgets, r.local_batch_size, d.max_seq_length) or (full,)  # auto: 64s + full
+    odd = [t for t in rungs if t % FP8_ALIGN]
+    if odd:
+        raise ConfigError(f"{key}: data.token_budgets rungs {odd} are not multiples of {FP8_ALIGN} (the inner "
+                          "dimension of the FP8 weight-gradient GEMM)")
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:

@@ -325,11 +325,3 @@ class EvalSet:
 
     def __len__(self) -> int:
         return len(self.shard)
-
-    def batches(self, batch_size: int, unpad: bool, max_seq_length: int) -> Iterator[dict[str, Any]]:
-        """Collated batches of ``batch_size`` (the last one may be smaller), in order."""
-        if batch_size <= 0:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
-        for start in range(0, len(self.shard), batch_size):
-            stop = min(start + batch_size, len(self.shard))
-            yield collate([self.shard[i] for i in range(start, stop)], unpad, max_seq_length)

@@ -46,17 +46,14 @@ A/B link through [SEP], so it is a lower bound on the Bayes accuracy: about 0.85
 the 0.1 restart rate. ``unigram``: always answer the most frequent training label;
 about 1/(V-5). The MLPerf-like target 0.72 sits between the two.
 
-Measured (seed 1, 20,000 train / 2,000 eval samples, seq 128, 20 predictions): oracle
-0.895, unigram 0.007 (vocab 128) / 0.001 (vocab 1024). Generation is vectorized with
-numpy: 0.4-0.7 s for that set, about 3 s at seq 512.
+Both are measured for the shipped demo sizes in BENCHMARKS.md ("The demo data"); generation
+is vectorized with numpy.
 
 How fast a model learns it
 --------------------------
-A tiny BERT (hidden 128, 2 layers, 4 heads, 2 CPU ranks x 32 samples, LAMB) first learns
-to copy the unchanged 10% (accuracy ~0.1), then, once attention finds the neighbours, climbs
-steeply to the target. The vocabulary sets how long that takes: with ``--vocab 128`` it
-passed 0.72 after 25,600 samples (~110 s, lr 0.02) or 32,000 samples (~125 s, lr 0.01);
-with 256, 41,600 samples (~200 s); with 1024, about 70,000 samples (over 5 minutes).
+A tiny BERT first learns to copy the unchanged 10% (accuracy ~0.1), then, once attention
+finds the neighbours, climbs steeply to the target; the vocabulary sets how long that takes
+(BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -68,15 +65,13 @@ from pathlib import Path
 
 import numpy as np
 
+from bert.lengths import length_distribution
 from bert.shards import SHARD_SUFFIXES, DataError, Shard, write_shard
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
 FIRST_CONTENT = 5
 RESTART_PROB = 0.1
 MASKED_LM_PROB = 0.15
-HISTOGRAM = Path(__file__).resolve().parent.parent / "data" / "wikipedia_seqlen_histogram_512.txt"
-
-
 @dataclass(frozen=True)
 class Language:
     """The permutation ``f`` as one cycle: ``f(order[k]) = order[k+1 mod n]``."""
@@ -99,18 +94,6 @@ def make_language(vocab_size: int, rng: np.random.Generator) -> Language:
     cycle_pos = np.full(vocab_size, -1, dtype=np.int64)
     cycle_pos[order] = np.arange(len(order))
     return Language(vocab_size, order, cycle_pos)
-
-
-def length_distribution(seq_len: int, path: Path = HISTOGRAM) -> tuple[np.ndarray, np.ndarray]:
-    """(lengths, probabilities) of real sample lengths, Wikipedia's 512 histogram scaled."""
-    try:
-        table = np.loadtxt(path, comments="#", dtype=np.int64).reshape(-1, 2)
-    except OSError as e:
-        raise DataError(f"{path}: cannot read the length histogram: {e.strerror}") from None
-    scaled = np.clip(np.round(table[:, 0] * seq_len / 512.0).astype(np.int64), 5, seq_len)
-    counts = np.bincount(scaled, weights=table[:, 1].astype(np.float64), minlength=seq_len + 1)
-    lengths = np.nonzero(counts)[0]
-    return lengths, counts[lengths] / counts.sum()
 
 
 def _segment_starts(lengths: np.ndarray) -> np.ndarray:

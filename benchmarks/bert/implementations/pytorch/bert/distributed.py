@@ -33,7 +33,7 @@ from typing import Mapping, NoReturn
 import torch
 import torch.distributed as dist
 
-from .config import DistConfig
+from .config import LAUNCHER_VARIABLES, DistConfig
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,12 @@ def launch_rank() -> int:
         return detect(DistConfig()).rank
     except ValueError:
         return 0
+
+
+def launcher_variables(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The launcher's settings (``bert.config.LAUNCHER_VARIABLES``) that are set and not empty."""
+    env = os.environ if env is None else env
+    return {k: env[k] for k in LAUNCHER_VARIABLES if env.get(k)}
 
 
 def _free_port() -> int:
@@ -322,11 +328,8 @@ def exit_process(status: int) -> NoReturn:
     holds the caller's captured ``at::ThreadLocalState``, whose Python object needs the GIL
     to be released. When that moment falls after interpreter finalization began, CPython
     ends the thread with ``pthread_exit`` inside a noexcept destructor and libstdc++ calls
-    ``std::terminate``: "terminate called without an active exception", SIGABRT, exit 134,
-    after a run that succeeded (seen ~1 in 10 test workers on a loaded 2-core machine; a
-    core dump shows ``ProcessGroupGloo::runLoop`` -> ``~AsyncBarrierWork`` ->
-    ``~ThreadLocalState`` -> ``gil_scoped_acquire`` -> ``PyThread_exit_thread``).
-    ``os._exit`` after flushing skips finalization, so those threads have nothing to race.
+    ``std::terminate`` (SIGABRT, exit 134, after a run that succeeded). ``os._exit`` after
+    flushing skips finalization, so those threads have nothing to race.
     Cost: atexit handlers do not run; callers close their files first (the MLPerf log is
     closed in ``bert.train.run``), and MPI is finalized here."""
     sys.stdout.flush()

@@ -23,7 +23,7 @@ is the tied word embedding), which keep the logits at ``precision.dtype``.
 On a CPU, torchao's emulation runs instead (``emulate=True``: the same casts and scales,
 the GEMM on the dequantised operands in high precision): for tests, slower than fp32.
 
-What cannot work is refused at build time (``check``), naming the key: no torchao; a GPU
+What cannot work is refused at build time (``bert.config.check_fp8``), naming the key: no torchao; a GPU
 without FP8 tensor cores (compute capability < 8.9); GEMM dimensions that are not multiples
 of 16 (``torch._scaled_mm``'s rule: the hidden and intermediate sizes, and the token rows,
 which are the inner dimension of the weight-gradient GEMM -- so the unpadded layout needs
@@ -43,16 +43,10 @@ convert a model.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-from typing import Callable
 
-import torch
 import torch.nn as nn
 
-from .config import Config, ConfigError, parse_budgets
 
-MIN_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada, Hopper and later
-ALIGN = 16  # torch._scaled_mm: both dimensions of the second operand are multiples of 16
 
 
 def encoder_linears(module: nn.Module, fqn: str) -> bool:
@@ -60,51 +54,10 @@ def encoder_linears(module: nn.Module, fqn: str) -> bool:
     return isinstance(module, nn.Linear) and fqn.startswith("bert.encoder.")
 
 
-def check(cfg: Config, device_type: str, capability: Callable[[], tuple[int, int]] | None = None) -> None:
-    """Refuse, naming the key, what FP8 GEMMs cannot do (module docstring). ``capability``
-    returns the CUDA device's compute capability (a parameter so tests can stand in for a GPU)."""
-    recipe = cfg.precision.fp8
-    if recipe == "off":
-        return
-    key = f"precision.fp8={recipe}"
-    if importlib.util.find_spec("torchao") is None:
-        raise ConfigError(f"{key}: needs torchao (pip install the version pinned in constraints.txt, "
-                          "or the package's [fp8] extra)")
-    if cfg.precision.dtype == "fp16":
-        raise ConfigError(f"{key}: not with precision.dtype=fp16 (untested here; torchao's float8 recipes "
-                          "run their high-precision parts in bf16): use precision.dtype=bf16")
-    if device_type != "cuda":
-        return  # torchao's emulation: no tensor-core shape rules
-    cc = (capability or torch.cuda.get_device_capability)()
-    if tuple(cc) < MIN_CAPABILITY:
-        raise ConfigError(f"{key}: needs FP8 tensor cores (compute capability >= 8.9: Ada, Hopper or later); "
-                          f"this GPU has {cc[0]}.{cc[1]}")
-    m, d, r = cfg.model, cfg.data, cfg.run
-    for name in ("hidden_size", "intermediate_size"):
-        if getattr(m, name) % ALIGN:
-            raise ConfigError(f"{key}: model.{name}={getattr(m, name)} is not a multiple of {ALIGN} "
-                              "(torch._scaled_mm's rule for GEMM dimensions)")
-    if not m.unpad:  # padded or packed rows: batch (or rows) x max_seq_length tokens
-        if d.max_seq_length % ALIGN:
-            raise ConfigError(f"{key}: data.max_seq_length={d.max_seq_length} is not a multiple of {ALIGN}: the "
-                              "token rows are the inner dimension of the FP8 weight-gradient GEMM")
-        return
-    if not d.token_budgets.strip():
-        raise ConfigError(f"{key}: the unpadded layout's token count is the inner dimension of the FP8 "
-                          f"weight-gradient GEMM and must be a multiple of {ALIGN}: set data.token_budgets "
-                          "(auto places its rungs on multiples of 64)")
-    full = r.local_batch_size * d.max_seq_length
-    rungs = parse_budgets(d.token_budgets, r.local_batch_size, d.max_seq_length) or (full,)  # auto: 64s + full
-    odd = [t for t in rungs if t % ALIGN]
-    if odd:
-        raise ConfigError(f"{key}: data.token_budgets rungs {odd} are not multiples of {ALIGN} (the inner "
-                          "dimension of the FP8 weight-gradient GEMM)")
-
-
 def convert(model: nn.Module, recipe: str, device_type: str) -> nn.Module:
     """``model`` with its encoder's linears swapped in place for torchao's ``Float8Linear``
-    (``recipe`` "tensorwise" or "rowwise"; emulated off CUDA). Call ``check`` first, before
-    torch.compile and DDP wrap the modules."""
+    (``recipe`` "tensorwise" or "rowwise"; emulated off CUDA). Call
+    ``bert.config.check_fp8`` first, and this before torch.compile and DDP wrap the modules."""
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training  # optional dependency
 
     config = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), emulate=device_type != "cuda")

@@ -19,13 +19,13 @@ synthetic samples, so every shape the loader can produce is compiled and capture
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from .budget import Layout
-from .config import parse_budgets
-from .demo_data import length_distribution
+from .config import DataConfig, SamplerConfig, parse_budgets
+from .lengths import length_distribution
 from .sampler import IndexSampler, Strata, deal, even_bounds
 
 ALIGN = 64  # rungs on multiples of 64 tokens: whole bf16 GEMM tiles (the top rung excepted)
@@ -37,29 +37,29 @@ MC_SEED = 0  # the simulation's seed: the ladder is a pure function of the confi
 TAIL = 1e-4  # share of batches left to the full grid (beyond every simulated batch)
 
 
-def layout_for(cfg: Any, world_size: int) -> Layout | None:
-    """The run's budget layout (None when ``data.token_budgets`` is off); touches no data,
-    so it may be built before run_start (warm-up, graph capture) and again by the loader."""
-    d, local_batch = cfg.data, cfg.run.local_batch_size
-    spec = d.token_budgets.strip()
-    if not spec:
+def layout_for(d: DataConfig, sm: SamplerConfig, local_batch: int, world_size: int, hidden: int) -> Layout | None:
+    """The training budget layout of ``local_batch`` samples per rank (None when
+    ``data.token_budgets`` is off); touches no data, so it may be built before run_start
+    (warm-up, graph capture) and again by the loader. ``hidden``: the model's width (the
+    sampler's cost deal weighs attention by it)."""
+    if not d.token_budgets:
         return None
-    rungs = parse_budgets(spec, local_batch, d.max_seq_length)
+    rungs = parse_budgets(d.token_budgets, local_batch, d.max_seq_length)
     if rungs is None:
-        rungs = auto_ladder(token_pmf(cfg, world_size), local_batch * d.max_seq_length)
+        pmf = token_pmf(sm, d.max_seq_length, local_batch, world_size, hidden)
+        rungs = auto_ladder(pmf, local_batch * d.max_seq_length)
     return Layout(rungs, local_batch * d.max_predictions_per_seq, d.max_seq_length)
 
 
-def eval_layout_for(cfg: Any, world_size: int) -> Layout | None:
-    """The evaluation's budget layout when ``data.token_budgets`` is set (None otherwise, and
-    for ``run.mode=pretrain``, whose evaluation also scores next-sentence prediction, which
-    a filler sample would join): the ``auto`` ladder for ``eval.batch_size`` samples drawn at
-    random, ``eval.batch_size * max_predictions_per_seq`` masked slots. Touches no data."""
-    if not cfg.data.token_budgets.strip() or cfg.run.mode == "pretrain":
+def eval_layout_for(d: DataConfig, batch_size: int) -> Layout | None:
+    """The evaluation's budget layout of ``batch_size`` samples when ``data.token_budgets``
+    is set (None otherwise): the ``auto`` ladder for that many samples drawn at random,
+    ``batch_size * max_predictions_per_seq`` masked slots. Touches no data."""
+    if not d.token_budgets:
         return None
-    n, s = cfg.eval.batch_size, cfg.data.max_seq_length
+    n, s = batch_size, d.max_seq_length
     rungs = auto_ladder(random_token_pmf(length_pmf(s), n), n * s)
-    return Layout(rungs, n * cfg.data.max_predictions_per_seq, s)
+    return Layout(rungs, n * d.max_predictions_per_seq, s)
 
 
 
@@ -84,24 +84,24 @@ def random_token_pmf(pmf: np.ndarray, local_batch: int) -> np.ndarray:
     return out / out.sum()
 
 
-def simulated_token_counts(cfg: Any, world_size: int, pmf: np.ndarray, draws: int = MC_DRAWS,
-                           seed: int = MC_SEED) -> np.ndarray:
+def simulated_token_counts(sm: SamplerConfig, max_seq_length: int, local_batch: int, world_size: int, hidden: int,
+                           pmf: np.ndarray, draws: int = MC_DRAWS, seed: int = MC_SEED) -> np.ndarray:
     """Real tokens of ``draws`` micro-batches of one rank's group, drawn by the project's own
     ``IndexSampler`` (strata, counts, rounding, deal) over a synthetic population of lengths
     from ``pmf``. Without a manifest before run_start, ``strata_width=0`` assumes the
     stratify step's default strata: four of max_seq_length / 4 tokens (as many as
     ``sampler.counts`` lists, when it is set)."""
-    sm, local_batch, s = cfg.sampler, cfg.run.local_batch_size, cfg.data.max_seq_length
+    s = max_seq_length
     rng = np.random.default_rng(seed)
     population = rng.choice(len(pmf), size=max(65536, 4 * draws), p=pmf)
     strata = None
     if sm.mode == "stratified":
-        n = len(sm.counts.split(",")) if sm.counts else 4
+        n = len(sm.counts) if sm.counts else 4
         strata = Strata.from_lengths(population, even_bounds(s, sm.strata_width or math.ceil(s / n)))
     group = min(sm.group_size or world_size, world_size) if sm.deal != "none" else 1
     sampler = IndexSampler(population, strata, 0, group, local_batch, seed, group=group, draw=sm.draw,
                            deal_policy=sm.deal, counts=sm.counts, rounding=sm.rounding,
-                           hidden=cfg.model.hidden_size)
+                           hidden=hidden)
     out = []
     for step in range(math.ceil(draws / group)):
         if sm.deal == "none":
@@ -109,18 +109,19 @@ def simulated_token_counts(cfg: Any, world_size: int, pmf: np.ndarray, draws: in
             continue
         ids = sampler.group_ids(step)
         lengths = population[ids]
-        owner = deal(lengths, group, sm.deal, cfg.model.hidden_size)
+        owner = deal(lengths, group, sm.deal, hidden)
         out.append(np.bincount(owner, weights=lengths, minlength=group).astype(np.int64).tolist())
     return np.concatenate(out)[:draws]
 
 
-def token_pmf(cfg: Any, world_size: int) -> np.ndarray:
-    """P(T = t) of one rank's real tokens per micro-batch under ``cfg``'s sampler."""
-    pmf = length_pmf(cfg.data.max_seq_length)
-    full = cfg.run.local_batch_size * cfg.data.max_seq_length
-    if cfg.sampler.mode == "random" and cfg.sampler.deal == "none":
-        return random_token_pmf(pmf, cfg.run.local_batch_size)
-    t = simulated_token_counts(cfg, world_size, pmf)
+def token_pmf(sm: SamplerConfig, max_seq_length: int, local_batch: int, world_size: int, hidden: int) -> np.ndarray:
+    """P(T = t) of one rank's real tokens per micro-batch of ``local_batch`` samples under
+    the sampler ``sm``."""
+    pmf = length_pmf(max_seq_length)
+    full = local_batch * max_seq_length
+    if sm.mode == "random" and sm.deal == "none":
+        return random_token_pmf(pmf, local_batch)
+    t = simulated_token_counts(sm, max_seq_length, local_batch, world_size, hidden, pmf)
     counts = np.bincount(t, minlength=full + 1).astype(np.float64)
     # The simulated population is not the run's data: a run's token counts sit a little
     # apart (held-out populations shift the mean by up to ~0.5 std for fine strata). A

@@ -24,7 +24,7 @@ from typing import Any
 from mlperf_logging.mllog import constants as C
 from mlperf_logging.mllog.mllog import MLLogger
 
-from .config import lr_decay_end
+from .config import DataConfig, GradSyncConfig, OptimConfig, RunConfig, lr_decay_end
 
 _PKG_ROOT = str(Path(__file__).resolve().parent.parent)
 
@@ -193,8 +193,8 @@ class MLPerfLogger:
         self.end(C.RUN_STOP, time_ms=time_ms, status=status, samples_count=samples)
 
 
-def hyperparameters(cfg, world_size: int, global_batch: int, optimizer_impl: str,
-                    precision: dict[str, Any] | None = None) -> dict[str, Any]:
+def hyperparameters(o: OptimConfig, g: GradSyncConfig, d: DataConfig, r: RunConfig, *, world_size: int,
+                    global_batch: int, optimizer_impl: str, precision: dict[str, Any] | None = None) -> dict[str, Any]:
     """The benchmark's required hyperparameter keys (5.0.0), plus a few that describe the run
     (``precision``: the resolved arithmetic and loss-scale settings, bert.precision).
 
@@ -204,7 +204,6 @@ def hyperparameters(cfg, world_size: int, global_batch: int, optimizer_impl: str
     ``opt_lamb_learning_rate_decay_poly_power`` are logged as NVIDIA's closed logs do
     (5.0.0 ignores them; reviewers read them).
     """
-    o, g = cfg.optim, cfg.grad_sync
     # Not MLPerf keys (the checker ignores them): how gradients are bounded and sent.
     sync = {"grad_sync_bucket_cap_mb": g.bucket_cap_mb, "grad_sync_bucket_clip_norm": g.bucket_clip_norm,
             "grad_sync_compression": g.compression}
@@ -219,9 +218,9 @@ def hyperparameters(cfg, world_size: int, global_batch: int, optimizer_impl: str
         sync.update(grad_sync_powersgd_rank=g.powersgd_rank, grad_sync_powersgd_start_step=g.powersgd_start_step)
     return {
         "opt_epsilon": o.eps,
-        C.SEED: cfg.run.seed,
+        C.SEED: r.seed,
         C.GLOBAL_BATCH_SIZE: global_batch,
-        C.GRADIENT_ACCUMULATION_STEPS: cfg.run.grad_accum_steps,
+        C.GRADIENT_ACCUMULATION_STEPS: r.grad_accum_steps,
         C.OPT_BASE_LR: o.lr,
         C.OPT_LAMB_EPSILON: o.eps,
         C.OPT_LR_TRAINING_STEPS: o.total_steps,
@@ -238,8 +237,8 @@ def hyperparameters(cfg, world_size: int, global_batch: int, optimizer_impl: str
         "lr_schedule": o.schedule,
         "lr_decay_end_step": lr_decay_end(o),
         "opt_gradient_clip_norm": o.max_grad_norm,
-        "max_sequence_length": cfg.data.max_seq_length,
-        "max_predictions_per_seq": cfg.data.max_predictions_per_seq,
+        "max_sequence_length": d.max_seq_length,
+        "max_predictions_per_seq": d.max_predictions_per_seq,
         "opt_lamb_learning_rate_decay_poly_power": o.decay_power,
         "world_size": world_size,
         **sync,
@@ -264,9 +263,17 @@ def parse_line(line: str) -> dict[str, Any] | None:
         return None
 
 
-def read_events(log: str | Path) -> list[dict[str, Any]]:
-    """Every event of a log file, in order."""
-    return [e for e in map(parse_line, Path(log).read_text().splitlines()) if e is not None]
+def read_events(log: str | Path, strict: bool = False) -> list[dict[str, Any]]:
+    """Every event of a log file, in order. ``strict``: a ``:::MLLOG`` line that does not
+    parse (torn, or not JSON) is an error naming it, not skipped (tests read logs so)."""
+    out = []
+    for n, line in enumerate(Path(log).read_text().splitlines(), 1):
+        event = parse_line(line)
+        if event is not None:
+            out.append(event)
+        elif strict and ":::MLLOG" in line:
+            raise ValueError(f"{log}:{n}: not a whole MLPerf log line: {line[:200]!r}")
+    return out
 
 
 def eval_curve(events: list[dict[str, Any]]) -> list[tuple[int, float]]:

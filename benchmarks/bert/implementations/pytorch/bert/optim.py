@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from bert.config import ConfigError, OptimConfig, lr_decay_end
+from bert.config import ConfigError, OptimConfig, check_optim_impl, lr_decay_end
 
 # ---------------------------------------------------------------- parameter groups
 
@@ -118,18 +118,15 @@ class Lamb(torch.optim.Optimizer):
       the foreach chains horizontally, across tensors and ops: on the CPU it emits one C++
       kernel per group for the whole update. On CUDA a reduction ends a Triton kernel, so
       expect a few kernels per group (moments, update and the per-tensor norms in one
-      pass, the trust-ratio scaling and parameter write in another; not yet counted on a
-      GPU: bench/lamb_step.py does), instead of ~n. The first step compiles:
-      warm-up time, before ``run_start``, and long: 153 s for BERT-Large's 398 tensors on
-      the 2-core CPU (bench/lamb_step.py), nearly all of it inductor's scheduler and
-      codegen, which grow with the number of tensors, not their size, and run in Python
-      (expect a minute or more on a GPU host too), once per machine: inductor's FX graph
-      cache serves later processes (7 s instead of 175 s at bench/lamb_step.py --scale
-      16). Guards see only tensors and constant
-      hyperparameters, so it never recompiles while the parameter list, shapes and dtypes
-      stay the same (a step where some parameter has no gradient is another list: one
-      more compile). The update itself is memory-bound: 65.9 ms against foreach's 92.3 ms
-      per step on the CPU (21 M parameters).
+      pass, the trust-ratio scaling and parameter write in another: bench/lamb_step.py
+      counts them), instead of ~n. The first step compiles: warm-up time, before
+      ``run_start``, and long (minutes for BERT-Large's 398 tensors: inductor's scheduler and
+      codegen grow with the number of tensors, not their size, and run in Python), once per
+      machine: inductor's FX graph cache serves later processes. Guards see only tensors and
+      constant hyperparameters, so it never recompiles while the parameter list, shapes and
+      dtypes stay the same (a step where some parameter has no gradient is another list: one
+      more compile). The update is memory-bound; its time against foreach's: BENCHMARKS.md
+      section 5.
 
     Transient memory: plain and capturable allocate two param-sized buffers per step
     (denominator and update); compiled needs at most one (inductor keeps the update it
@@ -415,9 +412,7 @@ def build_optimizer(
     betas = (cfg.beta1, cfg.beta2)
     on_cuda = device_type == "cuda"
 
-    if cfg.impl == "compiled" and cfg.name != "lamb":
-        raise ConfigError("optim.impl: 'compiled' is LAMB's; AdamW's best is torch's fused kernel "
-                          "(use auto, torch or fused)")
+    check_optim_impl(cfg)
     if cfg.impl == "apex" and capturable:
         raise ConfigError("optim.impl: 'apex' keeps its step count and bias corrections on the host: "
                           "not CUDA-graph capturable (use auto, torch or compiled)")
@@ -433,9 +428,6 @@ def build_optimizer(
             raise ConfigError(f"optim.impl: 'apex' requested but {why}; use 'auto' or 'torch'")
 
     if cfg.name == "lamb":
-        if cfg.impl == "fused":
-            raise ConfigError("optim.impl: 'fused' is torch's fused AdamW; torch has no LAMB "
-                              "(use auto, apex, compiled or foreach)")
         if apex_opt is not None:
             # max_grad_norm=inf, not 0: FusedLAMB divides the gradients by
             # global_norm / max_grad_norm whenever global_norm > max_grad_norm, so 0 would
@@ -464,7 +456,7 @@ def build_optimizer(
             )
             return opt, f"{cfg.name}:apex-fused"
         # torch's fused AdamW has CUDA and CPU kernels (one pass per tensor instead of a
-        # dozen foreach passes: ~4x faster on the CPU benchmark's 11M parameters); foreach
+        # dozen foreach passes); foreach
         # elsewhere, or when asked for (impl=foreach, the baseline the fused kernel is
         # measured against).
         fused = cfg.impl == "fused" or (device_type in ("cuda", "cpu") and cfg.impl in ("auto", "torch"))

@@ -53,7 +53,7 @@ import h5py
 import numpy as np
 import torch
 
-from .config import ConfigError  # a ValueError: callers catching ValueError still do
+from .config import ConfigError, DataConfig, ModelConfig, SamplerConfig  # ConfigError: a ValueError
 from .budget import BudgetCollate, Layout
 from .data import TrainLoader, collate
 from .shards import DataError, Sample, Shard, list_shards, read_shard, row_offsets
@@ -197,19 +197,19 @@ class Strata:
         los = np.array([lo for lo, _ in self.bounds] + [np.iinfo(np.int64).max])
         return np.where((k < len(his)) & (lengths >= los[np.minimum(k, len(his))]), k, -1)
 
-    def counts(self, unit: int, override: str = "") -> np.ndarray:
+    def counts(self, unit: int, override: Sequence[int] = ()) -> np.ndarray:
         """Samples per stratum per draw unit of ``unit`` samples: largest-remainder rounding
-        of the shares, or ``override`` ("6,3,2,5"), which must sum to ``unit``."""
+        of the shares, or ``override`` ([6, 3, 2, 5]), which must sum to ``unit``."""
         return self.schedule(unit, override=override).fixed
 
-    def schedule(self, unit: int, rounding: str = "fixed", override: str = "") -> CountSchedule:
+    def schedule(self, unit: int, rounding: str = "fixed", override: Sequence[int] = ()) -> CountSchedule:
         c = None
-        if override:
+        if len(override):
             if rounding != "fixed":
                 raise ConfigError("sampler.counts fixes the counts; it needs sampler.rounding=fixed")
-            c = np.array([int(x) for x in override.split(",")], dtype=np.int64)
+            c = np.array(override, dtype=np.int64)
             if len(c) != len(self.bounds) or c.sum() != unit or (c < 0).any():
-                raise ConfigError(f"sampler.counts={override!r}: need {len(self.bounds)} "
+                raise ConfigError(f"sampler.counts={list(override)}: need {len(self.bounds)} "
                                  f"non-negative counts summing to {unit}")
         return CountSchedule(self.shares, unit, rounding, c)
 
@@ -250,7 +250,7 @@ class LengthIndex:
 
     @staticmethod
     def from_manifest(root: str | Path) -> LengthIndex:
-        """Read ``manifest.json`` and its ``length_index.npz`` (issue 3's ``stratify``)."""
+        """Read ``manifest.json`` and its ``length_index.npz`` (``python -m input_preprocessing stratify``)."""
         root = Path(root)
         try:
             man = json.loads((root / "manifest.json").read_text())
@@ -302,7 +302,7 @@ class IndexSampler:
 
     def __init__(self, lengths: np.ndarray, strata: Strata | None, rank: int, world_size: int,
                  local_batch: int, seed: int, *, group: int = 1, draw: str = "rank",
-                 deal_policy: str = "none", counts: str = "", rounding: str = "fixed",
+                 deal_policy: str = "none", counts: Sequence[int] = (), rounding: str = "fixed",
                  hidden: int = 1024):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
@@ -394,7 +394,7 @@ class IndexSampler:
         return self.deal_group(ids, self.lengths[ids])
 
 
-def build_sampler(cfg: Any, index: LengthIndex, rank: int, world_size: int, local_batch: int,
+def build_sampler(cfg: SamplerConfig, index: LengthIndex, rank: int, world_size: int, local_batch: int,
                   seed: int, max_seq_length: int, hidden: int) -> IndexSampler:
     """``cfg`` is a ``SamplerConfig``; strata from ``cfg.strata_width`` or the manifest."""
     strata = None
@@ -546,15 +546,6 @@ class IndexLoader:
             self._pool = None
 
 
-def build_loader(cfg: Any, train_dir: str, rank: int, world_size: int, local_batch: int, seed: int,
-                 unpad: bool, max_seq_length: int, hidden: int) -> IndexLoader:
-    """The loader of every non-closed sampler mode (``cfg`` = ``SamplerConfig``)."""
-    index = LengthIndex.from_dir(train_dir)
-    sampler = build_sampler(cfg, index, rank, world_size, local_batch, seed, max_seq_length, hidden)
-    return IndexLoader(sampler, IdReader(index), lambda b: collate(b, unpad, max_seq_length),
-                       gather=cfg.lengths == "gather")
-
-
 def collate_packed(samples: Sequence[Sample], max_seq_length: int, max_per_row: int = 3) -> dict[str, Any]:
     """Pack the batch into rows of ``max_seq_length`` (``pack_ffd``, at most ``max_per_row``
     sequences each) for ``BertForPreTraining.forward_packed``.
@@ -624,10 +615,11 @@ def batch_collate(unpad: bool, pack: bool, max_seq_length: int, budget: Layout |
     return (lambda b: pinned(fn(b))) if pin else fn
 
 
-def train_batches(cfg: Any, rank: int, world_size: int, budget: Layout | None = None, pin: bool = False) -> Any:
-    """The training batch iterator for ``cfg`` (a ``Config``), chosen once; ``budget`` is the
-    static token budget layout (``bert.ladder.layout_for``; None when data.token_budgets is
-    off).
+def train_batches(d: DataConfig, sm: SamplerConfig, m: ModelConfig, local_batch: int, seed: int, rank: int,
+                  world_size: int, budget: Layout | None = None, pin: bool = False) -> Any:
+    """The training batch iterator of ``local_batch`` samples per rank, chosen once from the
+    data, sampler and model sections; ``budget`` is the static token budget layout
+    (``bert.ladder.layout_for``; None when data.token_budgets is off).
 
     Closed-division sampling (random, no deal) on a plain directory keeps
     ``bert.data.TrainLoader`` (each rank reads its own shards). Everything else -- a strata
@@ -635,16 +627,14 @@ def train_batches(cfg: Any, rank: int, world_size: int, budget: Layout | None = 
     ``random`` is a uniform permutation of all samples per epoch. ``pin``: batches in pinned
     host memory (a CUDA run).
     """
-    d, sm, m = cfg.data, cfg.sampler, cfg.model
     # Static token budgets (data.token_budgets): training batches only; eval stays exact.
     fn = batch_collate(m.unpad, m.pack, d.max_seq_length, budget, pin=pin)
     stratified_dir = (Path(d.train_dir) / "manifest.json").exists() if d.train_dir else False
     if sm.mode == "random" and sm.deal == "none" and not stratified_dir and not m.pack:
-        return TrainLoader(d.train_dir, rank, world_size, cfg.run.local_batch_size, cfg.run.seed,
-                           m.unpad, d.max_seq_length, collate_fn=fn)
+        return TrainLoader(d.train_dir, rank, world_size, local_batch, seed, m.unpad, d.max_seq_length,
+                           collate_fn=fn)
     index = LengthIndex.from_dir(d.train_dir)
-    sampler = build_sampler(sm, index, rank, world_size, cfg.run.local_batch_size, cfg.run.seed,
-                            d.max_seq_length, m.hidden_size)
+    sampler = build_sampler(sm, index, rank, world_size, local_batch, seed, d.max_seq_length, m.hidden_size)
     return IndexLoader(sampler, IdReader(index), fn, gather=sm.lengths == "gather")
 
 

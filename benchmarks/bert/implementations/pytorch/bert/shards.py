@@ -1,7 +1,7 @@
 """The MLPerf BERT shard format: NVIDIA-layout hdf5 files <-> ragged in-memory shards.
 
 Torch-free, so that the data-preparation steps (``python -m input_preprocessing``) and the
-tools that only read or write shards start without importing torch (2-3 CPU-s a process;
+tools that only read or write shards start without importing torch (seconds per process;
 bert/data.py turns these shards into batches of tensors).
 
 Two on-disk layouts are read, detected per file from the shape of ``input_ids``:

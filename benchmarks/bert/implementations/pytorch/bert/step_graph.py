@@ -19,7 +19,7 @@ Two costs the timed run should not pay, and what this module does about them:
   ``data.token_budgets`` pads every micro-batch's token count to one of a few budgets
   (bert/budget.py), so there are a few shapes, each captured once during the warm-up.
 
-What graph capture requires, and where it is checked (``check``): CUDA; one process (DDP's
+What graph capture requires, and where it is checked (``bert.config.check_cuda_graphs``): CUDA; one process (DDP's
 reducer and our comm hooks are not captured here); not fp16 (GradScaler's step syncs the
 host to decide whether to skip); a capturable optimizer (step count and learning rate on
 the device: ``build_optimizer(..., capturable=True)``; the scheduler fills the learning-rate
@@ -52,7 +52,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from .config import Config, ConfigError
+from .config import ConfigError
 from .data import LABEL_KEYS, to_device
 from .model import pretraining_loss
 from .shards import Sample
@@ -97,14 +97,14 @@ def synthetic_batches(collate: Callable[[list[Sample]], dict], token_counts: lis
     return [collate(synthetic_samples(t, n, max_seq_length, max_pred, vocab_size, rng)) for t in token_counts]
 
 
-def warmup_token_counts(cfg: Config, layout: Any) -> list[int]:
+def warmup_token_counts(layout: Any, batch_size: int, max_seq_length: int) -> list[int]:
     """Token counts of the warm-up's synthetic micro-batches: one per shape the run can see.
     With token budgets (``layout``, a ``bert.budget.Layout``) each rung, filled exactly, so
     every shape the run will meet is compiled and captured; without, every batch has its
     own shape, and one typical batch (half the grid) warms up what does not depend on it."""
     if layout is not None:
         return list(layout.rungs)
-    return [cfg.run.local_batch_size * cfg.data.max_seq_length // 2]
+    return [batch_size * max_seq_length // 2]
 
 
 def shape_key(batch: dict) -> tuple:
@@ -320,27 +320,6 @@ class GraphedStep:
 
 
 # ---------------------------------------------------------------- choosing and preparing
-
-
-def check(cfg: Config, device: torch.device, world_size: int) -> None:
-    """Refuse, naming the key, what graph capture cannot do (module docstring)."""
-    if not cfg.run.cuda_graphs:
-        return
-    why = None
-    if device.type != "cuda":
-        why = f"needs a CUDA device (device is {device.type!r})"
-    elif world_size > 1:
-        why = f"captures a single process's step; this run has {world_size} ranks (DDP's allreduce is not captured)"
-    elif cfg.precision.dtype == "fp16":
-        why = "fp16's loss scaler syncs the host to skip overflowing steps: use precision.dtype=bf16"
-    elif cfg.optim.impl == "apex":
-        why = "apex's fused optimizers are not capturable: use optim.impl=compiled or torch"
-    elif not cfg.data.token_budgets:
-        why = "needs static batch shapes: set data.token_budgets (e.g. auto)"
-    elif cfg.run.warmup_steps < 1:
-        why = "needs run.warmup_steps >= 1 (the optimizer state must exist before capture)"
-    if why:
-        raise ConfigError(f"run.cuda_graphs: {why}")
 
 
 def capturable(optimizer: torch.optim.Optimizer) -> bool:

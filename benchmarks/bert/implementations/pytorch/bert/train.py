@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from . import console, distributed, resume, storage
-from .config import Config, ConfigError, build_config, parse_overrides, timed_run_problems
+from .config import Config, ConfigError, build_config, launcher_overrides, parse_overrides, timed_run_problems
 from .exit_status import ExitStatus, describe
 from .mlperf_log import MLPerfLogger, logged_seed
 from .shards import DataError
@@ -26,7 +26,7 @@ from .trainer import RunFiles, Trainer
 
 BAD_INPUT = (ConfigError, DataError, resume.CheckpointError)  # exit 2 with the message, no traceback
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("bert.train")  # not __name__: "__main__" under python -m bert.train
 
 
 def run(cfg: Config, dry_run: bool = False) -> ExitStatus:
@@ -114,7 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resume", action="store_true",
                     help="continue from the newest checkpoint in ckpt.dir; fail if there is none "
                          "(same as ckpt.resume=require; the default, auto, resumes when one exists)")
-    ap.add_argument("overrides", nargs="*", help="key.sub=value (applied after --config)")
+    ap.add_argument("--from-env", action="store_true",
+                    help="take the launcher's variables (LR, BATCHSIZE, DATADIR, ...: the table "
+                         "bert.config.LAUNCHER_VARIABLES) from the environment, after --config and before "
+                         "the overrides (what run_and_time.sh passes)")
+    ap.add_argument("overrides", nargs="*", help="key.sub=value (applied after --config and --from-env)")
     ap.add_argument("--exit-status-dir", metavar="DIR",
                     help="write '<exit status> trained|none [seed]' to DIR/rank_<R> and exit 0 for the expected "
                          "ends (the statuses above; seed: rank 0's, as its MLPerf log has it, for a run that "
@@ -122,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_intermixed_args(argv)
     rank = distributed.launch_rank()
     try:
-        overrides = parse_overrides(args.overrides)
+        overrides = launcher_overrides(distributed.launcher_variables(), extra=False) if args.from_env else {}
+        overrides.update(parse_overrides(args.overrides))
         if args.resume:
             overrides["ckpt.resume"] = "require"
         cfg = build_config(overrides, args.config)

@@ -31,8 +31,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import distributed, fp8, grad_sync, ladder, resume, rng, sampler, step_graph, storage
 from .checkpoint import load_weights, tf_tensor_names
-from .config import (Config, ConfigError, dumps, eval_interval_samples, global_batch_size, is_benchmark_model,
-                     max_samples)
+from .budget import Layout
+from .config import (Config, ConfigError, check_for_device, dumps, eval_interval_samples, global_batch_size,
+                     is_benchmark_model, max_samples)
 from .data import EvalSet, check_eval_dir, split_labels, to_device
 from .evaluate import held_out_metrics, mlm_accuracy, warm_up_eval
 from .exit_status import ExitStatus
@@ -97,7 +98,8 @@ def _scale_or_one(scaler: torch.amp.GradScaler) -> torch.Tensor | float:
 def build_learner(cfg: Config, world_size: int, device: torch.device) -> tuple[Learner, str]:
     """The model (and the phase-1 weights), precision, DDP, gradient sync, optimizer and
     schedule, and the optimizer implementation's name. Touches no training or eval file."""
-    fp8.check(cfg, device.type)  # what FP8 GEMMs cannot do, refused by name
+    # What CUDA graphs and FP8 GEMMs cannot do on this device and world size, refused by name.
+    check_for_device(cfg, device.type, world_size, torch.cuda.get_device_capability if device.type == "cuda" else None)
     # Built on the device (factories and the normal init there): BERT-Large's 335 M
     # parameters are neither initialised on the host nor copied over. The init then draws
     # from the device's generator (seeded like the host's).
@@ -133,7 +135,6 @@ def build_learner(cfg: Config, world_size: int, device: torch.device) -> tuple[L
     hook_scale = functools.partial(_scale_or_one, scaler) if scaler.is_enabled() else None
     sync = grad_sync.build(cfg.grad_sync, train_model if isinstance(train_model, DDP) else None,
                            model.parameters(), cfg.optim.max_grad_norm, hook_scale)
-    step_graph.check(cfg, device, world_size)  # what CUDA graphs cannot do, refused by name
     # Graphs: step counts and learning rates on the device, read by the optimizer graph.
     optimizer, impl = build_optimizer(model, cfg.optim, device.type, capturable=cfg.run.cuda_graphs)
     scheduler = build_scheduler(optimizer, cfg.optim)
@@ -163,15 +164,27 @@ def open_data(cfg: Config, rank: int, world_size: int, pin: bool = False, timed:
     ``pin``: batches in pinned host memory (a CUDA device); ``timed``: a timed run's rules
     apply (the closed division's full eval set)."""
     d = cfg.data
-    batches = sampler.train_batches(cfg, rank, world_size, ladder.layout_for(cfg, world_size), pin=pin)
+    batches = sampler.train_batches(d, cfg.sampler, cfg.model, cfg.run.local_batch_size, cfg.run.seed, rank,
+                                    world_size, train_layout(cfg, world_size), pin=pin)
     check_eval_dir(d.train_dir, d.eval_dir)  # never evaluate on training samples
     eval_set = EvalSet(d.eval_dir, rank, world_size, d.eval_samples, d.max_seq_length)
     if timed and is_benchmark_model(cfg) and cfg.run.division == "closed" and eval_set.total_samples != 10000:
         raise DataError(f"data.eval_dir={d.eval_dir} holds {eval_set.total_samples} samples; a closed BERT-Large "
                         "run evaluates on the full 10,000-sample eval set: point data.eval_dir (EVALDIR) at it")
     eval_batches = sampler.eval_batches(eval_set, cfg.eval.batch_size, cfg.model.unpad, cfg.model.pack,
-                                        d.max_seq_length, ladder.eval_layout_for(cfg, world_size), pin=pin)
+                                        d.max_seq_length, eval_layout(cfg), pin=pin)
     return Data(batches, eval_batches, eval_set.total_samples)
+
+
+def train_layout(cfg: Config, world_size: int) -> Layout | None:
+    """The training batches' static token budgets (None: off): the shapes the loader makes."""
+    return ladder.layout_for(cfg.data, cfg.sampler, cfg.run.local_batch_size, world_size, cfg.model.hidden_size)
+
+
+def eval_layout(cfg: Config) -> Layout | None:
+    """The eval batches' (None: off, and for the pretraining mode, whose evaluation also scores
+    next-sentence prediction, which a filler sample would join)."""
+    return None if cfg.run.mode == "pretrain" else ladder.eval_layout_for(cfg.data, cfg.eval.batch_size)
 
 
 # ---------------------------------------------------------------- the benchmark's goal
@@ -259,12 +272,11 @@ class Trainer:
         cfg, r, d, m = self.cfg, self.cfg.run, self.cfg.data, self.cfg.model
         if r.warmup_steps == 0:
             return
-        ws = self.denv.world_size
-        layout = ladder.layout_for(cfg, ws)  # the shapes the loader will produce
+        layout = train_layout(cfg, self.denv.world_size)  # the shapes the loader will produce
         batches = step_graph.synthetic_batches(
             sampler.batch_collate(m.unpad, m.pack, d.max_seq_length, layout),
-            step_graph.warmup_token_counts(cfg, layout), r.local_batch_size, d.max_seq_length,
-            d.max_predictions_per_seq, m.vocab_size, seed=r.seed)
+            step_graph.warmup_token_counts(layout, r.local_batch_size, d.max_seq_length), r.local_batch_size,
+            d.max_seq_length, d.max_predictions_per_seq, m.vocab_size, seed=r.seed)
         graphs = None
         if r.cuda_graphs:
             if not step_graph.capturable(self.learner.optimizer):  # build_learner asks for one; a safety net
@@ -296,8 +308,8 @@ class Trainer:
         without budgets, where every eval batch has its own shape."""
         cfg = self.cfg
         d, m, e = cfg.data, cfg.model, cfg.eval
-        layout = ladder.eval_layout_for(cfg, self.denv.world_size)
-        counts = list(layout.rungs) if layout is not None else [e.batch_size * d.max_seq_length // 2]
+        layout = eval_layout(cfg)
+        counts = step_graph.warmup_token_counts(layout, e.batch_size, d.max_seq_length)
         collate = sampler.batch_collate(m.unpad, m.pack, d.max_seq_length, layout)
         return step_graph.synthetic_batches(collate, counts, e.batch_size, d.max_seq_length,
                                             d.max_predictions_per_seq, m.vocab_size, seed=cfg.run.seed)
@@ -398,7 +410,9 @@ class Trainer:
             cfg = self.cfg
         mllog.submission(cfg.run.division, cfg.log.submitter, cfg.log.platform or cfg.log.system, cfg.log.status)
         prec_hp = self.precision_hyperparameters
-        mllog.hyperparameters(hyperparameters(cfg, denv.world_size, self.global_batch, self.optimizer_impl, prec_hp))
+        mllog.hyperparameters(hyperparameters(cfg.optim, cfg.grad_sync, cfg.data, cfg.run, world_size=denv.world_size,
+                                              global_batch=self.global_batch, optimizer_impl=self.optimizer_impl,
+                                              precision=prec_hp))
         if cfg.log.compat and cfg.run.init_checkpoint:  # the tensors loaded, by their TF checkpoint names
             mllog.weights_initialization(tf_tensor_names(cfg.model))
         if start_from is not None:

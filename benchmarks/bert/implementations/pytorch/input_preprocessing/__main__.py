@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import platform
 import sys
 from pathlib import Path
 from typing import Callable
@@ -45,12 +46,21 @@ def _run_create(a: argparse.Namespace) -> object:
 
 def _create_args(p: argparse.ArgumentParser) -> None:
     from .create import CreateOptions
+    from .wordpiece import UNICODE_VERSION
 
+    p.description = (
+        "The reference's create_pretraining_data.py and tokenization.py (Google BERT's, as MLPerf runs them on "
+        "each part): for a text part, a vocab and the same flags, the examples it writes, in its order, one hdf5 "
+        "per part. Its algorithms, restated: a line ends at \"\\n\" only; the character classes (whitespace, "
+        "control, punctuation, accents stripped, CJK) and the lowercasing are Python's unicodedata and str.lower(), "
+        f"here Unicode {UNICODE_VERSION} (Python {platform.python_version()}); its random draws, from "
+        "random.Random(seed) per part.")
     d = CreateOptions()
     p.add_argument("--input", required=True, help="directory of text parts: one sentence per line, "
                    "a blank line between documents, UTF-8")
     p.add_argument("--pattern", default="*", help="glob of the parts inside --input (default: every non-hidden file)")
-    p.add_argument("--vocab", required=True, help="WordPiece vocab.txt (one token per line; the MLPerf uncased vocab)")
+    p.add_argument("--vocab", required=True, help="WordPiece vocab.txt (one token per line, each once, id = line "
+                   "number; the MLPerf uncased vocab)")
     p.add_argument("--output", required=True, help="new directory: one <part>.hdf5 per text part")
     p.add_argument("--max-seq-length", type=int, default=d.max_seq_length)
     p.add_argument("--max-predictions-per-seq", type=int, default=d.max_predictions_per_seq)
@@ -114,6 +124,8 @@ def _run_shard(a: argparse.Namespace) -> object:
 
 
 def _eval_args(p: argparse.ArgumentParser) -> None:
+    p.description = ("The reference's pick_eval_samples.py: of the N eval examples (the input files in sorted "
+                     "order), sample int(i * (N / n)) for i < n, the ratio a float, as it computes it.")
     p.add_argument("--input", required=True, help="hdf5 file or directory of the eval examples (create's output)")
     p.add_argument("--output", required=True, help="new directory for eval_10k.hdf5")
     p.add_argument("--num-samples", type=int, default=10000)
@@ -196,13 +208,16 @@ def _check_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cls-id", type=int, default=101)
     p.add_argument("--sep-id", type=int, default=102)
     p.add_argument("--max-seq-length", type=int, default=512)
+    p.add_argument("--digests", default="", help="also write each shard's examples_md5 (the md5 of its examples, "
+                   "the same in either layout) to this file, '<md5>  <shard>' a line: compare it with the same "
+                   "file made from shards made elsewhere, part by part")
 
 
 def _run_check(a: argparse.Namespace) -> object:
     from .check import Vocabulary, check
 
     vocab = Vocabulary.from_file(a.vocab) if a.vocab else Vocabulary(a.vocab_size, a.cls_id, a.sep_id)
-    out = check(a.input, vocab, a.max_seq_length)
+    out = check(a.input, vocab, a.max_seq_length, a.digests)
     for line in out["diagnosis"]:
         print(f"diagnosis: {line}", file=sys.stderr)
     if "other_vocabulary" in out:

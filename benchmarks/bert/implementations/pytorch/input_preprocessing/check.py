@@ -26,6 +26,11 @@ ends with [SEP], the shards were made with another vocabulary, not broken sample
 the id-dependent counts (``bad_segments``, ``mask_on_special``) are then not reported, and
 the check says to pass ``--vocab`` (exit 2: the scan's premise, not the data, is wrong).
 
+Each readable shard also gets ``examples_md5``: the md5 of its examples, the same in either
+layout (``examples_md5()`` says what it hashes), so that shards made elsewhere (NVIDIA's
+scripts, the reference's output converted to hdf5) can be compared with ours part by part;
+``--digests FILE`` writes them as ``<md5>  <shard>`` lines.
+
 Known cause recognised: NVIDIA's ``convert_fixed2variable.py`` computes each length as
 Python ``sum()`` over the int8 ``input_mask`` row; under NumPy >= 2 the sum stays int8 and
 wraps modulo 256, so samples of real length 128-255 gain 256 padding tokens, 256-383 are
@@ -35,6 +40,7 @@ padding ids after a [SEP] at a real length of 128-255.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,6 +144,30 @@ def _read(path: Path) -> Ragged:
                   _offsets(np.bincount(row_of[real], minlength=n)), nsp, mismatch, np.zeros(n, bool))
 
 
+def examples_md5(r: Ragged) -> str:
+    """md5 of a shard's examples, the same for both layouts: for each example in order, as
+    little-endian int32: its length L, its L token ids, its L segment ids, its number P of
+    predictions, their P positions (ascending, padding slots left out), their P label ids, its
+    next-sentence label."""
+    n = len(r.nsp)
+    lengths, preds = np.diff(r.offsets), np.diff(r.poffsets)
+    start = np.zeros(n + 1, np.int64)
+    np.cumsum(3 + 2 * lengths + 2 * preds, out=start[1:])
+    out = np.empty(int(start[-1]), "<i4")
+    head = start[:-1]
+    out[head] = lengths
+    tok = np.repeat(head + 1, lengths) + (np.arange(len(r.tokens)) - np.repeat(r.offsets[:-1], lengths))
+    out[tok] = r.tokens
+    out[tok + np.repeat(lengths, lengths)] = r.segments
+    mid = head + 1 + 2 * lengths
+    out[mid] = preds
+    pred = np.repeat(mid + 1, preds) + (np.arange(len(r.positions)) - np.repeat(r.poffsets[:-1], preds))
+    out[pred] = r.positions
+    out[pred + np.repeat(preds, preds)] = r.labels
+    out[mid + 1 + 2 * preds] = r.nsp
+    return hashlib.md5(out.tobytes()).hexdigest()
+
+
 def scan(r: Ragged, vocab: Vocabulary, max_seq_length: int) -> dict[str, int]:
     """Number of samples with each defect (vectorised over the whole shard)."""
     n = len(r.nsp)
@@ -223,10 +253,12 @@ def shard_paths(directory: Path) -> list[Path]:
     return sorted(p for p in directory.rglob("*") if p.suffix in SHARD_SUFFIXES and p.is_file())
 
 
-def check(input_dir: str | Path, vocab: Vocabulary = Vocabulary(), max_seq_length: int = 512) -> dict:
-    """Scan every shard under ``input_dir`` (recursively); return per-shard and total counts,
-    the diagnosis, and ``exit_status`` 1 when anything was found (0 when clean)."""
-    from .common import PrepError
+def check(input_dir: str | Path, vocab: Vocabulary = Vocabulary(), max_seq_length: int = 512,
+          digests: str | Path = "") -> dict:
+    """Scan every shard under ``input_dir`` (recursively); return per-shard counts and
+    ``examples_md5``, the totals, the diagnosis, and ``exit_status`` 1 when anything was found
+    (0 when clean). ``digests``: also write the examples' md5 of each shard there."""
+    from .common import PrepError, write_text
 
     d = Path(input_dir)
     if not d.is_dir():
@@ -248,7 +280,7 @@ def check(input_dir: str | Path, vocab: Vocabulary = Vocabulary(), max_seq_lengt
         else:
             counts = scan(r, vocab, max_seq_length)
             samples += len(r.nsp)
-            per_shard[name] = {"samples": len(r.nsp), **counts}
+            per_shard[name] = {"samples": len(r.nsp), "examples_md5": examples_md5(r), **counts}
         for k, v in counts.items():
             totals[k] += v
     # No sample where [CLS]/[SEP] must stand holds them: another vocabulary, not broken data.
@@ -256,6 +288,9 @@ def check(input_dir: str | Path, vocab: Vocabulary = Vocabulary(), max_seq_lengt
     hidden = (*VOCAB_DEPENDENT, SPECIALS_IN_PLACE, "nonempty") if other_vocab else (SPECIALS_IN_PLACE, "nonempty")
     per_shard = {name: {k: v for k, v in c.items() if (v or k == "samples") and k not in hidden}
                  for name, c in per_shard.items()}
+    if digests:
+        write_text(Path(digests), "".join(f"{c['examples_md5']}  {name}\n" for name, c in per_shard.items()
+                                          if "examples_md5" in c))
     found = {k: v for k, v in totals.items() if v and k != WRAP_SIGNATURE and k not in hidden}
     out = {"shards": len(paths), "samples": samples, "defects": found, "per_shard": per_shard,
            "diagnosis": diagnose(totals), "exit_status": 1 if found else 0}

@@ -23,6 +23,23 @@ class PrepError(ValueError):
     """Bad input or output for a preprocessing step; the message names the file and the problem."""
 
 
+def reference_lines(path: Path, raw: bytes, what: str = "") -> list[str]:
+    """The lines of a UTF-8 file as the reference reads them, each stripped (Python's
+    ``str.strip``): a line ends at "\\n" only, as TensorFlow's GFile reads it, not at the other
+    breaks ``str.splitlines()`` knows (U+2028/2029/0085, form feed, vertical tab, U+001C-1E, a
+    lone "\\r"), which stay inside their line. Bytes that are not UTF-8 stop it with their line
+    (``what`` names the file's role in the message)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise PrepError(f"{path}: line {line}: {what}not UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
+    lines = text.split("\n")
+    if lines[-1] == "":  # the last "\n" ends a line; it starts none
+        lines.pop()
+    return [ln.strip() for ln in lines]
+
+
 def tmp_path(path: Path) -> Path:
     # The pid keeps two concurrent writers (a stale run and a new one) off each other's file.
     return path.with_name(f"{path.name}.{os.getpid()}.tmp")

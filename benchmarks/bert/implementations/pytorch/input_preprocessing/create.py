@@ -1,10 +1,13 @@
 """create: text parts + vocab.txt -> pretraining examples (NSP pairs, masked LM), one hdf5 per part.
 
-The algorithm is the reference ``create_pretraining_data`` (Google BERT, as MLPerf runs it
-over each of the 500 Wikipedia parts with the same flags and seed), restated on token ids:
+The algorithm is the reference ``create_pretraining_data.py`` (Google BERT's, which MLPerf runs
+over each of the 500 Wikipedia parts with the same flags and seed), restated on token ids,
+example for example:
 
-1. read the part: one sentence per line, a blank line between documents; WordPiece-tokenize
-   every line (Hugging Face ``tokenizers``, uncased); shuffle the documents;
+1. read the part: a line ends at "\\n" only (TensorFlow's GFile); each line stripped
+   (Python's ``str.strip``); a blank line starts a new document; every other line is
+   tokenized with the reference's tokenizer (``wordpiece.py``), and kept when it has tokens;
+   documents without any are dropped; shuffle the documents;
 2. ``dupe_factor`` times, for every document: fill chunks of sentences up to a target length
    (``max_seq_length - 3``, or with probability ``short_seq_prob`` a random length from 2),
    split each chunk at a random sentence into A and B; with probability 1/2 (or when the
@@ -15,24 +18,27 @@ over each of the 500 Wikipedia parts with the same flags and seed), restated on 
    uniformly random vocabulary id (10%); the label is the original token;
 4. shuffle the part's examples and write them.
 
-Every random draw comes from one ``random.Random(seed)`` per part, in the reference's order,
-so a part's output depends only on its text, the vocab and the flags: never on which worker
-ran it or how many there were.
+Every random draw is ``random.Random(seed)``'s, one generator per part, in the reference's
+order (``draws.py`` makes them faster), so a part's output depends only on its text, the vocab
+and the flags: never on which worker ran it or how many there were. The character classes are
+Python's ``unicodedata`` on the running interpreter, as the reference's are.
 """
 
 from __future__ import annotations
 
+import array
 import hashlib
-import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from bert.shards import Shard
 
-from .common import PrepError, file_fingerprint, parallel_map, prepare_output, write_shard_atomic
+from .common import PrepError, file_fingerprint, parallel_map, prepare_output, reference_lines, write_shard_atomic
+from .draws import MASK, reference_random
+from .wordpiece import UNICODE_VERSION, Tokenizer, vocab_tokens
 
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 MAX_TOKEN_ID = 32767  # shards store token ids as int16
@@ -77,10 +83,12 @@ class Vocab:
     sep: int
     mask: int
     md5: str
+    tokens: tuple[str, ...] = field(default=(), repr=False, compare=False)  # id = position
 
 
 def load_vocab(path: str | Path) -> Vocab:
-    """Check ``vocab.txt`` (one WordPiece token per line, id = line number)."""
+    """Check ``vocab.txt`` (one WordPiece token per line, id = line number, as the reference
+    reads it: ``wordpiece.vocab_tokens``)."""
     p = Path(path)
     try:
         raw = p.read_bytes()
@@ -88,26 +96,16 @@ def load_vocab(path: str | Path) -> Vocab:
         raise PrepError(f"{p}: vocab file does not exist") from None
     except OSError as e:
         raise PrepError(f"{p}: cannot read vocab file: {e.strerror}") from None
-    try:
-        words = raw.decode("utf-8").splitlines()
-    except UnicodeDecodeError as e:
-        raise PrepError(f"{p}: vocab is not UTF-8 (byte {e.start})") from None
+    words = vocab_tokens(p, raw)
     if not words:
         raise PrepError(f"{p}: vocab file is empty")
-    ids = {w.strip(): i for i, w in reversed(list(enumerate(words)))}
+    ids = {w: i for i, w in enumerate(words)}
     missing = [s for s in SPECIALS[1:] if s not in ids]
     if missing:
         raise PrepError(f"{p}: vocab lacks the special token(s) {missing}")
     if len(words) - 1 > MAX_TOKEN_ID:
         raise PrepError(f"{p}: {len(words)} tokens; ids above {MAX_TOKEN_ID} do not fit the int16 shard format")
-    return Vocab(p, len(words), ids["[CLS]"], ids["[SEP]"], ids["[MASK]"], hashlib.md5(raw).hexdigest())
-
-
-def _tokenizer(vocab: Vocab, lowercase: bool):
-    from tokenizers import BertWordPieceTokenizer  # BERT's normalizer, pre-tokenizer and WordPiece
-
-    return BertWordPieceTokenizer(str(vocab.path), lowercase=lowercase, strip_accents=lowercase,
-                                  clean_text=True, handle_chinese_chars=True)
+    return Vocab(p, len(words), ids["[CLS]"], ids["[SEP]"], ids["[MASK]"], hashlib.md5(raw).hexdigest(), tuple(words))
 
 
 # ---------------------------------------------------------------- reading a part
@@ -116,24 +114,16 @@ def _tokenizer(vocab: Vocab, lowercase: bool):
 STRICT_HINT = "drop and count them as the reference does: rerun without --strict-documents"
 
 
-def read_documents(path: Path, tokenizer, strict: bool) -> tuple[list[list[list[int]]], int]:
+def read_documents(path: Path, tokenizer: Tokenizer, strict: bool) -> tuple[list[list[list[int]]], int]:
     """Documents of a part as lists of sentences of token ids (before shuffling), and how
     many empty documents were dropped (``strict``: a ``PrepError`` at the first instead)."""
     try:
         raw = path.read_bytes()
     except OSError as e:
         raise PrepError(f"{path}: cannot read: {e.strerror}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw[:e.start].count(b"\n") + 1
-        raise PrepError(f"{path}: line {line}: not UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
-    lines = [ln.strip() for ln in text.splitlines()]
-    content = [i for i, ln in enumerate(lines) if ln]
-    if not content:
+    lines = reference_lines(path, raw)
+    if not any(lines):
         raise PrepError(f"{path}: empty part (no text)")
-    encoded = tokenizer.encode_batch([lines[i] for i in content], add_special_tokens=False)
-    ids_of = {i: e.ids for i, e in zip(content, encoded)}
 
     docs: list[list[list[int]]] = []
     current: list[list[int]] = []
@@ -154,8 +144,9 @@ def read_documents(path: Path, tokenizer, strict: bool) -> tuple[list[list[list[
         if ln:
             if blank_run:
                 start, blank_run = i, 0
-            if ids_of[i]:
-                current.append(ids_of[i])
+            ids = tokenizer.ids(ln)
+            if ids:
+                current.append(ids)
         else:
             blank_run += 1
             if blank_run == 1 and i > 0:
@@ -174,33 +165,44 @@ def read_documents(path: Path, tokenizer, strict: bool) -> tuple[list[list[list[
 # ---------------------------------------------------------------- the reference algorithm
 
 
-def _truncate_pair(a: list[int], b: list[int], max_tokens: int, rng: random.Random) -> None:
-    while len(a) + len(b) > max_tokens:
-        longer = a if len(a) > len(b) else b
-        if rng.random() < 0.5:  # trim the front or the back, to avoid biasing either
-            del longer[0]
+def _truncate_pair(a: list[int], b: list[int], max_tokens: int, rng) -> tuple[list[int], list[int]]:
+    """The reference's trimming: while the pair is too long, drop one token of the longer side
+    (B on a tie), at the front when ``random() < 0.5``, else at the back; here counted, then
+    cut once."""
+    la, lb = len(a), len(b)
+    if la + lb <= max_tokens:
+        return a, b
+    fa = fb = 0
+    for front in rng.halves(la + lb - max_tokens):  # one draw per token dropped
+        if la > lb:
+            la -= 1
+            fa += front
         else:
-            longer.pop()
+            lb -= 1
+            fb += front
+    return a[fa:fa + la], b[fb:fb + lb]
 
 
-def _mask(tokens: list[int], o: CreateOptions, v: Vocab, rng: random.Random) -> tuple[list[int], list[int], list[int]]:
-    candidates = [i for i, t in enumerate(tokens) if t != v.cls and t != v.sep]
-    rng.shuffle(candidates)
-    out = list(tokens)
-    n = min(o.max_predictions_per_seq, max(1, int(round(len(tokens) * o.masked_lm_prob))))
-    chosen = candidates[:n]
-    for i in chosen:  # one draw per position, in the shuffled order (the reference's)
-        if rng.random() < 0.8:
-            out[i] = v.mask
-        elif rng.random() < 0.5:
-            out[i] = tokens[i]
-        else:
-            out[i] = rng.randint(0, v.size - 1)
-    chosen.sort()
-    return out, chosen, [tokens[i] for i in chosen]
+def _example(a: list[int], b: list[int], o: CreateOptions, v: Vocab, rng, is_random: bool,
+             positions: list[int]) -> tuple:
+    """The draws of masking ``[CLS] a [SEP] b [SEP]``: (its tokens, len(a), the chosen
+    positions in the order drawn, what each becomes (``draws.MASK``, ``draws.KEEP`` or an id),
+    is_random), the arrays int16 (~1 kB an example, not ~15 kB of Python ints); ``_pack``
+    applies them. ``positions``: ``range(S)`` as a list, whose slices copy references instead
+    of making an int object per position."""
+    la, lb = len(a), len(b)
+    # Every position but [CLS] and the two [SEP]s: no text token is either (the tokenizer splits
+    # "[" and "]" off every word), so they are these two runs.
+    candidates = positions[1:la + 1] + positions[la + 2:la + lb + 2]
+    n = min(o.max_predictions_per_seq, max(1, int(round((la + lb + 3) * o.masked_lm_prob))))
+    chosen = rng.shuffle_head(candidates, n)  # the first n of the shuffled candidates
+    kinds = rng.mask_kinds(len(chosen), v.size)  # drawn in the shuffled order
+    return (array.array("h", [v.cls, *a, v.sep, *b, v.sep]), la, array.array("h", chosen),
+            array.array("h", kinds), is_random)
 
 
-def _instances(docs: list[list[list[int]]], d: int, o: CreateOptions, v: Vocab, rng: random.Random, out: list) -> None:
+def _instances(docs: list[list[list[int]]], d: int, o: CreateOptions, v: Vocab, rng, out: list,
+               positions: list[int]) -> None:
     doc = docs[d]
     max_tokens = o.max_seq_length - 3  # [CLS] A [SEP] B [SEP]
     target = max_tokens
@@ -212,59 +214,78 @@ def _instances(docs: list[list[list[int]]], d: int, o: CreateOptions, v: Vocab, 
         chunk.append(doc[i])
         length += len(doc[i])
         if i == len(doc) - 1 or length >= target:
-            if chunk:
-                a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
-                a = [t for s in chunk[:a_end] for t in s]
-                b: list[int] = []
-                if len(chunk) == 1 or rng.random() < 0.5:
-                    is_random = True
-                    for _ in range(10):  # the reference's retries for a different document
-                        r = rng.randint(0, len(docs) - 1)
-                        if r != d:
-                            break
-                    other = docs[r]
-                    for s in other[rng.randint(0, len(other) - 1):]:
-                        b.extend(s)
-                        if len(b) >= target - len(a):
-                            break
-                    i -= len(chunk) - a_end  # the unused sentences start the next chunk
-                else:
-                    is_random = False
-                    b = [t for s in chunk[a_end:] for t in s]
-                _truncate_pair(a, b, max_tokens, rng)
-                if a and b:  # the reference asserts this; it holds for non-empty sentences
-                    tokens = [v.cls, *a, v.sep, *b, v.sep]
-                    segments = [0] * (len(a) + 2) + [1] * (len(b) + 1)
-                    masked, pos, labels = _mask(tokens, o, v, rng)
-                    # compact at once: ~1 kB per example instead of ~15 kB of Python ints
-                    out.append((np.array(masked, np.int16), np.array(segments, np.int8),
-                                np.array(pos, np.int16), np.array(labels, np.int16), int(is_random)))
+            a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
+            a: list[int] = []
+            for s in chunk[:a_end]:
+                a.extend(s)
+            b: list[int] = []
+            if len(chunk) == 1 or rng.random() < 0.5:
+                is_random = True
+                for _ in range(10):  # the reference's retries for a different document
+                    r = rng.randint(0, len(docs) - 1)
+                    if r != d:
+                        break
+                other = docs[r]
+                for s in other[rng.randint(0, len(other) - 1):]:
+                    b.extend(s)
+                    if len(b) >= target - len(a):
+                        break
+                i -= len(chunk) - a_end  # the unused sentences start the next chunk
+            else:
+                is_random = False
+                for s in chunk[a_end:]:
+                    b.extend(s)
+            a, b = _truncate_pair(a, b, max_tokens, rng)
+            if a and b:  # the reference asserts this; it holds for non-empty sentences
+                out.append(_example(a, b, o, v, rng, is_random, positions))
             chunk, length = [], 0
         i += 1
 
 
-def examples_of_part(path: Path, vocab: Vocab, o: CreateOptions, tokenizer=None) -> tuple[Shard, int]:
+def _int16(rows: list) -> np.ndarray:
+    return np.frombuffer(b"".join(rows), np.int16).copy() if rows else np.zeros(0, np.int16)
+
+
+def _pack(path: Path, inst: list, v: Vocab) -> Shard:
+    """The examples, in their order, as a Shard: masks applied, predictions sorted by position.
+    Per token only int16/int8 arrays (a 25 MB part holds ~60 million tokens)."""
+    n = len(inst)
+    lens = np.fromiter((len(x[0]) for x in inst), np.int64, n)
+    plens = np.fromiter((len(x[2]) for x in inst), np.int64, n)
+    offs, poffs = np.zeros(n + 1, np.int64), np.zeros(n + 1, np.int64)
+    np.cumsum(lens, out=offs[1:])
+    np.cumsum(plens, out=poffs[1:])
+    tokens, pos, kinds = _int16([x[0] for x in inst]), _int16([x[2] for x in inst]), _int16([x[3] for x in inst])
+    where = np.repeat(offs[:-1], plens) + pos  # each prediction's token in `tokens`
+    labels = tokens[where]
+    tokens[where[kinds == MASK]] = v.mask  # MASK: [MASK]; an id >= 0: that id; KEEP: as it was
+    replaced = kinds >= 0
+    tokens[where[replaced]] = kinds[replaced]
+    order = np.argsort(where, kind="stable")  # by example, then position (each is once in its example)
+    # segment 1 from B's first token (after [CLS] A [SEP]) to the example's end
+    steps = np.zeros(len(tokens) + 1, np.int8)
+    steps[offs[:-1] + np.fromiter((x[1] for x in inst), np.int64, n) + 2] = 1
+    steps[offs[1:]] = -1
+    segments = np.cumsum(steps[:-1], dtype=np.int8)
+    nsp = np.fromiter((x[4] for x in inst), np.int8, n)
+    return Shard(str(path), tokens, segments, offs, pos[order], labels[order], poffs, nsp)
+
+
+def examples_of_part(path: Path, vocab: Vocab, o: CreateOptions) -> tuple[Shard, int]:
     """All examples of one text part, shuffled, as a Shard (the unit of parallel work), and
     the number of empty documents dropped from it."""
-    tokenizer = tokenizer or _tokenizer(vocab, o.lowercase)
-    docs, dropped = read_documents(path, tokenizer, o.strict_documents)
-    rng = random.Random(o.seed)
+    docs, dropped = read_documents(path, Tokenizer(vocab.tokens, o.lowercase), o.strict_documents)
+    rng = reference_random(o.seed)
     rng.shuffle(docs)
     inst: list = []
+    positions = list(range(o.max_seq_length))
     for _ in range(o.dupe_factor):
         for d in range(len(docs)):
-            _instances(docs, d, o, vocab, rng, inst)
+            _instances(docs, d, o, vocab, rng, inst, positions)
     rng.shuffle(inst)
     if not inst:
         raise PrepError(f"{path}: produced no examples (documents too short?)")
-    lens = np.array([len(x[0]) for x in inst], dtype=np.int64)
-    plens = np.array([len(x[2]) for x in inst], dtype=np.int64)
-    offs, poffs = np.zeros(len(inst) + 1, np.int64), np.zeros(len(inst) + 1, np.int64)
-    np.cumsum(lens, out=offs[1:])
-    np.cumsum(plens, out=poffs[1:])
-    flat = lambda k: np.concatenate([x[k] for x in inst])  # noqa: E731
-    shard = Shard(str(path), flat(0), flat(1), offs, flat(2), flat(3), poffs, np.array([x[4] for x in inst], dtype=np.int8))
-    return shard, dropped
+    return _pack(path, inst, vocab), dropped
 
 
 # ---------------------------------------------------------------- the step
@@ -311,7 +332,10 @@ def create(input_dir: str | Path, vocab_path: str | Path, output_dir: str | Path
     opts.check()
     vocab = load_vocab(vocab_path)
     parts = list_parts(input_dir, pattern)
+    # The tokenizer and its Unicode tables decide the examples as much as the flags: a run is
+    # not resumed by a create that tokenizes otherwise (an older one, another Python's tables).
     out = prepare_output(output_dir, "create", {**asdict(opts), "vocab_md5": vocab.md5,
+                                                "tokenizer": f"reference, Unicode {UNICODE_VERSION}",
                                                 "inputs": file_fingerprint(parts, Path(input_dir))})
     t0 = time.perf_counter()
     results = parallel_map(_create_one, [_Job(p, out, vocab, opts) for p in parts], workers, "create")

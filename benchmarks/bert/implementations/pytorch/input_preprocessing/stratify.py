@@ -1,4 +1,4 @@
-"""Split shards by real sample length into strata, for the stratified sampler (issue 4).
+"""Split shards by real sample length into strata, for the stratified sampler.
 
 Output (format ``mlperf-bert-strata/1``)::
 

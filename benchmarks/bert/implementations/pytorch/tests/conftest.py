@@ -15,7 +15,6 @@ workers, so one engine serves whichever worker runs those tests.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -38,9 +37,7 @@ from docker_engine import ImageBuild, docker_unavailable
 # OpenMP threads that wait sleep instead of spinning, in this process and every process a
 # test starts (read by libgomp when torch loads it: before the first `import torch` below).
 # The suite runs more threads than cores (two workers, each with torch's thread per core,
-# beside the runs they launch); a spinning thread burns a core another process needs. Beside
-# two busy processes, pytest running test_pretrain_mode_ends_at_its_step_count_with_curves
-# took 17-18 CPU-s spinning and 12 sleeping; on an idle machine, 10-11 either way.
+# beside the runs they launch); a spinning thread burns a core another process needs.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # Before any test module imports triton through torch (test_triton_attention.py runs our
@@ -48,10 +45,12 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 triton_interpret.setup()
 
 from bench import common  # noqa: E402  (imports torch: after the interpreter's setup above)
+from bert import config_script  # noqa: E402
+from bert.mlperf_log import read_events  # noqa: E402
 
 PKG = Path(__file__).resolve().parent.parent
 VENV_BIN = str(Path(sys.executable).parent)
-# Debian's procps: absent from minimal images, so the launchers must not need it (issue 29).
+# Debian's procps: absent from minimal images, so the launchers must not need it.
 PROCPS = ("kill", "ps", "sysctl", "free", "pgrep", "pidwait", "pmap", "pwdx", "skill", "slabtop", "tload", "top",
           "uptime", "vmstat", "w", "watch", "pkill", "snice")
 
@@ -85,11 +84,9 @@ def children(pid: int) -> list[int]:
 
 
 def source_config(name: str) -> dict[str, str]:
-    """The variables a config_*.sh exports, as a dict (sourced by bash, as users do)."""
-    out = subprocess.run(["bash", "-c", f"set -a; source ./{name} >/dev/null; env -0"], cwd=PKG,
-                         check=True, capture_output=True, env={"PATH": os.environ["PATH"]}).stdout
-    env = dict(item.split("=", 1) for item in out.decode().split("\0") if "=" in item)
-    return {k: v for k, v in env.items() if k not in ("PWD", "SHLVL", "_", "OLDPWD", "PATH")}
+    """The variables a config_*.sh exports (the trainer's own reading: bert.config_script)."""
+    env = config_script.source(PKG / name, {"PATH": os.environ["PATH"]})
+    return {k: v for k, v in env.items() if k != "PATH"}
 
 
 def run_checker(log: Path, ruleset: str = "5.0.0") -> tuple[bool, str]:
@@ -140,7 +137,7 @@ def run_and_time_signalled(env: dict[str, str], at_step: int = 5, sig: int = sig
 
 
 def mllog_events(log: Path) -> list[dict]:
-    return [json.loads(line.split(":::MLLOG", 1)[1]) for line in log.read_text().splitlines() if ":::MLLOG" in line]
+    return read_events(log, strict=True)
 
 
 @dataclass
@@ -394,7 +391,7 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     started = config.stash.get(_STARTED, None)
     if started is not None:
         wall = time.monotonic() - started
-        # The machine matters (issue 29): an AVX2-only CPU emulates bf16 matrix work.
+        # The machine matters: an AVX2-only CPU emulates bf16 matrix work.
         m = common.machine()
         terminalreporter.write_line(f"suite time: {wall / 60:.1f} min wall ({wall:.0f} s) on {m['cpus']} CPU(s), "
                                     f"{m.get('cpu') or 'unknown CPU'}, bf16 {m.get('bf16', 'unknown')}")

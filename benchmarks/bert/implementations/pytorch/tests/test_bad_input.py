@@ -142,5 +142,5 @@ def test_stratum_counts_not_summing_to_the_batch(tmp_path, capsys, tiny_data):  
             f"log.output_dir={out}", "run.division=open", "sampler.mode=stratified", "sampler.counts=4,2,1"]  # 7 != 8
     assert train.main(args) == 2
     err = capsys.readouterr().err
-    assert "sampler.counts='4,2,1': need 3 non-negative counts summing to 8" in err and "Traceback" not in err
+    assert "sampler.counts=[4, 2, 1]: need 3 non-negative counts summing to 8" in err and "Traceback" not in err
     assert not checkpoints(out) and not no_partial_files(tmp_path)

@@ -15,6 +15,7 @@ from bert import budget, ladder
 from bert import sampler as smp
 from bert.attention import build_attention
 from bert.config import ConfigError, ModelConfig, build_config, parse_budgets
+from bert.trainer import train_layout
 from bert.data import IGNORE_INDEX, collate
 from bert.model import BertForPreTraining, pretraining_loss
 from bert.shards import Sample
@@ -142,14 +143,14 @@ def test_rung_choice_at_the_edges():
     above = collate(samples(4, 0, lengths=[32, 32, 30, 30]), True, S)  # 124 > every listed rung
     assert budget.pad_batch(above, lay)["input_ids"].numel() == 4 * S  # the full grid takes it
     # an explicit list that stops short of the full grid gets it appended
-    assert parse_budgets("64,96", 4, S) == (64, 96, 128)
-    assert parse_budgets("64,128", 4, S) == (64, 128)
+    assert parse_budgets([64, 96], 4, S) == (64, 96, 128)
+    assert parse_budgets([64, 128], 4, S) == (64, 128)
     too_many = budget.Layout((4 * S,), 3, S)  # fewer prediction slots than the batch holds
     with pytest.raises(ValueError, match="max_predictions_per_seq"):
         budget.pad_batch(collate(samples(4, 1, lengths=[20] * 4), True, S), too_many)
 
 
-@pytest.mark.parametrize("spec, why", [("abc", "increasing token counts"), ("0,64", ">= 1"),
+@pytest.mark.parametrize("spec, why", [("abc", "a list of integers"), ("0,64", ">= 1"),
                                        ("96,64", "strictly increasing"), ("64,64", "strictly increasing"),
                                        ("99999", "full grid")])
 def test_bad_budgets_name_the_key(spec, why):
@@ -161,9 +162,9 @@ def test_budgets_need_the_unpadded_layout():
     with pytest.raises(ConfigError, match=r"data\.token_budgets.*model\.unpad=true"):
         build_config({"data.token_budgets": "auto", "model.unpad": "false"})
     cfg = build_config({"data.token_budgets": "auto"})  # the default layout is unpadded
-    assert build_config({}).data.token_budgets == ""  # off by default: today's behaviour
-    assert ladder.layout_for(build_config({}), 1) is None
-    lay = ladder.layout_for(cfg, 1)
+    assert build_config({}).data.token_budgets == []  # off by default: today's behaviour
+    assert train_layout(build_config({}), 1) is None
+    lay = train_layout(cfg, 1)
     assert lay.rungs[-1] == cfg.run.local_batch_size * 512 and lay.max_seq_length == 512
     assert lay.masked_slots == cfg.run.local_batch_size * cfg.data.max_predictions_per_seq
 
@@ -190,12 +191,12 @@ def test_auto_ladder_rule():
                           "optim.name": "adam", "sampler.mode": "stratified"})
     out = {}
     for name, cfg in (("random", rand), ("stratified", strat)):
-        lay = ladder.layout_for(cfg, 8)
+        lay = train_layout(cfg, 8)
         rungs = lay.rungs
         assert 1 < len(rungs) <= ladder.MAX_RUNGS and rungs[-1] == 16 * 512
         assert list(rungs) == sorted(set(rungs)) and all(r % ladder.ALIGN == 0 for r in rungs)
-        assert ladder.layout_for(cfg, 8) == lay  # a pure function of the config
-        pmf = ladder.token_pmf(cfg, 8)
+        assert train_layout(cfg, 8) == lay  # a pure function of the config
+        pmf = ladder.token_pmf(cfg.sampler, 512, 16, 8, cfg.model.hidden_size)
         out[name] = ladder.expected_padding(pmf, rungs)
         # one more rung would save less than MIN_GAIN (or the cap is reached)
         if len(rungs) < ladder.MAX_RUNGS:
@@ -204,7 +205,7 @@ def test_auto_ladder_rule():
     # the stratified sampler keeps a rank's tokens near the mean: less padding, fewer rungs
     assert out["stratified"] < out["random"] < 0.08
     # the exact random pmf: the mean of T is 16 x the histogram's mean length
-    pmf = ladder.token_pmf(rand, 8)
+    pmf = ladder.token_pmf(rand.sampler, 512, 16, 8, rand.model.hidden_size)
     lengths = ladder.length_pmf(512)
     assert (pmf * np.arange(len(pmf))).sum() == pytest.approx(16 * (lengths * np.arange(513)).sum(), rel=1e-9)
 
@@ -213,7 +214,7 @@ def test_auto_ladder_assumes_as_many_strata_as_the_counts():
     """Before run_start the manifest is unread: sampler.counts says how many strata it has."""
     cfg = build_config({"data.token_budgets": "auto", "run.local_batch_size": 16, "run.division": "open",
                         "optim.name": "adam", "sampler.mode": "stratified", "sampler.counts": "8,4,4"})
-    rungs = ladder.layout_for(cfg, 8).rungs
+    rungs = train_layout(cfg, 8).rungs
     assert rungs[-1] == 16 * 512 and len(rungs) <= ladder.MAX_RUNGS
 
 
@@ -224,7 +225,7 @@ def test_ladder_tool_measures_what_the_run_builds():
     from bench.flops import head_flops, train_flops, useful_forward_flops
 
     r = measure("random", 16, 8, 2048, 512, 76)
-    assert tuple(r["rungs"]) == ladder.layout_for(config("random", 16, 512, 76), 8).rungs
+    assert tuple(r["rungs"]) == train_layout(config("random", 16, 512, 76), 8).rungs
     assert abs(r["pad_measured"] - r["pad_expected"]) < 0.01 and 0 < r["pad_expected"] < 0.08
     assert r["hit"] <= len(r["rungs"]) and r["masked_slots"] == 16 * 76
     # ~0.15 L predictions per sample (capped at 76): about half of the 76 slots are real
@@ -249,15 +250,20 @@ def _demo_cfg(demo_data, **extra):
     return build_config(over)
 
 
+def _loader(cfg, rank, world, layout=None):
+    return smp.train_batches(cfg.data, cfg.sampler, cfg.model, cfg.run.local_batch_size, cfg.run.seed, rank, world,
+                             layout)
+
+
 @pytest.mark.parametrize("extra", [{}, {"run.division": "open", "optim.name": "adam", "sampler.mode": "stratified",
                                         "sampler.strata_width": 32}])
 def test_both_loaders_yield_budget_batches(demo_data, extra):
     """TrainLoader (closed random) and IndexLoader (stratified): the same samples as without
     budgets, padded to the auto ladder's rungs."""
-    plain = smp.train_batches(_demo_cfg(demo_data, **extra), 0, 2)
+    plain = _loader(_demo_cfg(demo_data, **extra), 0, 2)
     cfg = _demo_cfg(demo_data, **{"data.token_budgets": "auto", **extra})
-    lay = ladder.layout_for(cfg, 2)
-    padded = smp.train_batches(cfg, 0, 2, lay)
+    lay = train_layout(cfg, 2)
+    padded = _loader(cfg, 0, 2, lay)
     try:
         for _ in range(4):
             a, b = next(plain), next(padded)

@@ -52,14 +52,19 @@ def _replace(shard: Shard, i: int, **changes) -> Shard:
 
 
 def test_clean_shards_pass_in_both_layouts(tmp_path):
+    digests = {}
     for layout in ("fixed", "variable"):
         d = tmp_path / layout
         d.mkdir()
         for k in range(2):
             write_shard(d / f"part_{k}.hdf5", _clean(k), layout, S, P)
-        out = check(d, VOCAB)
+        out = check(d, VOCAB, digests=tmp_path / f"{layout}.md5")
         assert out["exit_status"] == 0 and out["defects"] == {} and out["samples"] == 128, out
         assert out["diagnosis"] == []
+        digests[layout] = (tmp_path / f"{layout}.md5").read_text()
+        assert digests[layout] == "".join(f"{out['per_shard'][f'part_{k}.hdf5']['examples_md5']}  part_{k}.hdf5\n"
+                                          for k in range(2))
+    assert digests["fixed"] == digests["variable"]  # the examples' digest, not the file's
 
 
 def _plant(shard: Shard, defect: str) -> Shard:
@@ -116,7 +121,7 @@ def test_each_planted_defect_is_counted_in_its_shard(tmp_path, layout):
     (d / "unreadable.hdf5").write_bytes(b"not hdf5")
     out = check(d, VOCAB)
     assert out["exit_status"] == 1
-    assert "samples" in out["per_shard"]["clean.hdf5"] and len(out["per_shard"]["clean.hdf5"]) == 1
+    assert set(out["per_shard"]["clean.hdf5"]) == {"samples", "examples_md5"}
     for defect in DEFECTS:
         name = f"{defect}.hdf5"
         if name not in out["per_shard"]:
@@ -126,9 +131,11 @@ def test_each_planted_defect_is_counted_in_its_shard(tmp_path, layout):
     assert "error" in out["per_shard"]["unreadable.hdf5"]
     # side effects that follow from the definitions, no more: a hole in the mask also puts
     # an extra token in the row; a duplicate/extra prediction does not touch the tokens
-    assert set(out["per_shard"]["mask_duplicate.hdf5"]) == {"samples", "mask_duplicate"}
-    assert set(out["per_shard"]["bad_nsp_label.hdf5"]) == {"samples", "bad_nsp_label"}
-    assert set(out["per_shard"]["id_out_of_vocab.hdf5"]) == {"samples", "id_out_of_vocab"}
+    for defect in ("mask_duplicate", "bad_nsp_label", "id_out_of_vocab"):
+        assert set(out["per_shard"][f"{defect}.hdf5"]) == {"samples", "examples_md5", defect}
+    # every change to a sample changes its shard's examples_md5
+    digests = [c["examples_md5"] for c in out["per_shard"].values() if "examples_md5" in c]
+    assert len(set(digests)) == len(digests) == len(out["per_shard"]) - 1
     assert out["diagnosis"] and "vocab" in out["diagnosis"][0]
 
 

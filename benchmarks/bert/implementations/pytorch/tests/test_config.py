@@ -71,3 +71,24 @@ def test_dump_round_trips(tmp_path):
     assert tree["optim"]["lr"] == 0.125 and tree["resolved"]["world_size"] == 2
     again = build_config(config_file=str(tmp_path / "cfg.json"))
     assert again == cfg
+
+
+def test_launcher_variables_name_real_keys_and_the_doc_lists_them():
+    """The one table of launcher variables: every key it names is a config key of its
+    variable's type (a launcher passes strings), EXTRA_PARAMS' key=value words come after the
+    variables, flags are the command line's, and docs/cluster.md lists the table as it is."""
+    from pathlib import Path
+
+    from bert.config import LAUNCHER_VARIABLES, launcher_overrides
+
+    cfg = build_config(launcher_overrides({var: "" for var in LAUNCHER_VARIABLES}))
+    assert cfg == Config()  # empty variables leave the defaults
+    for var, key in LAUNCHER_VARIABLES.items():
+        section, name = key.split(".")
+        assert hasattr(getattr(cfg, section), name), (var, key)
+    got = launcher_overrides({"LR": "0.5", "BATCHSIZE": "3", "EXTRA_PARAMS": "--dry-run optim.lr=0.25 run.seed=4"})
+    assert got == {"optim.lr": "0.25", "run.local_batch_size": "3", "run.seed": "4"}
+    assert launcher_overrides({"LR": "0.5", "EXTRA_PARAMS": "optim.lr=0.25"}, extra=False) == {"optim.lr": "0.5"}
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "cluster.md").read_text()
+    rows = [f"| `{var}` | `{key}` |" for var, key in LAUNCHER_VARIABLES.items()]
+    assert "\n".join(["| variable | override |", "|---|---|", *rows]) in doc

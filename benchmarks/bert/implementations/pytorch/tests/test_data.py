@@ -16,6 +16,7 @@ import torch
 
 from bert import demo_data
 from bert.data import EvalSet, RandomShardOrder, TrainLoader, collate
+from bert.sampler import eval_batches
 from bert.shards import DataError, Sample, Shard, list_shards, read_shard, shard_size, write_shard
 
 S, P = 32, 6  # sequence length and prediction slots of the hand-made shards
@@ -334,7 +335,7 @@ def test_eval_set_split_covers_all_once(tmp_path, limit):
         ev = EvalSet(d, rank, 2, limit)
         assert ev.total_samples == total
         assert len(ev) == len(range(rank, total, 2))
-        batches = list(ev.batches(4, True, S))
+        batches = eval_batches(ev, 4, True, False, S)
         assert [len(b["nsp_labels"]) for b in batches][:-1] == [4] * (len(batches) - 1)
         seen += [u for b in batches for u in uids(b)]
     assert sorted(seen) == list(range(total))

@@ -81,6 +81,7 @@ BLOCKS: dict[tuple[str, str, str], object] = {
      "python -m input_preprocessing <"): RUN,
     ("docs/data.md", "Your own corpus", "TOKENIZERS_PARALLELISM=false flock /tmp/bench.lock python bench/preprocessing.py"):
         RUN,
+    ("docs/data.md", "Checking a dataset made elsewhere", "python -m input_preprocessing create --input TEXT_DIR"): RUN,
     ("docs/faults.md", "Preemption, checkpoints and resume", "sbatch --signal=B:USR1@300 --requeue"): Covered(
         "tests/test_launchers.py::test_slurm_usr1_checkpoints_requeues_and_resumes",
         ("--signal=B:USR1", "--requeue", "run.sub"), "a 24-hour BERT-Large job; the test's run is the CPU demo's"),
@@ -192,6 +193,27 @@ def test_preprocessing_bench_block_runs(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads((tmp_path / "p.json").read_text())
     assert out  # the JSON the block writes
+
+
+def test_digests_block_runs_and_says_two_layouts_hold_the_same_examples(tmp_path):
+    """The block as written, on a small corpus; "theirs" is the same text made in the other
+    layout: another file, the same examples."""
+    from input_preprocessing.create import CreateOptions, create
+    from input_preprocessing.toy_corpus import make_corpus, train_vocab
+
+    parts = make_corpus(tmp_path / "text", parts=2, docs_per_part=20, seed=3)
+    vocab = train_vocab(parts, tmp_path / "vocab.txt", size=400)
+    small = ["--max-seq-length", "64", "--max-predictions-per-seq", "10", "--dupe-factor", "1"]
+    create(tmp_path / "text", vocab, tmp_path / "theirs", CreateOptions(64, 10, dupe_factor=1, layout="variable"))
+    block = the_block("docs/data.md", "python -m input_preprocessing create --input TEXT_DIR")
+    r = run_block(block, {"TEXT_DIR": str(tmp_path / "text"), "vocab.txt": str(vocab),
+                          "--output ours": f"--output {tmp_path / 'ours'} {' '.join(small)}",
+                          "--input ours": f"--input {tmp_path / 'ours'} --max-seq-length 64",
+                          "THEIRS_DIR": f"{tmp_path / 'theirs'} --max-seq-length 64",
+                          "ours.md5": str(tmp_path / "ours.md5"), "theirs.md5": str(tmp_path / "theirs.md5")})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "the same examples, part for part" in r.stdout
+    assert len((tmp_path / "ours.md5").read_text().splitlines()) == 2
 
 
 def test_plan_block_runs():

@@ -15,7 +15,7 @@ import torch.nn as nn
 pytest.importorskip("torchao.float8")
 
 from bert import fp8  # noqa: E402
-from bert.config import ConfigError, build_config  # noqa: E402
+from bert.config import ConfigError, build_config, check_fp8  # noqa: E402
 from bert.model import BertForPreTraining, pretraining_loss  # noqa: E402
 from bert.trainer import build_learner  # noqa: E402
 from test_model import TINY, hf_model, make_batch, ours_from, pack  # noqa: E402
@@ -135,23 +135,23 @@ def _attend_one_sequence(padded, q, k, v, dropout_p):
 
 def test_refusals_name_the_key():
     with pytest.raises(ConfigError, match=r"precision.fp8=tensorwise: not with precision.dtype=fp16"):
-        fp8.check(_cfg(**{"precision.dtype": "fp16"}), "cpu")
+        check_fp8(_cfg(**{"precision.dtype": "fp16"}), "cpu")
     hopper, ampere = (lambda: (9, 0)), (lambda: (8, 0))
     budgets = {"data.token_budgets": "auto"}
-    fp8.check(_cfg(**budgets), "cuda", hopper)  # the fast stack's shapes: accepted
-    fp8.check(_cfg(**budgets, **{"precision.fp8": "rowwise"}), "cuda", hopper)
-    fp8.check(_cfg(**{"model.unpad": "false"}), "cuda", hopper)  # rows: batch x 64
+    check_fp8(_cfg(**budgets), "cuda", hopper)  # the fast stack's shapes: accepted
+    check_fp8(_cfg(**budgets, **{"precision.fp8": "rowwise"}), "cuda", hopper)
+    check_fp8(_cfg(**{"model.unpad": "false"}), "cuda", hopper)  # rows: batch x 64
     with pytest.raises(ConfigError, match=r"compute capability >= 8.9.*this GPU has 8.0"):
-        fp8.check(_cfg(**budgets), "cuda", ampere)
+        check_fp8(_cfg(**budgets), "cuda", ampere)
     with pytest.raises(ConfigError, match=r"set data.token_budgets"):
-        fp8.check(_cfg(), "cuda", hopper)
+        check_fp8(_cfg(), "cuda", hopper)
     with pytest.raises(ConfigError, match=r"rungs \[40\] are not multiples of 16"):
-        fp8.check(_cfg(**{"data.token_budgets": "40,64"}), "cuda", hopper)
+        check_fp8(_cfg(**{"data.token_budgets": "40,64"}), "cuda", hopper)
     with pytest.raises(ConfigError, match=r"model.intermediate_size=136 is not a multiple of 16"):
-        fp8.check(_cfg(**budgets, **{"model.intermediate_size": "136"}), "cuda", hopper)
+        check_fp8(_cfg(**budgets, **{"model.intermediate_size": "136"}), "cuda", hopper)
     with pytest.raises(ConfigError, match=r"data.max_seq_length=60 is not a multiple of 16"):
-        fp8.check(_cfg(**{"model.unpad": "false", "data.max_seq_length": "60"}), "cuda", hopper)
-    fp8.check(_cfg(**{"precision.fp8": "off", "precision.dtype": "fp16"}), "cuda", ampere)  # off: nothing checked
+        check_fp8(_cfg(**{"model.unpad": "false", "data.max_seq_length": "60"}), "cuda", hopper)
+    check_fp8(_cfg(**{"precision.fp8": "off", "precision.dtype": "fp16"}), "cuda", ampere)  # off: nothing checked
 
 
 def test_missing_torchao_is_named(monkeypatch):
@@ -160,4 +160,4 @@ def test_missing_torchao_is_named(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchao" else real(name, *a))
     with pytest.raises(ConfigError, match=r"precision.fp8=rowwise: needs torchao"):
-        fp8.check(_cfg(**{"precision.fp8": "rowwise"}), "cpu")
+        check_fp8(_cfg(**{"precision.fp8": "rowwise"}), "cpu")

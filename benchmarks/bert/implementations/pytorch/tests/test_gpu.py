@@ -24,8 +24,7 @@ from bert import sampler, step_graph
 from bert.attention import build_attention
 from bert.config import build_config
 from bert.distributed import DistEnv
-from bert.ladder import layout_for
-from bert.trainer import Trainer, train_step
+from bert.trainer import Trainer, train_layout, train_step
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda") if CUDA else torch.device("cpu")
@@ -125,7 +124,7 @@ def _batches(cfg, n: int) -> list[dict]:
     """``n`` Wikipedia-length batches of the local batch, collated as the loader collates for
     ``cfg`` (the budget's collate when ``data.token_budgets`` is set), on the device."""
     m, d = cfg.model, cfg.data
-    collate = sampler.batch_collate(m.unpad, m.pack, d.max_seq_length, layout_for(cfg, 1))
+    collate = sampler.batch_collate(m.unpad, m.pack, d.max_seq_length, train_layout(cfg, 1))
     samples = common.make_batches(n, cfg.run.local_batch_size, d.max_seq_length, d.max_predictions_per_seq,
                                   m.vocab_size, seed=1)
     return [{k: (v.to(DEVICE) if torch.is_tensor(v) else v) for k, v in collate(b).items()} for b in samples]

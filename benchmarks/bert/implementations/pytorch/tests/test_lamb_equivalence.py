@@ -1,5 +1,5 @@
 """Our closed-division update (global-norm clip after the allreduce, then our foreach LAMB)
-equals the two approved LAMBs, over several steps of a small BERT (issue 15):
+equals the two approved LAMBs, over several steps of a small BERT:
 
 - the MLCommons TensorFlow reference: ``tf.clip_by_global_norm(grads, 1.0)`` in
   ``create_optimizer``, then ``LAMBOptimizer`` (``lamb_optimizer_v1.py``): bias-corrected

@@ -1,4 +1,4 @@
-"""bert.optim's graph-safe LAMB variants (issue 14): ``Lamb(capturable=True)`` (step counts
+"""bert.optim's graph-safe LAMB variants: ``Lamb(capturable=True)`` (step counts
 and lr on the device) and ``optim.impl=compiled`` (the same update under torch.compile),
 against the plain foreach ``Lamb`` that tests/test_optim.py checks against a per-tensor
 oracle, with the project's own LambdaLR schedule; checkpoints across the variants; no

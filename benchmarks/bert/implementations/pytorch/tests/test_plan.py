@@ -20,8 +20,8 @@ import plan  # noqa: E402
 
 @pytest.mark.parametrize("shape,cfg", [
     (plan.BASE, ModelConfig(hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072)),
-    (plan.Shape(64, 2, 4, 128, 512, 64), ModelConfig(vocab_size=512, hidden_size=64, num_layers=2, num_heads=4,
-                                                     intermediate_size=128, max_position_embeddings=64)),
+    (plan.Shape(64, 2, 4, 128, 512, 64, 64), ModelConfig(vocab_size=512, hidden_size=64, num_layers=2, num_heads=4,
+                                                         intermediate_size=128, max_position_embeddings=64)),
 ])
 def test_gradient_size_is_the_models(shape, cfg):
     assert plan.grad_elements(shape) == sum(p.numel() for p in BertForPreTraining(cfg).parameters())

@@ -243,9 +243,8 @@ def test_fp16_run_counts_and_logs_skipped_steps(demo_data, tmp_path, capsys):
 @pytest.fixture(scope="module")
 def small_demo(tmp_path_factory):
     """The demo language (bert/demo_data.py) at vocab 32 and sequences up to 64, the
-    demo's being 128 and 128. The demo geometry needs ~25,600 samples to 0.72 (fp32, per
-    bert/demo_data.py) at ~0.2 CPU-s per bf16 step of 32 on one thread; this one reached
-    it after 11,200 samples in bf16 at the demo's width, at about half the cost per step."""
+    demo's being 128 and 128: it reaches 0.72 in about half the demo's samples, each step at
+    about half the cost (the bf16 test's budget; its numbers: BENCHMARKS.md)."""
     from bert import demo_data as gen
 
     root = tmp_path_factory.mktemp("small_demo")

@@ -162,8 +162,8 @@ def test_cli_every_step(parts, tmp_path, capsys):
 def test_data_preparation_imports_no_torch(tmp_path):
     """Every step but ``checkpoint`` (which converts torch weights), and the demo data, run in
     one interpreter that never imports torch: bert/shards.py holds the shard format apart from
-    the loader. Importing torch costs 2-3 CPU-s a process; prepare_data.sh starts ten such
-    steps, and this suite about 30."""
+    the loader: importing torch costs seconds a process, and prepare_data.sh starts ten such
+    steps."""
     text = tmp_path / "text"
     make_corpus(text, parts=2, docs_per_part=8, seed=1)
     d = {k: str(tmp_path / k) for k in ("vocab.txt", "created", "strata", "shards", "eval", "stats", "demo")}

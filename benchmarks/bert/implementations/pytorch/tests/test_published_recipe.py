@@ -26,7 +26,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from bert import grad_sync
+from bert import config_script, grad_sync
 from bert.config import GradSyncConfig, PrecisionConfig, build_config, eval_interval_samples, max_samples
 from bert.model import BertForPreTraining, pretraining_loss
 from bert.optim import lr_at
@@ -34,7 +34,12 @@ from bert.precision import build_precision, build_scaler
 from bert.state import Learner
 from bert.trainer import train_step
 from conftest import PKG, demo_run_env, end_worker, free_port, mllog_events, run_checker
-from tools.schedule import resolve
+
+
+def resolve(config_sh, extra_env=None):
+    """The Config a config script gives (the trainer's own reading: bert.config_script)."""
+    return config_script.load(config_sh, {"PATH": os.environ["PATH"], **(extra_env or {})})[0]
+
 
 CONFIG = PKG / "config_DGXA100_128x8.sh"
 
@@ -182,7 +187,8 @@ def test_config_holds_the_published_values_to_the_digit():
     world = 128 * 8
     assert max_samples(cfg, world) == 299 * 16384  # the step limit comes first (4,898,816 < 5,000,000)
     assert eval_interval_samples(cfg, world) == int(PUBLISHED["EVAL_ITER"])
-    assert (s.mode, s.strata_width, s.counts, s.deal, s.group_size) == ("stratified", 128, PUBLISHED["split_batch_cnt"],
+    counts = [int(c) for c in PUBLISHED["split_batch_cnt"].split(",")]
+    assert (s.mode, s.strata_width, s.counts, s.deal, s.group_size) == ("stratified", 128, counts,
                                                                         "snake", int(PUBLISHED["ngpus_per_group"]))
     assert (g.bucket_clip_norm, g.bucket_clip_rule, g.bucket_clip_count, o.max_grad_norm) == (1.0, "count", 22, 0.0)
     assert cfg.eval.target_accuracy == 0.72

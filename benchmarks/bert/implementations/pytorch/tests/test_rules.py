@@ -1,4 +1,4 @@
-"""MLPerf rules the compliance checker cannot read (issue 15): the clock starts before the
+"""MLPerf rules the compliance checker cannot read: the clock starts before the
 data is touched, seeds, the eval set, the log keys reviewers read, closed recipes."""
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import torch
 
 from bert import train
 from bert.config import build_config, parse_overrides, timed_run_problems

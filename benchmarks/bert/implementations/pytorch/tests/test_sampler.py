@@ -95,10 +95,10 @@ def test_wikipedia_manifest_counts_are_6_3_2_5(tmp_path):
     assert index.bounds == ((1, 128), (129, 256), (257, 384), (385, 512))
     s = smp.build_sampler(SamplerConfig(mode="stratified"), index, 0, 1, 16, 0, 512, 1024)
     assert s.counts.tolist() == [6, 3, 2, 5]
-    s = smp.build_sampler(SamplerConfig(mode="stratified", counts="5,4,2,5"), index, 0, 1, 16, 0, 512, 1024)
+    s = smp.build_sampler(SamplerConfig(mode="stratified", counts=[5, 4, 2, 5]), index, 0, 1, 16, 0, 512, 1024)
     assert s.counts.tolist() == [5, 4, 2, 5]
     with pytest.raises(ValueError, match="summing to 16"):
-        smp.build_sampler(SamplerConfig(mode="stratified", counts="5,4,2,4"), index, 0, 1, 16, 0, 512, 1024)
+        smp.build_sampler(SamplerConfig(mode="stratified", counts=[5, 4, 2, 4]), index, 0, 1, 16, 0, 512, 1024)
 
 
 def test_largest_remainder():
@@ -171,7 +171,7 @@ MODES = [  # (mode, deal, draw, group, counts or rounding)
 def samplers(lengths, world, mode, deal, draw, group, counts, seed=3):
     strata = smp.Strata.from_lengths(lengths, BOUNDS) if mode == "stratified" else None
     rounding = "carry" if counts == "carry" else "fixed"
-    counts = "" if counts == "carry" else counts
+    counts = [] if counts in ("", "carry") else [int(c) for c in counts.split(",")]
     return [smp.IndexSampler(lengths, strata, r, world, 4, seed, group=group, draw=draw, deal_policy=deal,
                              counts=counts, rounding=rounding) for r in range(world)]
 
@@ -277,14 +277,18 @@ def _cfg(root, **sampler):
                          "run.seed": 1, **{f"sampler.{k}": v for k, v in sampler.items()}})
 
 
+def _loader(cfg, rank, world):
+    return smp.train_batches(cfg.data, cfg.sampler, cfg.model, cfg.run.local_batch_size, cfg.run.seed, rank, world)
+
+
 def test_loader_resumes_mid_epoch(strata_dir):
     root, _ = strata_dir
     cfg = _cfg(root, mode="stratified", deal="greedy", group_size=2)
-    first = smp.train_batches(cfg, 1, 4)
+    first = _loader(cfg, 1, 4)
     batches = [next(first) for _ in range(7)]
     state = first.state_dict()
     first.close()
-    again = smp.train_batches(cfg, 1, 4)
+    again = _loader(cfg, 1, 4)
     again.load_state_dict(state)
     for _ in range(3):
         want, got = next(first), next(again)
@@ -299,7 +303,7 @@ def test_train_batches_picks_the_closed_loader(demo_data):
 
     cfg = build_config({"data.train_dir": str(demo_data.train), "data.max_seq_length": 128,
                         "model.max_position_embeddings": 128, "data.max_predictions_per_seq": 20, "run.seed": 1})
-    assert isinstance(smp.train_batches(cfg, 0, 2), TrainLoader)
+    assert isinstance(_loader(cfg, 0, 2), TrainLoader)
     with pytest.raises(ConfigError, match="closed division"):
         build_config({"sampler.mode": "stratified"})
 
@@ -313,10 +317,10 @@ def _gloo_worker(rank, port, root, out):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     res = {}
     for deal in ("snake", "greedy"):
-        base = dict(mode="stratified", group_size=2, counts="2,1,1")
-        plain = smp.train_batches(_cfg(root, **base), rank, 2)
-        local = smp.train_batches(_cfg(root, **base, deal=deal), rank, 2)
-        gathered = smp.train_batches(_cfg(root, **base, deal=deal, lengths="gather"), rank, 2)
+        base = dict(mode="stratified", group_size=2, counts=[2, 1, 1])
+        plain = _loader(_cfg(root, **base), rank, 2)
+        local = _loader(_cfg(root, **base, deal=deal), rank, 2)
+        gathered = _loader(_cfg(root, **base, deal=deal, lengths="gather"), rank, 2)
         for step in range(6):
             res[(deal, step)] = {name: [uid_of(s) for s in loader.samples(step)]
                                  for name, loader in (("plain", plain), ("local", local), ("gather", gathered))}

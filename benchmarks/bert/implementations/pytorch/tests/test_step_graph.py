@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 import torch
 
-from bert import evaluate, ladder, rng, sampler, step_graph, train
-from bert.config import ConfigError, build_config, parse_overrides
+from bert import evaluate, rng, sampler, step_graph, train
+from bert.config import ConfigError, build_config, check_cuda_graphs, parse_overrides
 from bert.optim import build_optimizer, build_scheduler
 from bert.distributed import DistEnv
-from bert.trainer import Trainer, train_step
+from bert.trainer import Trainer, eval_layout, train_layout, train_step
 
 SINGLE = DistEnv(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=0, launcher="single")
 TINY = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.intermediate_size=64",
@@ -180,11 +180,11 @@ def test_graphed_step_computes_the_eager_step(demo_data, tmp_path, accum, caplog
 
 
 def test_check_refuses_what_graphs_cannot_do(demo_data, tmp_path):
-    cuda = torch.device("cuda")  # only its type is read: nothing runs on it
+    cuda = "cuda"  # a device type: nothing runs on it
     ok = ["run.cuda_graphs=true", "run.warmup_steps=2", "data.token_budgets=auto", "precision.dtype=bf16"]
-    step_graph.check(_cfg(demo_data, tmp_path, *ok), cuda, 1)
+    check_cuda_graphs(_cfg(demo_data, tmp_path, *ok), "cuda", 1)
     cases = [
-        ((), torch.device("cpu"), 1, "CUDA device"),
+        ((), "cpu", 1, "CUDA device"),
         ((), cuda, 2, "2 ranks"),
         (("precision.dtype=fp16",), cuda, 1, "fp16"),
         (("optim.impl=apex",), cuda, 1, "apex"),
@@ -193,8 +193,8 @@ def test_check_refuses_what_graphs_cannot_do(demo_data, tmp_path):
     ]
     for extra, device, world, words in cases:
         with pytest.raises(ConfigError, match=r"run\.cuda_graphs:.*" + words.replace(".", r"\.")):
-            step_graph.check(_cfg(demo_data, tmp_path, *ok, *extra), device, world)
-    step_graph.check(_cfg(demo_data, tmp_path, "run.cuda_graphs=false"), torch.device("cpu"), 4)
+            check_cuda_graphs(_cfg(demo_data, tmp_path, *ok, *extra), device, world)
+    check_cuda_graphs(_cfg(demo_data, tmp_path, "run.cuda_graphs=false"), "cpu", 4)
     with pytest.raises(ConfigError, match="run.warmup_steps"):
         _cfg(demo_data, tmp_path, "run.warmup_steps=-1")
 
@@ -239,7 +239,7 @@ def test_warm_up_captures_every_shape_the_loader_makes(demo_data, tmp_path, monk
     t.prepare_step()
     step = t.step
     assert isinstance(step, step_graph.GraphedStep)
-    layout = ladder.layout_for(cfg, 1)
+    layout = train_layout(cfg, 1)
     assert len(step.micro) == len(layout.rungs) > 1
     tokens = [next(shape for name, shape, *_ in key if name == "input_ids")[0] for key in step.micro]
     assert sorted(tokens) == list(layout.rungs)
@@ -287,12 +287,12 @@ def test_no_compile_after_the_warm_ups_for_budgets_graphs_and_eval(demo_data, tm
     f0 = frames()
     t.prepare_step()
     step = t.step
-    assert isinstance(step, step_graph.GraphedStep) and len(step.micro) == len(ladder.layout_for(cfg, 1).rungs) > 1
+    assert isinstance(step, step_graph.GraphedStep) and len(step.micro) == len(train_layout(cfg, 1).rungs) > 1
     assert frames() - f0 == 1, "training: one compile for every rung, none at capture"
     f1 = frames()
     t.prepare_eval()
     assert isinstance(t.eval_counts, evaluate.GraphedEval)
-    assert len(t.eval_counts.captured) == len(ladder.eval_layout_for(cfg, 1).rungs) > 1
+    assert len(t.eval_counts.captured) == len(eval_layout(cfg).rungs) > 1
     assert frames() - f1 == 1, "evaluation: one no-grad compile for every eval rung"
     assert "eval warm-up before run_start" in caplog.text and "compile" in caplog.text
     caplog.clear()
@@ -324,13 +324,14 @@ def test_pinned_batches_for_training_and_eval(demo_data, tmp_path, monkeypatch):
     pinned = []
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda t: pinned.append(t) or t.clone())
     cfg = _cfg(demo_data, tmp_path, "data.token_budgets=auto", "eval.batch_size=16", "data.eval_samples=50")
-    loader = sampler.train_batches(cfg, 0, 1, ladder.layout_for(cfg, 1), pin=True)
+    loader = sampler.train_batches(cfg.data, cfg.sampler, cfg.model, cfg.run.local_batch_size, cfg.run.seed, 0, 1,
+                                   train_layout(cfg, 1), pin=True)
     batch = next(loader)
     loader.close()
     assert len(pinned) == sum(torch.is_tensor(v) for v in batch.values()) > 0
     pinned.clear()
     evals = sampler.eval_batches(data_eval_set(cfg), 16, True, False, cfg.data.max_seq_length,
-                                 ladder.eval_layout_for(cfg, 1), pin=True)
+                                 eval_layout(cfg), pin=True)
     assert len(pinned) == sum(torch.is_tensor(v) for b in evals for v in b.values())
     pinned.clear()
     sampler.eval_batches(data_eval_set(cfg), 16, True, False, cfg.data.max_seq_length)

@@ -8,8 +8,8 @@ Every trial starts from the `trained` demo model (demo_run_env) with a raised ta
 the model starts at 0.74): a good rate reaches it at its first evaluation, 320 samples in,
 a far too small one stays at 0.74 until the pruner stops it. A trial trains on one rank
 (DGXNGPU=1, still through run_and_time.sh and torchrun): what is tested is the study around
-the runs, and a second rank would add a process to each of the 11 runs (~12 CPU-s in the
-suite, mostly torch's start-up)."""
+the runs, and a second rank would add a process (mostly torch's start-up) to each of its
+runs."""
 
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ sys.path.insert(0, str(PKG))
 from bert.sampler import Strata, attention_cost, deal, even_bounds, pack_ffd  # noqa: E402
 
 DEFAULT_HISTOGRAM = PKG / "data" / "wikipedia_seqlen_histogram_512.txt"
-# The manifest's strata (issue 3's stratify step): four of 128 tokens at length 512.
+# The manifest's strata (input_preprocessing's stratify step): four of 128 tokens at length 512.
 MANIFEST_WIDTH = 128
 # stratified+best, chosen by measurement (docs/load_balance.md): virtual strata of 8 tokens cut from
 # the length index, counts drawn per group of ranks with carried rounding (exact shares),

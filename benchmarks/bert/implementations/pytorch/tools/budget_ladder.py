@@ -40,6 +40,7 @@ sys.path.insert(0, str(PKG))
 
 from bench.flops import Shape, attention_flops, head_flops, layer_flops  # noqa: E402
 from bert import ladder  # noqa: E402
+from bert.trainer import train_layout  # noqa: E402
 from bert.config import build_config  # noqa: E402
 
 MODES = {
@@ -66,7 +67,8 @@ def held_out(cfg, world_size: int, steps: int, seed: int) -> np.ndarray:
     if cfg.sampler.mode == "random" and cfg.sampler.deal == "none":
         rng = np.random.default_rng(seed)
         return rng.choice(len(pmf), size=(steps, cfg.run.local_batch_size), p=pmf).sum(1)
-    return ladder.simulated_token_counts(cfg, world_size, pmf, draws=steps, seed=seed)
+    return ladder.simulated_token_counts(cfg.sampler, cfg.data.max_seq_length, cfg.run.local_batch_size, world_size,
+                                         cfg.model.hidden_size, pmf, draws=steps, seed=seed)
 
 
 def step_flops(pmf: np.ndarray, local_batch: int, max_pred: int) -> tuple[float, float]:
@@ -82,8 +84,8 @@ def step_flops(pmf: np.ndarray, local_batch: int, max_pred: int) -> tuple[float,
 
 def measure(mode: str, local_batch: int, world_size: int, steps: int, max_seq_length: int, max_pred: int) -> dict:
     cfg = config(mode, local_batch, max_seq_length, max_pred)
-    layout = ladder.layout_for(cfg, world_size)
-    pmf = ladder.token_pmf(cfg, world_size)
+    layout = train_layout(cfg, world_size)
+    pmf = ladder.token_pmf(cfg.sampler, max_seq_length, local_batch, world_size, cfg.model.hidden_size)
     rungs = np.array(layout.rungs)
     t = held_out(cfg, world_size, steps, seed=12345)
     used = rungs[np.searchsorted(rungs, t)]

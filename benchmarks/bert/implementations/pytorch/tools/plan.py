@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -49,26 +48,34 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PKG))
 
+from bert import config_script  # noqa: E402
+from bert.config import Config, ModelConfig, global_batch_size, padded_vocab_size  # noqa: E402
+
 WIRE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
 
 
 @dataclass(frozen=True)
 class Shape:
-    hidden: int = 1024
-    layers: int = 24
-    heads: int = 16
-    intermediate: int = 4096
-    vocab: int = 30522
-    positions: int = 512
-    vocab_pad: int = 64  # model.vocab_pad_multiple: the model's rows (and gradients) are padded
+    hidden: int
+    layers: int
+    heads: int
+    intermediate: int
+    vocab: int
+    positions: int
+    vocab_pad: int  # model.vocab_pad_multiple: the model's rows (and gradients) are padded
+
+    @classmethod
+    def of(cls, m: ModelConfig) -> Shape:
+        return cls(m.hidden_size, m.num_layers, m.num_heads, m.intermediate_size, m.vocab_size,
+                   m.max_position_embeddings, m.vocab_pad_multiple)
 
     @property
     def vocab_rows(self) -> int:
-        return -(-self.vocab // self.vocab_pad) * self.vocab_pad
+        return padded_vocab_size(ModelConfig(vocab_size=self.vocab, vocab_pad_multiple=self.vocab_pad))
 
 
-LARGE = Shape()
-BASE = Shape(768, 12, 12, 3072)
+LARGE = Shape.of(ModelConfig())  # the benchmark's model: the config's defaults
+BASE = Shape.of(ModelConfig(hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072))
 
 
 def param_groups(s: Shape) -> list[tuple[str, int]]:
@@ -276,28 +283,16 @@ def print_plan(out: dict) -> None:
 # ---------------------------------------------------------------- configs
 
 
-def source_config(path: str) -> dict[str, str]:
-    out = subprocess.run(["bash", "-c", f"set -a; source {json.dumps(str(Path(path).resolve()))} >/dev/null; env -0"],
-                         cwd=PKG, check=True, capture_output=True).stdout.decode()
-    return dict(item.split("=", 1) for item in out.split("\0") if "=" in item)
-
-
-def phase_from_config(path: str, name: str) -> tuple[Shape, Phase, dict[str, str]]:
-    env = source_config(path)
-    extra = dict(kv.split("=", 1) for kv in env.get("EXTRA_PARAMS", "").split() if "=" in kv)
-    shape = Shape(int(extra.get("model.hidden_size", LARGE.hidden)), int(extra.get("model.num_layers", LARGE.layers)),
-                  int(extra.get("model.num_heads", LARGE.heads)),
-                  int(extra.get("model.intermediate_size", LARGE.intermediate)),
-                  int(extra.get("model.vocab_size", LARGE.vocab)),
-                  vocab_pad=int(extra.get("model.vocab_pad_multiple", LARGE.vocab_pad)))
+def phase_from_config(path: str, name: str) -> tuple[Shape, Phase, Config, dict[str, str]]:
+    """A phase as its config script runs it (the trainer's own reading: bert.config_script)."""
+    cfg, env = config_script.load(path)
     gpus = int(env["DGXNNODES"]) * int(env["DGXNGPU"])
-    accum = int(env.get("GRADIENT_STEPS", "1"))
-    gbs = int(env["BATCHSIZE"]) * accum * gpus
-    interval = int(env.get("EVAL_ITER_SAMPLES", "0") or 0)
-    phase = Phase(name, int(extra.get("data.max_seq_length", 512)), int(extra.get("data.max_predictions_per_seq", 76)),
-                  gbs, int(env["MAX_STEPS"]), accum, interval // gbs if interval > 0 else 0,
-                  int(extra.get("data.eval_samples", 10000)))
-    return shape, phase, env
+    gbs = global_batch_size(cfg, gpus)
+    interval = cfg.eval.interval_samples
+    d = cfg.data
+    phase = Phase(name, d.max_seq_length, d.max_predictions_per_seq, gbs, cfg.optim.total_steps,
+                  cfg.run.grad_accum_steps, interval // gbs if interval > 0 else 0, d.eval_samples)
+    return Shape.of(cfg.model), phase, cfg, env
 
 
 # ---------------------------------------------------------------- the check against bench/grad_sync.py
@@ -310,7 +305,8 @@ def check_bench(runs: list[dict]) -> dict:
     if not none:
         raise SystemExit("--check-bench needs one run without --link-gbps (calibrates the loopback allreduce)")
     model = runs[0]["model"]
-    s = BASE if model == "bert-base" else Shape(64, 2, 4, 128, 512, 64)
+    s = BASE if model == "bert-base" else Shape.of(ModelConfig(vocab_size=512, hidden_size=64, num_layers=2, num_heads=4,
+                                                            intermediate_size=128, max_position_embeddings=64))
     cap = runs[0]["bucket_cap_mb"]
     nbytes = 4.0 * grad_elements(s)
     if grad_elements(s) != runs[0]["grad_numel"]:
@@ -417,15 +413,15 @@ def main(argv: list[str] | None = None) -> int:
     nodes, gpn = 1, 8
     if a.configs:
         loaded = [phase_from_config(c, f"phase{i + 1}") for i, c in enumerate(a.configs)]
-        shape, phases = loaded[0][0], [p for _, p, _ in loaded]
-        nodes, gpn = int(loaded[0][2]["DGXNNODES"]), int(loaded[0][2]["DGXNGPU"])
+        shape, phases = loaded[0][0], [p for _, p, _, _ in loaded]
+        first, env = loaded[0][2], loaded[0][3]
+        nodes, gpn = int(env["DGXNNODES"]), int(env["DGXNGPU"])
         # the config's gradient sync, unless the command line says otherwise
-        extra = dict(kv.split("=", 1) for kv in loaded[0][2].get("EXTRA_PARAMS", "").split() if "=" in kv)
-        comp = extra.get("grad_sync.compression", "none")
+        comp = first.grad_sync.compression
         if a.wire == d.wire and comp != "none":
-            a.wire = {"fp16": "fp16", "bf16": "bf16", "powersgd": "powersgd"}[comp]
+            a.wire = comp
         if a.bucket_mb == d.bucket_mb:
-            a.bucket_mb = float(extra.get("grad_sync.bucket_cap_mb", d.bucket_mb))
+            a.bucket_mb = first.grad_sync.bucket_cap_mb
     else:
         shape, phases = RECIPES[a.recipe]
     nodes, gpn = a.nodes or nodes, a.gpus_per_node or gpn

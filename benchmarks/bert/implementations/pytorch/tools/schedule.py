@@ -6,9 +6,9 @@ cluster runs it.
 
 The config file is sourced by bash, as ``run.sub`` users do, with nothing from the caller's
 environment but PATH and what ``--set`` gives (``--set PRECISION=fp16``); its variables
-become training overrides through the mapping ``run_and_time.sh`` itself holds (its
-``add KEY VAR`` lines) plus ``EXTRA_PARAMS``, and ``bert.config`` resolves and validates
-them. The rates come from the trainer's own scheduler (``bert.optim.build_scheduler``)
+become training overrides through the trainer's own table (``bert.config_script.load``:
+``bert.config.LAUNCHER_VARIABLES`` plus ``EXTRA_PARAMS``), resolved and validated by
+``bert.config``. The rates come from the trainer's own scheduler (``bert.optim.build_scheduler``)
 stepped once per optimizer step, so what is printed is what a run applies: step k (0-based)
 is the rate of the update that follows k updates.
 
@@ -22,8 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -32,31 +30,9 @@ sys.path.insert(0, str(PKG))
 
 import torch  # noqa: E402
 
-from bert.config import Config, ConfigError, build_config  # noqa: E402
+from bert import config_script  # noqa: E402
+from bert.config import Config, ConfigError  # noqa: E402
 from bert.optim import build_scheduler  # noqa: E402
-
-
-def sourced(config_sh: Path, extra_env: dict[str, str] | None = None) -> dict[str, str]:
-    """The variables ``config_sh`` exports, sourced by bash with only PATH (+ extra_env) set."""
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **(extra_env or {})}
-    out = subprocess.run(["bash", "-c", 'set -a; source "$1" >/dev/null; env -0', "bash", str(config_sh)],
-                         check=True, capture_output=True, env=env).stdout
-    return dict(item.split("=", 1) for item in out.decode().split("\0") if "=" in item)
-
-
-def overrides(variables: dict[str, str]) -> dict[str, str]:
-    """Training overrides from config variables, by run_and_time.sh's own ``add KEY VAR`` map."""
-    mapping = re.findall(r"^add (\S+) (\w+)$", (PKG / "run_and_time.sh").read_text(), re.M)
-    out = {key: variables[var] for key, var in mapping if variables.get(var)}
-    for item in variables.get("EXTRA_PARAMS", "").split():
-        if not item.startswith("--"):  # flags such as --dry-run are not settings
-            key, _, value = item.partition("=")
-            out[key] = value
-    return out
-
-
-def resolve(config_sh: Path, extra_env: dict[str, str] | None = None) -> Config:
-    return build_config(overrides(sourced(config_sh, extra_env)))
 
 
 def rates(cfg: Config, steps: int) -> list[float]:
@@ -103,10 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         ap.error("--set takes VAR=VALUE")
     try:
-        cfg = resolve(args.config, extra)
-    except subprocess.CalledProcessError as e:
-        print(f"error: {args.config}: bash could not source it: {e.stderr.decode().strip()}", file=sys.stderr)
-        return 2
+        cfg, _ = config_script.load(args.config, {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **extra})
     except ConfigError as e:
         print(f"error: {args.config}: {e}", file=sys.stderr)
         return 2

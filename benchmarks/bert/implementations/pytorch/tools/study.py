@@ -85,6 +85,7 @@ sys.path.insert(0, str(PKG))
 import study_report  # noqa: E402  (tools/ holds scripts, not a package; this file's folder is on the path)
 import tune  # noqa: E402
 from bert import demo_data, mlperf_log  # noqa: E402
+from bert.config import LAUNCHER_VARIABLES  # noqa: E402
 
 ROOT = PKG.parents[3]
 DEFAULT_PLAN = PKG / "tools" / "study_CPU_1x2.yaml"
@@ -92,9 +93,8 @@ LOG = "run.log"
 POLL_S = 0.5
 # The config_*.sh variables the scaling rules set; a recipe that scales must not set their
 # bert.config twins (the dotted key would win over the scaled variable).
-SCALED = {"BATCHSIZE": "run.local_batch_size", "GRADIENT_STEPS": "run.grad_accum_steps", "LR": "optim.lr",
-          "OPT_LAMB_BETA_1": "optim.beta1", "OPT_LAMB_BETA_2": "optim.beta2", "WARMUP_STEPS": "optim.warmup_steps",
-          "MAX_STEPS": "optim.total_steps", "EVAL_ITER_SAMPLES": "eval.interval_samples"}
+SCALED = {var: LAUNCHER_VARIABLES[var] for var in ("BATCHSIZE", "GRADIENT_STEPS", "LR", "OPT_LAMB_BETA_1",
+                                                  "OPT_LAMB_BETA_2", "WARMUP_STEPS", "MAX_STEPS", "EVAL_ITER_SAMPLES")}
 PLAN_KEYS = {"study", "base_config", "data", "init", "fixed", "ablation", "balance", "scaling", "margin", "tune",
              "quick"}
 

@@ -22,8 +22,10 @@ from typing import Any
 import numpy as np
 
 import balance  # tools/balance.py (tools/study.py puts tools/ on the path)
-from bert import demo_data, ladder, sampler
+from bert import sampler
+from bert.lengths import length_distribution
 from bert.config import build_config
+from bert.trainer import train_layout
 
 BOOTSTRAP = 10000  # resamples of a ratio of means
 FIT_BOOTSTRAP = 2000  # resamples of a critical-batch fit (each a least-squares solve)
@@ -124,7 +126,8 @@ def token_imbalance(config: Path, steps: int) -> dict:
     doc = json.loads(Path(config).read_text())
     cfg = build_config(config_file=str(config))
     world = int(doc["resolved"]["world_size"])
-    loaders = [sampler.train_batches(cfg, r, world, ladder.layout_for(cfg, world)) for r in range(world)]
+    loaders = [sampler.train_batches(cfg.data, cfg.sampler, cfg.model, cfg.run.local_batch_size, cfg.run.seed, r, world,
+                                     train_layout(cfg, world)) for r in range(world)]
     ratios = []
     try:
         for _ in range(steps):
@@ -156,7 +159,7 @@ def simulated(measured: dict, paper: dict) -> dict:
     """tools/balance.py for the same mode: at the run's own geometry (ranks, local batch,
     the demo's lengths: the Wikipedia histogram scaled to its sequence length) and at the
     paper's (``paper``: ranks, local batch, group; Wikipedia at 512)."""
-    lengths, probs = demo_data.length_distribution(measured["max_seq_length"])
+    lengths, probs = length_distribution(measured["max_seq_length"])
     own = balance.simulate(measured["mode"], measured["ranks"], measured["local_batch"], measured["group"], 200, 0,
                            lengths, probs, max_len=measured["max_seq_length"], hidden=measured["hidden"],
                            strata_width=measured["strata_width"])

@@ -6,56 +6,7 @@ target, and hopeless trials are stopped at an evaluation. The search itself is O
     sbatch --array=0-15%4 tools/tune.sub                                   # the same on SLURM
     python tools/tune.py report --space tools/tune_space_CPU_1x2.yaml      # table, best, plots
 
-The search-space file (YAML; tools/tune_space_*.yaml are examples):
-
-    study: lamb_CPU_1x2            # the study's name in the storage
-    base_config: config_CPU_1x2.sh # sourced for every trial (path relative to the implementation)
-    trials: 12                     # stop asking once this many trials finished or run
-    repeats: 1                     # seeds per setting: seed, seed+1, ... (the same for every setting)
-    seed: 1
-    params:                        # config_*.sh variables, or dotted bert.config keys
-      LR: {low: 1.0e-4, high: 1.0e-1, log: true}
-      OPT_LAMB_BETA_1: {low: 0.5, high: 0.95}
-      WARMUP_STEPS: {low: 0, high: 400, step: 50}     # integers when low/high/step are
-      OPTIMIZER: {choices: [lamb, adam]}
-    fixed:                         # the same for every trial; over the base config
-      MAX_SAMPLES_TERMINATION: 64000
-      optim.beta2: 0.98
-    enqueue: [{LR: 0.02, OPT_LAMB_BETA_1: 0.9}]  # settings tried first (optional)
-    sampler: {name: tpe, seed: 0, n_startup_trials: 4}   # tpe | random
-    pruner: {name: median, n_startup_trials: 2, n_warmup_steps: 0}  # median | percentile | none
-    max_retry: 1                   # a killed trial is run again this many times at most
-    stale_after_s: 900             # a running trial whose worker went silent this long is failed
-    storage: tune/lamb_CPU_1x2.journal  # default <workdir>/<study>.journal; or an RDB URL
-
-A trial's environment is the worker's, then the base config, then ``fixed``, then the
-trial's values (dotted keys go to EXTRA_PARAMS); each run gets its own LOGDIR
-(<workdir>/<study>/trial_<n>/), log file seed_<seed>.log, checkpoint directory and SEED.
-
-The objective (minimized) is samples to target, read from the MLPerf log (run_stop success)
-with bert.mlperf_log's reader, the one tools/package.py uses; with repeats, the mean. A
-run that ends aborted (its sample cap, or a NaN loss) counts as a failure with the value
-(max_samples + global batch) x (1 + failed fraction of the repeats): above every success,
-which stops at most one batch past max_samples. A run with no run_stop (bad input, a dead
-rank) fails the trial, which is retried up to max_retry times.
-
-Pruning: the worker follows the log as it grows and reports ``1 - accuracy`` of each
-evaluation (step = the evaluation's index, so settings with other batch sizes still line up)
-of the first repeat; when the pruner says so, the worker sends SIGTERM to run_and_time.sh,
-which forwards it to the trainer's ranks: at their next checkpoint poll (ckpt.poll_steps)
-they write a train-state checkpoint, log run_stop aborted and exit 3 -- the same clean stop
-as a preemption (bert/resume.py), so nothing in the trainer knows about tuning. The cost is
-that checkpoint and at most poll_steps more steps; the worker deletes the checkpoint.
-
-Requeue safety: a trial belongs to the worker that asked for it (its worker id: the SLURM
-array job and task, which a requeued task keeps). A worker that gets SIGTERM/SIGUSR1 stops
-its run the same way, fails its trial and queues a retry (Optuna's
-RetryHeartbeatStaleTrialCallback, which serves any caller) before it exits. A worker that died without doing so is caught
-when its id starts again (a requeue) or, failing that, by any worker once the trial's
-heartbeat file (touched every poll) is older than stale_after_s. Failing a trial is a state
-change the storage makes once (a second attempt raises), and only the worker whose change
-took queues the retry: a killed trial is retried at most once per kill and never counted
-twice. A retry starts from scratch in its own directory.
+The search-space keys, the objective, pruning and requeue safety: docs/tuning.md.
 """
 
 from __future__ import annotations
@@ -79,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from bert import mlperf_log
+from bert import config_script, mlperf_log
 
 PKG = Path(__file__).resolve().parent.parent
 POLL_S = 1.0  # how often a worker reads the growing log and touches the heartbeat
@@ -223,13 +174,6 @@ def open_study(space: Space, storage_url: str):
 
 # -- one run -------------------------------------------------------------------------------
 
-def source_config(path: Path, env: dict[str, str]) -> dict[str, str]:
-    """``env`` after bash has sourced ``path`` (with set -a), as a user's shell would have it."""
-    out = subprocess.run(["bash", "-c", 'set -a; source "$1" >/dev/null; env -0', "bash", str(path)],
-                         cwd=PKG, env=env, check=True, capture_output=True).stdout
-    return dict(item.split("=", 1) for item in out.decode().split("\0") if "=" in item)
-
-
 def _text(value: Any) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
@@ -244,7 +188,7 @@ def config_env(base_config: Path, settings: dict[str, Any], base: dict[str, str]
     """``base`` after sourcing ``base_config``, then ``settings`` (tools/study.py's runs too).
     Names with a dot are bert.config keys, appended to EXTRA_PARAMS (a later key=value wins
     in bert.config's override parsing); the others are config_*.sh variables."""
-    env = source_config(base_config, base)
+    env = config_script.source(base_config, base)
     dotted = []
     for name, value in settings.items():
         if "." in name:
