@@ -165,8 +165,8 @@ def ablations(big: int) -> list[Case]:
     """One technique of the fast stack off or swapped at ``big``, ordered by what a GPU
     default depends on: CUDA graphs, the other attention backends (the chosen one is the
     headline itself), LAMB's variant, the per-layer compile, issue 26's levers (the fused
-    QKV projection, the padded vocabulary), FP8's rowwise recipe. **A new lever is a new
-    entry here** (a ``_case`` with its overrides and expected seconds)."""
+    QKV projection, the padded vocabulary), the residual stream in bf16, FP8's rowwise recipe.
+    **A new lever is a new entry here** (a ``_case`` with its overrides and expected seconds)."""
     return [_case("fast_no_graphs", big, EST_SAME_COMPILE, f=without(FAST, run__cuda_graphs="false")),
             *[_case(f"fast_{b}", big, EST_NEW_COMPILE, f=without(FAST, model__attention_backend=b))
               for b in FAST_BACKENDS],
@@ -174,6 +174,7 @@ def ablations(big: int) -> list[Case]:
             _case("fast_no_compile_layers", big, (40.0, 40.0), f=without(FAST, model__compile_layers="false")),
             _case("fast_no_fused_qkv", big, EST_NEW_COMPILE, f=without(FAST, model__fused_qkv="false")),
             _case("fast_vocab_unpadded", big, EST_SAME_COMPILE, f=without(FAST, model__vocab_pad_multiple="1")),
+            _case("fast_autocast_residual", big, EST_NEW_COMPILE, f=without(FAST, model__autocast_residual="true")),
             _case("fast_fp8_rowwise", big, EST_NEW_COMPILE, f=without(FAST, precision__fp8="rowwise"))]
 
 

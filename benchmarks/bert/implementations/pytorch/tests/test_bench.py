@@ -234,9 +234,9 @@ def test_gpu_scripts_refuse_without_a_gpu_unless_smoke():
 PLAN_B4 = ["check_attention", "baseline_b2", "fast_b4", "fast_b2", "check_gpu", "fast_fp8_tensorwise_b4",
            "check_attention_blocks", "fast_no_graphs_b4", "fast_triton_b4", "fast_nested_b4", "fast_sdpa_b4",
            "fast_compiled_lamb_b4", "fast_no_compile_layers_b4", "fast_no_fused_qkv_b4", "fast_vocab_unpadded_b4",
-           "fast_fp8_rowwise_b4", "check_demo", "fast_no_budget_no_graphs_b4", "default_budget_b4",
-           "default_compiled_lamb_b4", "adamw_fused_b3", "adamw_foreach_b3", "fast_b3", "default_b3", "default_b4",
-           "padded_b3", "lamb_foreach_b3", "compiled_b3"]
+           "fast_autocast_residual_b4", "fast_fp8_rowwise_b4", "check_demo", "fast_no_budget_no_graphs_b4",
+           "default_budget_b4", "default_compiled_lamb_b4", "adamw_fused_b3", "adamw_foreach_b3", "fast_b3", "default_b3",
+           "default_b4", "padded_b3", "lamb_foreach_b3", "compiled_b3"]
 
 
 def test_device_run_dry_run_through_h200_sh_and_a_warm_rerun(tmp_path):
