@@ -1,6 +1,7 @@
 # make demo : tiny BERT, 2 CPU ranks, to 0.720 masked-LM accuracy; checks the MLPerf log
 # make pretrain-demo : a small BERT pretrained from scratch, both phases, on Python's docstrings (~3 min)
-# make test : the whole CPU test suite
+# make test : the whole CPU test suite (tests/unit and tests/integration)
+# make test-fast : the unit tier alone (tests/unit: in-process, no launcher, cluster or image)
 # make lint : shellcheck / hadolint where installed
 SHELL := /bin/bash
 PKG   := benchmarks/bert/implementations/pytorch
@@ -12,7 +13,7 @@ STAMP := $(VENV)/.installed-stamp
 # folder of its own: its top-level package is named `bert`, like ours, and would shadow it.
 ORACLE := $(VENV)/oracle
 
-.PHONY: demo pretrain-demo test lint venv prereqs clean
+.PHONY: demo pretrain-demo test test-fast lint venv prereqs clean
 
 venv: $(STAMP)
 
@@ -52,6 +53,11 @@ TEST_WORKERS ?= auto
 test: $(STAMP)
 	cd $(PKG) && PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q --durations=15 \
 	  -n $(TEST_WORKERS) --maxprocesses=8 --dist loadfile --no-loadscope-reorder
+
+# The unit tier: the loop to run while changing code (the whole suite before landing).
+test-fast: $(STAMP)
+	cd $(PKG) && PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q --durations=5 tests/unit \
+	  -n $(TEST_WORKERS) --maxprocesses=8 --dist loadfile
 
 lint: $(STAMP)
 	cd $(PKG) && PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q -k lint

@@ -10,7 +10,7 @@
 #   4. the curves of both phases in one plot; phase 2 must end well above phase 1's start
 #      and not collapse at the hand-over;
 #   5. export to HF format, load with BertForMaskedLM, top-1 fill-mask on held-out sentences
-#      against the unigram guess.
+#      against the unigram model.
 # Sizes come from PD_* variables (defaults: 150 s measured on 2 shared CPU cores); the test suite
 # runs a smaller version. Outputs in PD_OUT (default <repo>/build/pretrain_demo).
 set -euo pipefail
@@ -89,7 +89,7 @@ ok = (summary["phase2_last_mlm_accuracy"] > summary["phase1_first_mlm_accuracy"]
 sys.exit(0 if ok else "phase 2 did not end well above phase 1's start, or collapsed at the hand-over")
 EOF
 
-echo "== 5. Hugging Face: export, BertForMaskedLM, fill-mask against the unigram guess"
+echo "== 5. Hugging Face: export, BertForMaskedLM, fill-mask against the unigram model"
 python -c "import json, sys; json.dump({'vocab_size': int(sys.argv[1]), 'hidden_size': int(sys.argv[2]),
 'num_hidden_layers': int(sys.argv[3]), 'num_attention_heads': int(sys.argv[4]), 'intermediate_size': 4 * int(sys.argv[2]),
 'max_position_embeddings': 512, 'type_vocab_size': 2}, open(sys.argv[5], 'w'))" \

@@ -18,7 +18,7 @@ if str(PKG) not in sys.path:  # scripts run as `python bench/x.py`: import this 
 
 from bert import demo_data, lengths  # noqa: E402
 from bert.config import ModelConfig, padded_vocab_size  # noqa: E402
-from bert.data import collate  # noqa: E402
+from bert.batches import collate  # noqa: E402
 from bert.shards import Sample  # noqa: E402
 
 from bench.flops import Shape  # noqa: E402

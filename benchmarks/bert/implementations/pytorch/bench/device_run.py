@@ -6,7 +6,7 @@
 
 The order (``plan``), so that a run cut short keeps what matters most:
 
-1. ``check_attention``: tests/test_gpu.py's attention tests in child processes (their own
+1. ``check_attention``: tests/integration/test_gpu.py's attention tests in child processes (their own
    CUDA contexts: a sticky CUDA error ends that child, not this run), Triton in one, nested
    and SDPA in another, side by side; the fast stack's backend is the first of triton,
    nested whose test passed, else sdpa (``fast_attention`` and ``checks.attention`` record
@@ -14,7 +14,7 @@ The order (``plan``), so that a run cut short keeps what matters most:
 2. ``baseline`` at the small batch (16): the 2026-11-29 stack, this run's own baseline;
 3. ``fast`` at the big batch (96): the headline, with its kernel-class profile; then ``fast``
    at 16;
-4. ``check_gpu``: the other tests of tests/test_gpu.py in a child (fp16 loss scaling on
+4. ``check_gpu``: the other tests of tests/integration/test_gpu.py in a child (fp16 loss scaling on
    BERT-Large, graphed steps equal to eager ones);
 5. ``fast_fp8_tensorwise`` at 96;
 6. ``check_attention_blocks`` (the Triton block-size sweep, if triton passed), the ablations
@@ -121,7 +121,7 @@ def time_table(tasks: list, warm: bool, limit_s: float, start_s: float) -> str:
     return "\n".join(lines)
 
 
-# ---------------------------------------------------------------- child processes: tests/test_gpu.py
+# ---------------------------------------------------------------- child processes: tests/integration/test_gpu.py
 
 
 def start_pytest(node_ids: list[str], junit: Path) -> subprocess.Popen:
@@ -177,10 +177,10 @@ def junit_verdicts(path: Path) -> dict[str, dict]:
 
 
 def run_tests(groups: list[list[str]], tmp: Path, timeout_s: float) -> dict[str, dict]:
-    """Each group of tests/test_gpu.py's tests in a child process of its own, side by side;
+    """Each group of tests/integration/test_gpu.py's tests in a child process of its own, side by side;
     every test's verdict (``junit_verdicts``), or what ended a child that left none."""
     junits = [tmp / f"tests_{os.getpid()}_{i}_{time.monotonic_ns()}.xml" for i in range(len(groups))]
-    procs = [start_pytest([f"tests/test_gpu.py::{t}" for t in g], j) for g, j in zip(groups, junits)]
+    procs = [start_pytest([f"tests/integration/test_gpu.py::{t}" for t in g], j) for g, j in zip(groups, junits)]
     verdicts: dict[str, dict] = {}
     for group, junit, (rc, text) in zip(groups, junits, wait_all(procs, timeout_s)):
         found = junit_verdicts(junit) if junit.exists() else {}

@@ -51,7 +51,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common, flops, kernel_profile, provenance  # noqa: E402
-from bert import sampler  # noqa: E402
+from bert import loader  # noqa: E402
 from bert.config import Config, ConfigError, ModelConfig, build_config  # noqa: E402
 from bert.distributed import DistEnv  # noqa: E402
 from bert.evaluate import mlm_accuracy  # noqa: E402
@@ -308,12 +308,12 @@ def case_config(case: Case, args) -> tuple[Config, dict[str, str]]:
 
 
 def collate_for(cfg: Config) -> tuple[Callable[[list], dict], Any]:
-    """The trainer's training collate for ``cfg`` on one device, as ``bert.sampler.train_batches``
+    """The trainer's training collate for ``cfg`` on one device, as ``bert.loader.train_batches``
     builds it (the static token budget's collate when ``data.token_budgets`` is set), and the
     budget layout (``bert.trainer.train_layout``; None when off)."""
     m, d = cfg.model, cfg.data
     layout = train_layout(cfg, 1)
-    return sampler.batch_collate(m.unpad, m.pack, d.max_seq_length, layout), layout
+    return loader.batch_collate(m.unpad, m.pack, d.max_seq_length, layout), layout
 
 
 def _flags(opt: torch.optim.Optimizer) -> dict[str, Any]:

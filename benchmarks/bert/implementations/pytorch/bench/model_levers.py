@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common  # noqa: E402
 from bert.config import ModelConfig, OptimConfig  # noqa: E402
-from bert.data import collate  # noqa: E402
+from bert.batches import collate  # noqa: E402
 from bert.model import BertForPreTraining, pretraining_loss  # noqa: E402
 from bert.optim import build_optimizer  # noqa: E402
 

@@ -32,9 +32,8 @@ PKG = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PKG))
 
 from bert.config import ModelConfig  # noqa: E402
-from bert.data import collate  # noqa: E402
+from bert.batches import collate, collate_packed  # noqa: E402
 from bert.model import BertForPreTraining, pretraining_loss  # noqa: E402
-from bert.sampler import collate_packed  # noqa: E402
 from bert.shards import Sample  # noqa: E402
 
 HISTOGRAM = PKG / "data" / "wikipedia_seqlen_histogram_512.txt"

@@ -41,7 +41,7 @@ CPU ``sdpa``. ``triton`` and ``nested`` are chosen by name only until a GPU run 
 them against ``math`` in bf16 and timed them (bench/gpu_bert_large.py): an untested kernel
 must not become a GPU user's default silently. ``build_attention`` refuses ``triton`` on a
 CPU (there it would run only in Triton's interpreter, which is for tests:
-tests/test_triton_attention.py builds ``TritonVarlenAttention`` directly).
+tests/{unit,integration}/test_triton_attention.py builds ``TritonVarlenAttention`` directly).
 """
 
 from __future__ import annotations

@@ -1,297 +1,517 @@
-"""Model weights in and out: the TensorFlow phase-1 checkpoint, Hugging Face files, ours.
+"""Train-state checkpoints (write atomically, find the newest, restore exactly), the stop
+flag that SIGTERM / SIGUSR1 / SIGINT raise, and what the loops do at a step boundary.
 
-Our parameter names are Hugging Face ``BertForPreTraining``'s (see ``bert/model.py``), so
-the only real translation is to and from the 398 TensorFlow tensor names of Google's BERT
-(``bert/encoder/layer_0/attention/self/query/kernel``, ...), which the MLPerf phase-1
-checkpoint ``model.ckpt-28252`` uses and which the v1.1/v2.0 compliance rules want logged
-once each (``weights_initialization``). ``name_map`` is the one table for both uses.
+A checkpoint is a directory ``step_000000123/`` holding
 
-TensorFlow differs from us in three ways: dense kernels are stored ``[in, out]`` (torch's
-``Linear.weight`` is ``[out, in]``), LayerNorm's weight/bias are ``gamma``/``beta``, and
-the heads have names of their own (``cls/predictions/output_bias``,
-``cls/seq_relationship/output_weights`` = our ``cls.seq_relationship.weight``, not
-transposed). The MLM decoder weight is tied to the word embeddings and so has no TF name.
+  train.pt     (rank 0) model, optimizer, LR schedule, grad scaler (when there is one), the
+               loop's TrainState, and what must match on resume (world size, global batch)
+  rank_<r>.pt  (every rank) its RNG states (python, numpy, torch CPU, CUDA), the position
+               of its training-data stream (``batches.state_dict()``), and its gradient-sync
+               state (PowerSGD's residuals and factors; empty otherwise), and the step
+  config.json  (rank 0) the run's settings (bert.config.dumps), what a resume is compared
+               with (``check_settings``)
+  meta.json    written last by rank 0: step, samples, world size, global batch, and each
+               file's CRC-32 and size (summed as the bytes were written: bert/storage.py)
 
-Training state (optimizer, loader position) for resuming is not here; this module only
-moves model weights.
+It is assembled as ``.step_000000123.tmp/`` (each file written under a temporary name,
+fsynced, renamed: bert/storage.py), then, once every rank's file is in place, renamed into
+place by rank 0 and the directory fsynced. So a ``step_*`` directory is always complete: a
+kill at any instant leaves the previous checkpoints, or those plus the new one, never a torn
+one. The newest ``keep`` are kept. A checkpoint is written only from finite weights and
+optimizer state (``agree_finite``; the run ends as diverged instead), so pruning never removes
+the newest finite checkpoint for a NaN one. The optimizer state is replicated (DDP), so rank
+0's copy is everyone's. A write that fails on any rank (a full disk: any OSError) is learned by
+every rank from the collective that ends the write; rank 0 removes the temp directory and
+every rank raises ``storage.WriteFailed`` (bert.train: exit 5).
+
+A checkpoint proves its bytes before it is resumed (``choose``): every rank sums the files it
+reads and compares them with meta.json (torch.load checks no CRC of its own: a flipped bit
+in a tensor loads as another number), and restoring cross-checks the step and samples of
+meta.json, the train state and the rank files. One that fails is named; ``ckpt.resume=auto``
+moves it aside and resumes from the newest checkpoint that verifies, ``require`` refuses. A
+resume under settings the checkpointed run did not have is refused, naming them
+(``check_settings``; which may differ: bert.config.RESUME_MAY_DIFFER).
+
+Files are read with ``torch.load(weights_only=True)``: a checkpoint is data, never code.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
-from dataclasses import dataclass
+import logging
+import os
+import re
+import shutil
+import signal
+import threading
+import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator
 
-import numpy as np
 import torch
 
-from .config import ModelConfig
-from .model import BertForPreTraining
-from .tf_bundle import BundleError, read_bundle
+from . import distributed, rng, storage
+from .config import CheckpointConfig, Config, resume_changes
+from .shards import DataError
+from .state import Learner, TrainState
+from .weights import CheckpointError  # one error type for every checkpoint problem
+
+STEP_DIR = re.compile(r"step_(\d{9})")
+FINISHED = "finished.json"  # the run these checkpoints belong to has ended: never resume it
+SETTINGS = "config.json"  # in a checkpoint: the settings of the run that wrote it
+
+log = logging.getLogger(__name__)
 
 
-class CheckpointError(ValueError):
-    """A checkpoint is unreadable or does not hold the tensors the model needs; names the file."""
+# ---------------------------------------------------------------- files
 
 
-@dataclass(frozen=True)
-class NameMapEntry:
-    ours: str  # our (= Hugging Face BertForPreTraining) state-dict key
-    tf: str  # TensorFlow variable name
-    transpose: bool  # TF stores this dense kernel [in, out]; ours is [out, in]
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
-def _dense(ours: str, tf: str) -> list[NameMapEntry]:
-    return [NameMapEntry(f"{ours}.weight", f"{tf}/kernel", True),
-            NameMapEntry(f"{ours}.bias", f"{tf}/bias", False)]
+def _load(path: Path) -> dict[str, Any]:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing (checkpoint incomplete, or written by another world size)") from None
+    except Exception as e:  # noqa: BLE001 - any unpickling failure is a bad file; name it
+        raise CheckpointError(f"{path}: cannot read checkpoint: {e}") from None
 
 
-def _layer_norm(ours: str, tf: str) -> list[NameMapEntry]:
-    return [NameMapEntry(f"{ours}.weight", f"{tf}/gamma", False),
-            NameMapEntry(f"{ours}.bias", f"{tf}/beta", False)]
+def checkpoint_dir(cfg: CheckpointConfig, output_dir: str | Path) -> Path:
+    return Path(cfg.dir) if cfg.dir else Path(output_dir) / "checkpoints"
 
 
-def name_map(cfg: ModelConfig) -> list[NameMapEntry]:
-    """Every TF tensor of the model with its key here, in the model's parameter order.
+def complete_checkpoints(directory: Path) -> list[Path]:
+    """Complete checkpoints (those with meta.json), oldest first."""
+    if not directory.is_dir():
+        return []
+    found = [p for p in directory.iterdir() if STEP_DIR.fullmatch(p.name) and (p / "meta.json").is_file()]
+    return sorted(found, key=lambda p: p.name)
 
-    The order is stable (embeddings, layers 0..L-1, pooler, heads) so logs built from it
-    are reproducible.
+
+def plan(directory: Path, mode: str) -> Path | None:
+    """The checkpoint to resume from (None = start fresh); every rank computes the same.
+
+    Raises ``CheckpointError`` when ``mode`` is "require" and there is nothing to resume, and
+    when a fresh start would mix its checkpoints with an unfinished run's ("off").
     """
-    e = "bert.embeddings"
-    out = [NameMapEntry(f"{e}.word_embeddings.weight", "bert/embeddings/word_embeddings", False),
-           NameMapEntry(f"{e}.position_embeddings.weight", "bert/embeddings/position_embeddings", False),
-           NameMapEntry(f"{e}.token_type_embeddings.weight", "bert/embeddings/token_type_embeddings", False)]
-    out += _layer_norm(f"{e}.LayerNorm", "bert/embeddings/LayerNorm")
-    for i in range(cfg.num_layers):
-        o, t = f"bert.encoder.layer.{i}", f"bert/encoder/layer_{i}"
-        for proj in ("query", "key", "value"):
-            out += _dense(f"{o}.attention.self.{proj}", f"{t}/attention/self/{proj}")
-        out += _dense(f"{o}.attention.output.dense", f"{t}/attention/output/dense")
-        out += _layer_norm(f"{o}.attention.output.LayerNorm", f"{t}/attention/output/LayerNorm")
-        out += _dense(f"{o}.intermediate.dense", f"{t}/intermediate/dense")
-        out += _dense(f"{o}.output.dense", f"{t}/output/dense")
-        out += _layer_norm(f"{o}.output.LayerNorm", f"{t}/output/LayerNorm")
-    out += _dense("bert.pooler.dense", "bert/pooler/dense")
-    out += _dense("cls.predictions.transform.dense", "cls/predictions/transform/dense")
-    out += _layer_norm("cls.predictions.transform.LayerNorm", "cls/predictions/transform/LayerNorm")
-    out += [NameMapEntry("cls.predictions.bias", "cls/predictions/output_bias", False),
-            NameMapEntry("cls.seq_relationship.weight", "cls/seq_relationship/output_weights", False),
-            NameMapEntry("cls.seq_relationship.bias", "cls/seq_relationship/output_bias", False)]
-    return out
+    found = complete_checkpoints(directory)
+    finished = (directory / FINISHED).is_file()
+    if mode == "require" and (not found or finished):
+        why = "holds only checkpoints of a finished run" if found else "holds no complete checkpoint"
+        raise CheckpointError(f"--resume / ckpt.resume=require: {directory} {why}")
+    if mode == "off" and found and not finished:
+        raise CheckpointError(f"ckpt.resume=off but {directory} holds checkpoints of an unfinished run "
+                              f"(newest {found[-1].name}); resume it, or use another ckpt.dir / log.output_dir")
+    return found[-1] if found and not finished and mode != "off" else None
 
 
-def tf_tensor_names(cfg: ModelConfig) -> list[str]:
-    """The TensorFlow checkpoint's model tensor names (398 for BERT-Large), stable order."""
-    return [m.tf for m in name_map(cfg)]
+def clear(directory: Path) -> None:
+    """Rank 0, fresh start: drop a finished run's checkpoints and any torn temp directories."""
+    if not directory.is_dir():
+        return
+    for p in directory.iterdir():
+        if STEP_DIR.fullmatch(p.name) or (p.name.startswith(".step_") and p.name.endswith(".tmp")):
+            shutil.rmtree(p)
+    (directory / FINISHED).unlink(missing_ok=True)
 
 
-# Keys of our state dict that are the same tensor as another key (weight tying in
-# bert/model.py): filled from their source on import, never looked up in a file.
-TIED = {"cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
-        "cls.predictions.decoder.bias": "cls.predictions.bias"}
-
-# TF variables that are not model weights: the optimizer's slots and step counter (the
-# phase-1 checkpoint holds LAMB's adam_m/adam_v for every weight). Ignored on import.
-_TF_NON_MODEL_SUFFIXES = ("/adam_m", "/adam_v", "/Momentum", "/LAMB", "/LAMB_1", "/Adam", "/Adam_1")
-_TF_NON_MODEL_NAMES = ("global_step", "good_steps", "current_loss_scale", "loss_scale")
+def mark_finished(directory: Path, status: str, step: int) -> None:
+    """Rank 0, at run_stop: the checkpoints here must not be resumed by a later auto start."""
+    if directory.is_dir():
+        storage.write_text(directory / FINISHED, json.dumps({"status": status, "step": step}) + "\n")
 
 
-def _is_tf_model_tensor(name: str) -> bool:
-    return not (name.endswith(_TF_NON_MODEL_SUFFIXES) or name in _TF_NON_MODEL_NAMES
-                or name.startswith("_CHECKPOINTABLE_OBJECT_GRAPH"))
+# ---------------------------------------------------------------- save and restore
 
 
-def _check_names(source: str, have: set[str], want: list[str], what: str) -> None:
-    missing = [n for n in want if n not in have]
-    extra = sorted(have - set(want))
+def _shape_mismatch(own: dict[str, torch.Tensor], theirs: dict[str, Any]) -> str | None:
+    missing, extra = sorted(own.keys() - theirs.keys()), sorted(theirs.keys() - own.keys())
     if missing or extra:
-        parts = []
-        if missing:
-            parts.append(f"{len(missing)} missing {what} (e.g. {missing[:3]})")
-        if extra:
-            parts.append(f"{len(extra)} unexpected {what} (e.g. {extra[:3]})")
-        raise CheckpointError(f"{source}: " + "; ".join(parts))
+        return f"parameters missing there: {missing[:3]}, unknown here: {extra[:3]}"
+    for k, v in own.items():
+        if tuple(theirs[k].shape) != tuple(v.shape):
+            return f"{k} has shape {tuple(theirs[k].shape)} there, {tuple(v.shape)} here"
+    return None
 
 
-def _check_shape(source: str, name: str, got: tuple[int, ...], want: tuple[int, ...]) -> None:
-    if got != want:
-        raise CheckpointError(f"{source}: tensor {name!r} has shape {got}; the model config wants {want}")
+def _optimizer_mismatch(optimizer: torch.optim.Optimizer, theirs: dict[str, Any]) -> str | None:
+    """torch's ``Optimizer.load_state_dict`` checks parameter counts, not shapes: a moment
+    of another shape would only fail (or broadcast) at the next step."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    ids = [i for g in theirs.get("param_groups", []) for i in g["params"]]
+    for i, p in zip(ids, params):
+        for k, v in theirs.get("state", {}).get(i, {}).items():
+            if torch.is_tensor(v) and v.dim() > 0 and tuple(v.shape) != tuple(p.shape):
+                return (f"optimizer state {k!r} of a {tuple(p.shape)} parameter has shape {tuple(v.shape)}: "
+                        "model.vocab_pad_multiple pads the vocabulary rows inside the model")
+    return None
 
 
-def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    with torch.device("meta"):  # shapes only, no memory
-        model = BertForPreTraining(cfg)
-    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
-
-
-# ---------------------------------------------------------------- TensorFlow
-
-
-def state_dict_from_tf(tensors: Mapping[str, Any], cfg: ModelConfig, source: str = "TF checkpoint"
-                       ) -> dict[str, torch.Tensor]:
-    """Our state dict from ``{tf_name: array}`` (optimizer slots and step counters ignored).
-
-    Raises ``CheckpointError`` naming ``source`` on a missing or unexpected model tensor or
-    a shape that does not fit ``cfg``.
-    """
-    table = name_map(cfg)
-    _check_names(source, {n for n in tensors if _is_tf_model_tensor(n)}, [m.tf for m in table], "tensors")
-    shapes = _expected_shapes(cfg)
-    out: dict[str, torch.Tensor] = {}
-    for m in table:
-        arr = np.asarray(tensors[m.tf])
-        t = torch.from_numpy(np.ascontiguousarray(arr.T if m.transpose else arr)).float()
-        _check_shape(source, m.tf, tuple(t.shape), shapes[m.ours])
-        out[m.ours] = t
-    for tied, src in TIED.items():
-        out[tied] = out[src]
-    return out
-
-
-def state_dict_to_tf(state: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict[str, np.ndarray]:
-    """``{tf_name: float32 array}`` of our state dict (the inverse of ``state_dict_from_tf``)."""
-    table = name_map(cfg)
-    _check_names("state dict", set(state) - set(TIED), [m.ours for m in table], "keys")
-    out = {}
-    for m in table:
-        a = state[m.ours].detach().float().cpu().numpy()
-        out[m.tf] = np.ascontiguousarray(a.T if m.transpose else a)
-    return out
-
-
-def read_tf_checkpoint(prefix: str | Path) -> dict[str, np.ndarray]:
-    """The model variables of a TF checkpoint (``model.ckpt-28252`` = the prefix of its
-    ``.index``/``.data-*`` files); optimizer slots are not read.
-
-    Read by ``bert/tf_bundle.py`` (no TensorFlow needed); a checkpoint feature it does not
-    decode (compressed index, sliced tensors) falls back to TensorFlow when installed.
-    """
-    prefix = str(prefix)
-    if not Path(prefix + ".index").is_file():
-        raise CheckpointError(f"{prefix}: no TensorFlow checkpoint here ({prefix}.index does not exist; "
-                              "pass the prefix, e.g. .../model.ckpt-28252)")
+def _meta(path: Path) -> dict[str, Any]:
+    meta_path = path / "meta.json"
     try:
-        return read_bundle(prefix, keep=_is_tf_model_tensor)
-    except BundleError as e:
-        own = str(e)
-    try:
-        import tensorflow as tf  # optional, large; only for checkpoints the bundle reader refuses
-    except ImportError:
-        raise CheckpointError(f"{own} (TensorFlow, which might read it, is not installed)") from None
-    try:
-        reader = tf.train.load_checkpoint(prefix)
-        return {n: reader.get_tensor(n) for n in reader.get_variable_to_shape_map() if _is_tf_model_tensor(n)}
-    except Exception as e:  # TF raises its own error types; name the file and the cause
-        raise CheckpointError(f"{prefix}: cannot read TensorFlow checkpoint: {e}") from None
-
-
-def load_tf_checkpoint(prefix: str | Path, cfg: ModelConfig,
-                       reader: Callable[[str | Path], Mapping[str, Any]] = read_tf_checkpoint
-                       ) -> dict[str, torch.Tensor]:
-    """Our state dict from a TF checkpoint (``reader`` is replaceable for tests)."""
-    return state_dict_from_tf(reader(prefix), cfg, str(prefix))
-
-
-# ---------------------------------------------------------------- Hugging Face
-
-HF_WEIGHTS = "model.safetensors"
-
-
-def hf_config(cfg: ModelConfig) -> dict[str, Any]:
-    """Hugging Face ``BertConfig`` fields of ``cfg`` (what ``config.json`` holds)."""
-    return {"architectures": ["BertForPreTraining"], "model_type": "bert", "vocab_size": cfg.vocab_size,
-            "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_layers,
-            "num_attention_heads": cfg.num_heads, "intermediate_size": cfg.intermediate_size,
-            "hidden_act": "gelu", "hidden_dropout_prob": cfg.hidden_dropout,
-            "attention_probs_dropout_prob": cfg.attention_dropout,
-            "max_position_embeddings": cfg.max_position_embeddings, "type_vocab_size": cfg.type_vocab_size,
-            "initializer_range": cfg.initializer_range, "layer_norm_eps": cfg.layer_norm_eps,
-            "tie_word_embeddings": True, "pad_token_id": 0}
-
-
-def export_hf(state: Mapping[str, torch.Tensor], cfg: ModelConfig, directory: str | Path) -> Path:
-    """Write ``config.json`` + ``model.safetensors`` that ``BertForPreTraining.from_pretrained``
-    loads. Tied copies are written once (HF re-ties them). Files appear complete or not at all."""
-    from safetensors.torch import save_file
-
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    _check_names("state dict", set(state) - set(TIED), [m.ours for m in name_map(cfg)], "keys")
-    tensors = {k: v.detach().float().cpu().contiguous() for k, v in state.items() if k not in TIED}
-    for name, write in ((HF_WEIGHTS, lambda p: save_file(tensors, str(p), metadata={"format": "pt"})),
-                        ("config.json", lambda p: p.write_text(json.dumps(hf_config(cfg), indent=2) + "\n"))):
-        tmp = d / (name + ".tmp")
-        write(tmp)
-        tmp.replace(d / name)
-    return d
-
-
-def load_hf(path: str | Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Our state dict from Hugging Face weights: a directory (``model.safetensors`` or
-    ``pytorch_model.bin``) or one such file. Buffers HF keeps (``position_ids``) are dropped."""
-    p = Path(path)
-    if p.is_dir():
-        found = [p / n for n in (HF_WEIGHTS, "pytorch_model.bin") if (p / n).is_file()]
-        if not found:
-            raise CheckpointError(f"{p}: holds neither {HF_WEIGHTS} nor pytorch_model.bin")
-        p = found[0]
-    if not p.is_file():
-        raise CheckpointError(f"{p}: no such file")
-    try:
-        if p.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            state = load_file(str(p))
-        else:
-            state = torch.load(p, map_location="cpu", weights_only=True)
-    except Exception as e:  # a torn or foreign file: name it and the cause
-        raise CheckpointError(f"{p}: cannot read weights: {e}") from None
-    state = {k: v for k, v in state.get("model", state).items() if not k.endswith("position_ids")}
-    return check_state_dict(state, cfg, str(p))
-
-
-def check_state_dict(state: Mapping[str, torch.Tensor], cfg: ModelConfig, source: str
-                     ) -> dict[str, torch.Tensor]:
-    """``state`` with tied keys filled in, after checking names and shapes against ``cfg``."""
-    _check_names(source, set(state) - set(TIED), [m.ours for m in name_map(cfg)], "tensors")
-    shapes = _expected_shapes(cfg)
-    out = dict(state)
-    for tied, src in TIED.items():
-        out.setdefault(tied, out[src])
-    for k, v in out.items():
-        _check_shape(source, k, tuple(v.shape), shapes[k])
-    return out
-
-
-# ---------------------------------------------------------------- any of the above
-
-
-def load_weights(path: str | Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Our state dict from whichever format ``path`` is: a TF checkpoint prefix (``.index``
-    next to it), a Hugging Face directory or ``.safetensors``/``.bin`` file, or our own
-    ``torch.save`` file (a state dict, or a dict with it under ``"model"``)."""
-    p = Path(path)
-    if Path(str(p) + ".index").is_file():
-        return load_tf_checkpoint(p, cfg)
-    return load_hf(p, cfg)
-
-
-def config_from_bert_json(path: str | Path, base: ModelConfig | None = None) -> ModelConfig:
-    """``cfg`` with the architecture of a Google/HF ``bert_config.json``/``config.json``."""
-    import dataclasses
-
-    p = Path(path)
-    try:
-        j = json.loads(p.read_text())
+        return json.loads(meta_path.read_text())
     except (OSError, ValueError) as e:
-        raise CheckpointError(f"{p}: cannot read the BERT config: {e}") from None
-    keys = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_hidden_layers": "num_layers",
-            "num_attention_heads": "num_heads", "intermediate_size": "intermediate_size",
-            "max_position_embeddings": "max_position_embeddings", "type_vocab_size": "type_vocab_size"}
-    missing = [k for k in keys if k not in j]
-    if missing:
-        raise CheckpointError(f"{p}: lacks {missing}")
-    if j.get("hidden_act", "gelu") != "gelu":
-        raise CheckpointError(f"{p}: hidden_act {j['hidden_act']!r}; this model implements 'gelu' only")
-    return dataclasses.replace(base or ModelConfig(), **{ours: int(j[k]) for k, ours in keys.items()})
+        raise CheckpointError(f"{meta_path}: cannot read: {e}") from None
+
+
+def verify(path: Path, rank: int) -> str | None:
+    """Why checkpoint ``path`` does not prove its bytes to this rank (None: it does): each file
+    this rank reads (train.pt, its rank file, config.json) must have the CRC-32 and size
+    meta.json records. A checkpoint written before meta.json held sums is taken as it is, and
+    one written before checkpoints held their settings has no config.json to check."""
+    try:
+        meta = _meta(path)
+    except CheckpointError as e:
+        return str(e)
+    files = meta.get("files")
+    if not isinstance(files, dict):
+        return None  # no sums recorded (an older checkpoint): nothing to check against
+    for name in ("train.pt", f"rank_{rank}.pt", *([SETTINGS] if SETTINGS in files else [])):
+        want = files.get(name)
+        if not isinstance(want, dict):
+            return f"{path / 'meta.json'}: records no sum of {name}"
+        try:
+            got = storage.sum_file(path / name)
+        except OSError as e:
+            return f"{path / name}: cannot read: {e.strerror}"
+        if (got.crc32, got.size) != (want.get("crc32"), want.get("bytes")):
+            return (f"{path / name}: crc32 {got.crc32} ({got.size} bytes), but meta.json says {want.get('crc32')} "
+                    f"({want.get('bytes')} bytes): damaged since it was written")
+    return None
+
+
+def choose(directory: Path, newest: Path, mode: str, rank: int) -> Path:
+    """The checkpoint to resume from, every rank agreeing, starting at ``newest`` (``plan``):
+    the newest one that verifies (``verify`` on every rank; one small gather per checkpoint
+    tried). Under ``ckpt.resume=auto`` a damaged one is moved aside (``<name>.damaged``, rank 0;
+    kept for a look) and the next older one tried, saying so; ``require`` refuses, naming the
+    damage and the newest checkpoint that verifies. None verifying: refused."""
+    candidates = [p for p in complete_checkpoints(directory) if p.name <= newest.name][::-1]
+    damaged: list[tuple[Path, str]] = []
+    for path in candidates:
+        seen = distributed.all_gather_object(verify(path, rank))
+        why = next((f"{t} (on rank {r})" for r, t in enumerate(seen) if t is not None), None)
+        if why is None:
+            break
+        damaged.append((path, why))
+    else:
+        path = None
+    if not damaged:
+        return path
+    first, why = damaged[0]
+    if mode == "require" or path is None:
+        found = f"the newest checkpoint that verifies is {path.name}" if path else f"no checkpoint in {directory} verifies"
+        fix = ("ckpt.resume=auto (the default) resumes from it, moving the damaged ones aside" if path else
+               "move the damaged ones aside to start fresh, or copy good ones back")
+        raise CheckpointError(f"{why}; {found}: {fix}")
+    if rank == 0:
+        for bad, _ in damaged:
+            os.replace(bad, bad.with_name(bad.name + ".damaged"))
+    distributed.barrier()  # every rank past its reads of the damaged ones before they move
+    log.warning(f"warning: checkpoint {first.name} does not verify: {why}; resuming from {path.name}, the newest "
+                f"checkpoint that verifies ({', '.join(b.name for b, _ in damaged)} moved aside to *.damaged)")
+    return path
+
+
+def check_settings(path: Path, cfg: Config) -> None:
+    """Refuse (``CheckpointError``) to resume checkpoint ``path`` (verified: ``choose``) under
+    settings its run did not have, naming each (bert.config.resume_changes). A checkpoint
+    written before checkpoints held their settings has none to compare with."""
+    file = path / SETTINGS
+    if not file.is_file():
+        return
+    try:
+        saved = json.loads(file.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{file}: cannot read: {e}") from None
+    changed = resume_changes(saved, cfg)
+    if changed:
+        raise CheckpointError(
+            f"{path}: a resume continues the checkpointed run, but this run's settings differ from it: "
+            f"{'; '.join(changed)}. Set them back (that run's are in {file}), or start a fresh run with another "
+            "ckpt.dir and log.output_dir; only paths, ckpt.*, log.*, dist.*, the run's guards and its end (target, "
+            "sample and step limits) may differ (bert/config.py RESUME_MAY_DIFFER)")
+
+
+def restore(path: Path, learner: Learner, state: TrainState, rank: int, world_size: int,
+            global_batch: int) -> dict[str, Any]:
+    """Load checkpoint ``path`` into the built ``learner`` and the loop's ``state``, in place.
+
+    Returns this rank's data-stream position for the loader's ``load_state_dict``: the
+    caller applies it once the data is open, after run_start (bert.trainer.Trainer.open_data)."""
+    meta = _meta(path)
+    for key, mine in (("world_size", world_size), ("global_batch", global_batch)):
+        if meta.get(key) != mine:
+            raise CheckpointError(f"{path}: written with {key}={meta.get(key)}, this run has {mine}; "
+                                  "a resume must keep the world size and batch")
+    shared = _load(path / "train.pt")
+    why = (_shape_mismatch(learner.model.state_dict(), shared["model"])
+           or _optimizer_mismatch(learner.optimizer, shared["optimizer"]))
+    if why:
+        raise CheckpointError(f"{path / 'train.pt'}: written for a different model ({why}); "
+                              "check the model.* settings")
+    learner.model.load_state_dict(shared["model"])
+    learner.optimizer.load_state_dict(shared["optimizer"])
+    learner.scheduler.load_state_dict(shared["scheduler"])
+    if shared.get("scaler") is None:
+        raise CheckpointError(f"{path / 'train.pt'}: no grad scaler state (not a checkpoint of this trainer)")
+    learner.scaler.load_state_dict(shared["scaler"])
+    # The bookkeeping three ways: meta.json, the train state, each rank's file. Damage that
+    # the sums miss (meta.json has none of its own) must not resume at the wrong step.
+    saved = shared["train_state"]
+    mine = _load(path / f"rank_{rank}.pt")
+    for key, name, got in (("step", "train.pt", saved.get("step")), ("samples", "train.pt", saved.get("samples")),
+                           ("step", f"rank_{rank}.pt", mine.get("step", meta.get("step")))):
+        if got != meta.get(key):
+            raise CheckpointError(f"{path}: meta.json says {key} {meta.get(key)}, {name} says {got}: the checkpoint "
+                                  "contradicts itself; resume from another one (move this one aside)")
+    for k, v in saved.items():
+        old = getattr(state, k)
+        setattr(state, k, v.to(old.device) if torch.is_tensor(old) else type(old)(v))
+    try:  # PowerSGD's residuals and factors; nothing for the other modes
+        learner.grad_sync.load_state_dict(mine.get("grad_sync", {}), learner.device)
+    except ValueError as e:
+        raise CheckpointError(f"{path / f'rank_{rank}.pt'}: {e}") from None
+    rng.set_state(mine["rng"], learner.device)
+    return mine["batches"]
+
+
+def finite(learner: Learner) -> torch.Tensor:
+    """Whether every weight and every floating optimizer tensor is finite: a 0-d bool on the
+    device (no sync). One isfinite per tensor (a norm could overflow on large finite values);
+    called at checkpoint steps and before the final weights only."""
+    tensors = [p.detach() for p in learner.model.parameters()]
+    tensors += [v for st in learner.optimizer.state.values() for v in st.values()
+                if torch.is_tensor(v) and v.is_floating_point()]
+    return torch.stack([torch.isfinite(t).all() for t in tensors]).all()
+
+
+def agree_finite(learner: Learner, device: torch.device) -> bool:
+    """``finite`` on every rank (each rank's copy of the replicated state): one 4-byte
+    all_reduce and a host sync."""
+    bad = (~finite(learner)).to(torch.int32).reshape(1).to(device)
+    return not distributed.all_reduce_max(bad).item()
+
+
+class StopFlag:
+    """Set by signals, read by the loops at their next poll (``Checkpointer.at_boundary``) and
+    between evaluation batches (``interrupted``).
+
+    SIGTERM / SIGUSR1 (``ckpt.on_signal``): write a checkpoint, then stop (exit 3); without
+    ``ckpt.on_signal`` they end the process as their default action would. SIGINT (Ctrl-C;
+    always): stop (exit 130). Its handler then gives SIGINT its default action back, so a
+    second Ctrl-C ends the process at once: a Python handler would run only once the main
+    thread is back in the interpreter, not inside a collective or a long kernel.
+
+    The handlers only store a number and reset a disposition: no I/O and no locks, which
+    could deadlock when the signal lands inside a collective or a write.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+    def __init__(self) -> None:
+        self.signum = 0  # SIGTERM / SIGUSR1
+        self.interrupted = False  # SIGINT
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        self.signum = signum
+
+    def _interrupt(self, _signum: int, _frame: Any) -> None:
+        self.interrupted = True
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    @staticmethod
+    def _default(signum: int, _frame: Any) -> None:
+        # Caught (so that run_and_time.sh sees a handler and delivers it), then what the
+        # default action does: end the process by this signal.
+        signal.signal(signum, signal.SIG_DFL)
+        signal.raise_signal(signum)
+
+    @contextlib.contextmanager
+    def installed(self, on_signal: bool, pending: Path | None = None) -> Iterator[StopFlag]:
+        """Handlers for the duration (main thread only: Python delivers signals there).
+
+        ``pending``: the file where run_and_time.sh notes each signal it got
+        (``<--exit-status-dir>/signals``, one name a line) before sending it to the
+        processes that catch it; read once the handlers are in place, so that a signal
+        that came before (before this process existed, or could catch it) is acted on too.
+        One noted and also delivered acts once: the flags are set, not counted."""
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        other = self._handle if on_signal else self._default
+        handlers = {signal.SIGINT: self._interrupt, **{s: other for s in self.SIGNALS}}
+        previous = {s: signal.signal(s, h) for s, h in handlers.items()}
+        try:
+            for signum in _pending_signals(pending):
+                if signum == signal.SIGINT:
+                    self.interrupted = True  # the launcher ends the run on a second Ctrl-C itself
+                elif on_signal:
+                    self.signum = signum
+                else:
+                    signal.raise_signal(signum)
+            yield self
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+
+
+def _pending_signals(path: Path | None) -> list[signal.Signals]:
+    if path is None:
+        return []
+    try:
+        names = path.read_text().split()
+    except FileNotFoundError:
+        return []
+    known = {"USR1": signal.SIGUSR1, "TERM": signal.SIGTERM, "INT": signal.SIGINT}
+    return [known[n] for n in names if n in known]
+
+
+class Checkpointer:
+    """What both loops do after every step: write a checkpoint when one is due (every N steps,
+    every M minutes, on SIGTERM/SIGUSR1, on Ctrl-C where asked), and stop where the ranks
+    agreed to."""
+
+    def __init__(self, cfg: CheckpointConfig, directory: Path, rank: int, world_size: int,
+                 device: torch.device, global_batch: int, stop: StopFlag,
+                 pending: Callable[[], storage.Failure | None] = lambda: None, max_nonfinite_steps: int = 0,
+                 settings: str = ""):
+        self.cfg, self.dir, self.rank, self.world_size, self.device = cfg, directory, rank, world_size, device
+        self.global_batch, self.stop = global_batch, stop
+        self.settings = settings  # the run's config (bert.config.dumps) for config.json; "" = none
+        # The NaN guard (run.max_nonfinite_steps; 0 = off): a streak of NaN/inf losses that
+        # long on any rank, seen at a poll, ends the run on every rank ("diverged").
+        self.max_nonfinite_steps = max_nonfinite_steps
+        self.diverged = ""  # why the ranks agreed the run diverged
+        # Ctrl-C writes a checkpoint before it stops only where the user chose where they go.
+        self.saves_on_interrupt = cfg.on_signal and bool(cfg.dir)
+        self.pending = pending  # a write that failed between polls (rank 0's MLPerf log)
+        self.last_write = time.monotonic()
+        self.written: list[Path] = []
+        self.stop_checkpoint: Path | None = None  # the one written by the stop the ranks agreed on
+        self.signum = 0  # the SIGTERM / SIGUSR1 the ranks agreed to stop for (the largest number)
+
+    def at_boundary(self, learner: Learner, state: TrainState, batches: Any) -> str | None:
+        """After a step; the same answer on every rank. None: go on. "preempted" (SIGTERM /
+        SIGUSR1; a checkpoint written) or "interrupted" (Ctrl-C; a checkpoint written first
+        where ``saves_on_interrupt``): stop. Raises storage.WriteFailed when a write failed."""
+        due = self.cfg.interval_steps > 0 and state.step % self.cfg.interval_steps == 0
+        signaled = interrupted = False
+        if state.step % self.cfg.poll_steps == 0:
+            signaled, clock, interrupted, streak = self._poll(batches, state)
+            due = due or clock
+            if streak:
+                self.diverged = (f"loss NaN/inf for the last {streak} steps on some rank (run.max_nonfinite_steps="
+                                 f"{self.max_nonfinite_steps})")
+                return "diverged"
+        if interrupted and not self.saves_on_interrupt:
+            return "interrupted"
+        if due or signaled or interrupted:
+            # Only from finite state: a NaN checkpoint would be resumed, and prune a good one.
+            if not agree_finite(learner, self.device):
+                self.diverged = f"the weights or optimizer state hold NaN/inf at step {state.step}"
+                return "diverged"
+            path = self.save(learner, state, batches)
+            log.info(f"checkpoint {path}")
+            if signaled or interrupted:
+                self.stop_checkpoint = path
+                return "interrupted" if interrupted else "preempted"
+        return None
+
+    def _poll(self, batches: Any, state: TrainState) -> tuple[bool, bool, bool, int]:
+        clock = self.cfg.interval_minutes > 0 and time.monotonic() - self.last_write >= 60 * self.cfg.interval_minutes
+        # A shard read ahead of the loop that failed or overran its bound (bert/watchdog.py:
+        # the stream's ``failure``) stops every rank here with its message (exit 2).
+        failure = self.pending()
+        bad_data = batches.failure() if hasattr(batches, "failure") else None
+        # A rank may get a signal (or cross the minute mark, or fail a write or a read) a step
+        # before another: agree by max. One 24-byte all_reduce and a host sync per poll.
+        flags = torch.tensor([self.stop.signum, clock, self.stop.interrupted, failure is not None, bad_data is not None],
+                             dtype=torch.int32, device=self.device)
+        # The NaN streak is on the device already: it rides along, no extra sync.
+        flags = torch.cat([flags, state.nonfinite[1:2].to(device=self.device, dtype=torch.int32)])
+        signum, clock, interrupted, failed, data_failed, streak = distributed.all_reduce_max(flags).tolist()
+        if data_failed:  # bad input outranks the rest: every rank names the file (exit 2)
+            seen = distributed.all_gather_object(bad_data)
+            rank, text = next((r, t) for r, t in enumerate(seen) if t is not None)
+            raise DataError(f"{text} (on rank {rank})")
+        if failed:
+            storage.raise_agreed(failure)
+        self.signum = self.signum or signum  # the signal some rank got: every rank names it
+        limit = self.max_nonfinite_steps
+        return bool(signum), bool(clock), bool(interrupted), streak if limit and streak >= limit else 0
+
+    def save(self, learner: Learner, state: TrainState, batches: Any) -> Path:
+        """Every rank calls this at the same step; returns the checkpoint's directory.
+        ``batches``: the training stream (its ``state_dict`` is this rank's position). A failed
+        write on any rank: the temp directory removed, storage.WriteFailed on every rank."""
+        name = f"step_{state.step:09d}"
+        tmp, final = self.dir / f".{name}.tmp", self.dir / name
+        what = f"checkpoint {name}"
+
+        sums: dict[str, dict[str, Any]] = {}  # this rank's files -> their CRC-32 and size
+
+        def own_files() -> None:
+            tmp.mkdir(parents=True, exist_ok=True)  # every rank: the directory is on a shared filesystem
+            name = f"rank_{self.rank}.pt"
+            sums[name] = storage.save_torch({"rng": rng.state(self.device), "batches": batches.state_dict(),
+                                             "grad_sync": learner.grad_sync.state_dict(), "step": state.step},
+                                            tmp / name).as_dict()
+            if self.rank == 0:
+                sums["train.pt"] = storage.save_torch(
+                    {"model": learner.model.state_dict(), "optimizer": learner.optimizer.state_dict(),
+                     "scheduler": learner.scheduler.state_dict(), "scaler": learner.scaler.state_dict(),
+                     "train_state": dataclasses.asdict(state)}, tmp / "train.pt").as_dict()
+                if self.settings:
+                    sums[SETTINGS] = storage.write_text(tmp / SETTINGS, self.settings).as_dict()
+
+        def complete() -> None:
+            files = {name: every[name] for every in gathered for name in every}
+            meta = {"step": state.step, "samples": state.samples, "world_size": self.world_size,
+                    "global_batch": self.global_batch, "files": dict(sorted(files.items()))}
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+            _fsync_dir(tmp)
+            if final.exists():  # a torn-then-redone save of the same step after a resume
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            _fsync_dir(self.dir)
+            self._prune(final)
+
+        # The collective that ends the write (it was a barrier): every rank's file is in place,
+        # or every rank learns which failed, before rank 0 names the directory complete.
+        self._agree(storage.attempt(what, self.dir, "ckpt.dir", own_files), tmp)
+        # Every rank's sums, for rank 0's meta.json: one small gather, in checkpoint steps only.
+        gathered = distributed.all_gather_object(sums)
+        # Rank 0's meta.json, rename and fsyncs: one more 4-byte collective, in checkpoint steps only.
+        self._agree(storage.attempt(what, self.dir, "ckpt.dir", complete) if self.rank == 0 else None, tmp)
+        self.last_write = time.monotonic()
+        self.written.append(final)
+        return final
+
+    def _agree(self, failure: storage.Failure | None, tmp: Path) -> None:
+        try:
+            storage.check(failure, self.device)
+        except storage.WriteFailed:
+            if self.rank == 0:  # every rank is past its write: nothing fills the directory any more
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    def _prune(self, newest: Path) -> None:
+        keep = complete_checkpoints(self.dir)[-self.cfg.keep:]  # finite, all of them (at_boundary)
+        for p in self.dir.iterdir():
+            # Only temp dirs of earlier steps: another rank may already be filling the next one.
+            m = re.fullmatch(r"\.(step_\d{9})\.tmp", p.name)
+            stale_tmp = m is not None and m.group(1) < newest.name
+            old = STEP_DIR.fullmatch(p.name) is not None and p not in keep and p != newest
+            if stale_tmp or old:
+                shutil.rmtree(p, ignore_errors=True)

@@ -86,7 +86,7 @@ class ModelConfig:
     # next LayerNorm read -- in the autocast dtype instead of float32 (autocast runs
     # layer_norm in float32 and returns float32). Halves the bytes of that elementwise work;
     # the normalisation itself stays float32, the residual adds round to the low precision.
-    # No effect without autocast (fp32, the CPU's default). Off: tests/test_model.py measures
+    # No effect without autocast (fp32, the CPU's default). Off: tests/unit/test_model.py measures
     # it against Hugging Face's float32 model and the GPU run's fast_autocast_residual case
     # times it (docs/performance.md).
     autocast_residual: bool = False
@@ -109,6 +109,15 @@ class DataConfig:
     # max_seq_length is always the top budget, so a batch is padded, never cut. Needs
     # model.unpad=true. Costs the padded tokens' compute (docs/performance.md).
     token_budgets: list[int] | Literal["auto"] = field(default_factory=list)
+    # Seconds one shard or eval file may take to read (bert/watchdog.py): past it the run
+    # ends (exit 2) naming the file, instead of hanging on a damaged file (HDF5 can spin on a
+    # lost sector) or a hung filesystem. Under dist.timeout_s, so the rank that waits says why
+    # before its peers time out on it; -1 = two thirds of dist.timeout_s (60 s at its default).
+    read_timeout_s: float = -1.0
+    # Check every file read against its directory's md5sums.txt, where there is one
+    # (bert/integrity.py; written by input_preprocessing's checksum step): one md5 pass over
+    # the bytes read, training shards in the prefetch thread beside the steps.
+    verify_md5: bool = True
 
 
 @dataclass
@@ -262,7 +271,7 @@ class DistConfig:
 
 @dataclass
 class CheckpointConfig:
-    """Train-state checkpoints (bert/resume.py): everything a run needs to continue exactly."""
+    """Train-state checkpoints (bert/checkpoint.py): everything a run needs to continue exactly."""
 
     dir: str = ""  # where they are written and looked for; empty = <log.output_dir>/checkpoints
     # Write one every N optimizer steps; 0 = off (timed MLPerf runs: a write stalls training).
@@ -272,9 +281,10 @@ class CheckpointConfig:
     keep: int = 2  # complete checkpoints kept; older ones are deleted after a new one is complete
     # SIGTERM / SIGUSR1 (SLURM --signal=B:USR1@<s>) -> checkpoint at the next poll, exit 3.
     on_signal: bool = True
-    # Steps between polls of the signal flag and the minutes clock. Distributed, a poll is one
-    # 4-byte all_reduce plus a host sync (ranks must agree to stop at the same step): about
-    # 50 us of NCCL latency per poll, so every 10 steps costs nothing measurable.
+    # Steps between polls of the signal flag, the minutes clock, failed writes and reads and
+    # the NaN streak. Distributed, a poll is one 24-byte all_reduce plus a host sync (ranks
+    # must agree to stop at the same step): about 50 us of NCCL latency per poll, so every 10
+    # steps costs nothing measurable.
     poll_steps: int = 10
     # auto: continue from the newest complete checkpoint in ``dir`` if there is one;
     # require: fail if there is none (``python -m bert.train --resume``); off: start fresh.
@@ -334,10 +344,16 @@ class RunConfig:
     # Write the final model weights here at the end of the run (a state dict with
     # Hugging Face BertForPreTraining names; empty = don't). Not part of the timed run.
     save_checkpoint: str = ""
-    # End the run (run_stop aborted) once the loss was NaN/inf for this many consecutive
-    # steps; checked at the progress line (no extra host sync), so up to
-    # log.progress_interval_steps later.
+    # End the run as diverged (run_stop aborted, exit 6) once the loss was NaN/inf for this
+    # many consecutive steps on some rank; seen at the checkpoint poll (it rides in the poll's
+    # all_reduce: no extra sync), so up to ckpt.poll_steps - 1 steps later. NaN/inf weights
+    # or optimizer state end it the same way where a checkpoint or the final weights would
+    # be written from them (never written).
     max_nonfinite_steps: int = 20
+    # One run per MLPerf log and checkpoint directory: rank 0 locks both for the run's life
+    # (bert/runlock.py); a second run there is refused (exit 2) with the holder's host and PID.
+    # false only where the filesystem has no locks, and you make sure yourself.
+    exclusive: bool = True
     # Whether the launcher dropped the page cache before this run (logged as cache_clear).
     cache_cleared: bool = False
     threads: int = 0  # torch intra-op threads per rank on CPU; 0 = torch's own choice
@@ -429,6 +445,42 @@ def launcher_variable(key: str) -> str:
     return var
 
 
+# ---------------------------------------------------------------- resuming
+
+# What a resume may change (bert/checkpoint.py check_settings): where the files are, how the run
+# is checkpointed, logged and connected, its guards (read bound, md5 check, NaN streak, lock,
+# threads), none of which changes what a step computes, and when it ends (the target, the
+# sample and step limits: read afresh, never from the checkpoint, so a run can be resumed to
+# train longer); the new value is applied and logged. Every other setting must be the checkpointed run's: the checkpoint's state would
+# silently override some (the optimizer's learning rate, the schedule, the next eval) while
+# the log and the dumped config record the new value, and the rest would make the resumed
+# run another run than the one the log continues. "section.*" is a whole section.
+# data.train_dir / data.eval_dir: the same data under another path (a moved mount); nothing
+# checks that it is the same data. run.seed: the checkpointed run's seed is used (said).
+RESUME_MAY_DIFFER = ("data.train_dir", "data.eval_dir", "data.read_timeout_s", "data.verify_md5", "ckpt.*",
+                     "log.*", "dist.*", "run.init_checkpoint", "run.save_checkpoint", "run.seed",
+                     "run.max_nonfinite_steps", "run.exclusive", "run.cache_cleared", "run.threads",
+                     "eval.target_accuracy", "run.max_samples", "run.max_steps")
+
+
+def may_differ_on_resume(key: str) -> bool:
+    return any(key == p or (p.endswith(".*") and key.startswith(p[:-1])) for p in RESUME_MAY_DIFFER)
+
+
+def resume_changes(saved: Mapping[str, Any], cfg: Config) -> list[str]:
+    """The settings of ``cfg`` that differ from ``saved`` (the checkpointed run's config, as
+    ``to_dict`` and JSON give it) and may not (RESUME_MAY_DIFFER), each 'key=now (the
+    checkpointed run's: then)'. A key ``saved`` lacks (a field added since) compares with its
+    default; a key only ``saved`` has (a field removed since) is not read by this code."""
+    then: dict[str, Any] = {}
+    _flatten("", json.loads(json.dumps(to_dict(Config()))), then)  # the defaults, for keys added since
+    _flatten("", dict(saved), then)
+    now: dict[str, Any] = {}
+    _flatten("", json.loads(json.dumps(to_dict(cfg))), now)  # tuples as lists, as the saved JSON has them
+    return [f"{k}={json.dumps(v)} (the checkpointed run's: {json.dumps(then[k])})"
+            for k, v in now.items() if v != then[k] and not may_differ_on_resume(k)]
+
+
 # ---------------------------------------------------------------- derived quantities
 
 
@@ -450,6 +502,12 @@ def max_samples(cfg: Config, world_size: int) -> int:
     gbs = global_batch_size(cfg, world_size)
     cap = cfg.run.max_samples if cfg.run.max_samples > 0 else cfg.optim.total_steps * gbs
     return min(cap, cfg.run.max_steps * gbs) if cfg.run.max_steps > 0 else cap
+
+
+def read_timeout_s(cfg: Config) -> float:
+    """Seconds a shard or eval file may take to read: data.read_timeout_s, or (-1) two thirds
+    of dist.timeout_s."""
+    return cfg.data.read_timeout_s if cfg.data.read_timeout_s > 0 else cfg.dist.timeout_s * 2 / 3
 
 
 def padded_vocab_size(m: ModelConfig) -> int:
@@ -677,6 +735,9 @@ def validate(cfg: Config) -> None:
     need(0 < d.max_predictions_per_seq <= d.max_seq_length, "data.max_predictions_per_seq",
          "must be in [1, data.max_seq_length]")
     need(d.eval_samples >= 0, "data.eval_samples", "must be >= 0")
+    need(d.read_timeout_s == -1 or 0 < d.read_timeout_s < cfg.dist.timeout_s, "data.read_timeout_s",
+         f"must be positive and under dist.timeout_s={cfg.dist.timeout_s:g} (else a rank's peers time out "
+         "on it before it can say which file hangs), or -1 for two thirds of it")
     if d.token_budgets:  # budgets pad the unpadded layout (bert/budget.py)
         if not m.unpad or m.pack:
             raise ConfigError(f"data.token_budgets={d.token_budgets!r}: budgets pad the unpadded layout; they "

@@ -27,12 +27,14 @@ import re
 import socket
 import struct
 import sys
+import time
 from dataclasses import dataclass
 from typing import Mapping, NoReturn
 
 import torch
 import torch.distributed as dist
 
+from . import tether
 from .config import LAUNCHER_VARIABLES, DistConfig
 
 
@@ -123,6 +125,21 @@ def launch_rank() -> int:
         return 0
 
 
+def tether_to_launcher(env: Mapping[str, str] | None = None) -> None:
+    """End with the launcher: when ``BERT_PARENT_PID`` names one (run_and_time.sh sets it:
+    torchrun, or the script itself for LAUNCHER=task), this process gets SIGKILL when that
+    parent dies (bert/tether.py), and ends at once, saying so, if it died already."""
+    env = os.environ if env is None else env
+    value = env.get(tether.PARENT_VAR, "")
+    if not value:
+        return
+    try:
+        parent = int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {tether.PARENT_VAR}={value!r} is not a PID") from None
+    if not tether.tether(parent):
+        rank_line(f"bert: the launcher (PID {parent}) ended before this process could follow it: not training")
+        exit_process(tether.EXIT_ORPHANED)
 def launcher_variables(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The launcher's settings (``bert.config.LAUNCHER_VARIABLES``) that are set and not empty."""
     env = os.environ if env is None else env
@@ -243,8 +260,78 @@ def device_for(requested: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def init_process_group(denv: DistEnv, cfg: DistConfig, device: torch.device) -> None:
-    """Join the job's process group (no-op for a single process)."""
+class Peers:
+    """What a rank that stops on bad input tells the others, who would otherwise see only a
+    dead peer (and exit 4, "another rank died"): its message, through the rendezvous store,
+    which outlives the process group.
+
+    The rank that saw it ``report``s (one small store write), then ``abort``s its side of the
+    process group, so that the peers' collective with it fails at once instead of after
+    dist.timeout_s; a peer whose collective failed looks for a report (``reported``) and, on
+    finding one, says it and exits 2 too. The store lives in rank 0 (torchrun: in its agent):
+    a reporting rank 0 ``linger``s until every peer has read its report or reported its own
+    (bounded by dist.timeout_s), so that its exit does not take the report with it.
+    """
+
+    def __init__(self) -> None:
+        self.store: dist.Store | None = None
+        self.rank, self.world_size, self.hosts_store = 0, 1, False
+
+    def bind(self, store: dist.Store, denv: DistEnv) -> None:
+        self.store, self.rank, self.world_size = store, denv.rank, denv.world_size
+        self.hosts_store = denv.rank == 0 and not denv.agent_store
+
+    def report(self, text: str) -> None:
+        if self.store is None:
+            return
+        try:
+            self.store.set(f"bert/bad_input/{self.rank}", text)
+        except Exception:  # noqa: BLE001 - the store's host is gone: nothing to tell
+            self.store = None
+
+    def abort(self) -> None:
+        """Fail the peers' pending collective with this rank now (gloo closes its sockets)."""
+        if self.store is None or not dist.is_initialized():
+            return
+        try:
+            dist.distributed_c10d._abort_process_group()
+        except Exception:  # noqa: BLE001 - a backend without abort: the peers time out instead
+            pass
+
+    def reported(self) -> tuple[int, str] | None:
+        """(rank, message) of a peer that reported bad input, acknowledged; None when none did
+        (or the store is gone with rank 0)."""
+        if self.store is None:
+            return None
+        try:
+            self.store.set_timeout(datetime.timedelta(seconds=5))
+            for r in range(self.world_size):
+                key = f"bert/bad_input/{r}"
+                if r != self.rank and self.store.check([key]):
+                    self.store.set(f"bert/seen/{self.rank}", "1")
+                    return r, self.store.get(key).decode()
+        except Exception:  # noqa: BLE001 - the store's host is gone
+            return None
+        return None
+
+    def linger(self, timeout_s: float) -> None:
+        """Rank 0 hosting the store, after reporting: wait (bounded) until every peer has read
+        the report or reported its own."""
+        if self.store is None or not self.hosts_store:
+            return
+        deadline = time.monotonic() + timeout_s
+        waiting = set(range(1, self.world_size))
+        while waiting and time.monotonic() < deadline:
+            try:
+                waiting = {r for r in waiting if not self.store.check([f"bert/seen/{r}"])
+                           and not self.store.check([f"bert/bad_input/{r}"])}
+            except Exception:  # noqa: BLE001
+                return
+            time.sleep(0.1)
+
+
+def init_process_group(denv: DistEnv, cfg: DistConfig, device: torch.device, peers: Peers | None = None) -> None:
+    """Join the job's process group (no-op for a single process); ``peers`` gets the store."""
     if denv.world_size == 1:
         return
     backend = cfg.backend if cfg.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
@@ -269,6 +356,8 @@ def init_process_group(denv: DistEnv, cfg: DistConfig, device: torch.device) -> 
             f"(run.sub: the first node's NodeAddr)") from e
     # Every rank's choice, so that a failed connect below can say what each side tried.
     store.set(f"bert/socket/{denv.rank}", f"{socket.gethostname()}: {how}")
+    if peers is not None:
+        peers.bind(store, denv)
     try:
         dist.init_process_group(
             backend=backend,

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from . import distributed
-from .data import LABEL_KEYS, to_device
+from .batches import LABEL_KEYS, to_device
 from .model import IGNORE_INDEX, mlm_correct_and_count
 from .step_graph import compile_seconds, compiled_frames, note_uncaptured, shape_key, sync
 

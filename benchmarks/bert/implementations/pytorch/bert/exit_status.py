@@ -14,6 +14,7 @@ class ExitStatus(enum.IntEnum):
     PREEMPTED = 3
     PEER_FAILED = 4
     WRITE_FAILED = 5
+    DIVERGED = 6
     INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
 
     @property
@@ -21,16 +22,19 @@ class ExitStatus(enum.IntEnum):
         return _MEANING[self]
 
 
-# The README's table says the same, word for word (tests/test_exit_status.py).
+# The README's table says the same, word for word (tests/unit/test_exit_status.py).
 _MEANING = {
     ExitStatus.SUCCESS: "target reached (`run_stop` `success`); `run.mode=pretrain`: the phase ran to its last step",
-    ExitStatus.NOT_CONVERGED: "sample limit reached first, or the loss stayed NaN/inf (`run_stop` `aborted`)",
+    ExitStatus.NOT_CONVERGED: "sample limit reached first (`run_stop` `aborted`)",
     ExitStatus.BAD_INPUT: "bad configuration, input file or checkpoint (nothing is written)",
     ExitStatus.PREEMPTED: "stopped by SIGTERM/SIGUSR1 after writing a checkpoint: run the same command again to resume",
     ExitStatus.PEER_FAILED: "a peer rank died or a collective timed out",
     ExitStatus.WRITE_FAILED: "a file could not be written (a checkpoint, the final weights, the resolved config, the "
                              "MLPerf log: a full disk, any `OSError`); every rank says which and why, and which "
                              "complete checkpoint the same command resumes from (`run_stop` `aborted`)",
+    ExitStatus.DIVERGED: "the run diverged: the loss stayed NaN/inf for `run.max_nonfinite_steps` steps, or the "
+                         "weights hold NaN/inf (`run_stop` `aborted`); no checkpoint and no final weights are written "
+                         "from such a state, and the newest finite checkpoint is kept",
     ExitStatus.INTERRUPTED: "stopped by Ctrl-C (SIGINT; `run_stop` `aborted`); a second Ctrl-C ends the run at once",
 }
 

@@ -1,6 +1,6 @@
 """The shipped length histogram of real Wikipedia samples at sequence length 512
 (``data/wikipedia_seqlen_histogram_512.txt``): what the static token budgets' ladder
-(bert/ladder.py), the demo data and the benchmarks draw lengths from. No torch."""
+(bert/budget.py), the demo data and the benchmarks draw lengths from. No torch."""
 
 from __future__ import annotations
 

@@ -73,6 +73,7 @@ class MLPerfLogger:
 
     def __init__(self, path: str | Path | None, enabled: bool, echo: bool, append: bool = False):
         self.enabled = enabled
+        self._stopped = False
         self._handlers: list[logging.Handler] = []
         self._file: _FileHandler | None = None
         self._open_error: OSError | None = None
@@ -185,12 +186,18 @@ class MLPerfLogger:
         # Our own key: optimizer steps fp16 loss scaling skipped so far (0 unless fp16).
         self.event("skipped_steps", int(count), samples_count=samples)
 
+    @property
+    def stopped(self) -> bool:
+        """run_stop has been logged (the run's end is on record)."""
+        return self._stopped
+
     def run_stop(self, status: str, samples: int, eval_samples: int, time_ms: int | None = None) -> None:
         """``time_ms``: when the run stopped (clock_ms()), where its last lines are written
         later (after the final weights: bert.train); the score is run_stop - run_start."""
         self.event(C.TRAIN_SAMPLES, samples, time_ms=time_ms)
         self.event(C.EVAL_SAMPLES, eval_samples, time_ms=time_ms)
         self.end(C.RUN_STOP, time_ms=time_ms, status=status, samples_count=samples)
+        self._stopped = True
 
 
 def hyperparameters(o: OptimConfig, g: GradSyncConfig, d: DataConfig, r: RunConfig, *, world_size: int,

@@ -317,7 +317,7 @@ class BertForPreTraining(nn.Module):
 
     def forward_packed(self, input_ids, token_type_ids, position_ids, real_index, cu_seqlens,
                        max_seqlen, masked_index, first_index):
-        """Packed rows (``bert.sampler.collate_packed``) -> (MLM logits [M, V], NSP [B, 2]).
+        """Packed rows (``bert.batches.collate_packed``) -> (MLM logits [M, V], NSP [B, 2]).
 
         Every op but attention runs on the [R, S] grid, padding cells included (the fixed
         row width is what packing is for); attention gathers the T real tokens, attends

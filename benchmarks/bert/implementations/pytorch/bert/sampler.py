@@ -1,7 +1,7 @@
 """Which samples each rank trains on at each step: stratified sampling, local presorting,
 global exchange and packing (the load-balance techniques of Kim et al. 2024).
 
-The closed division keeps ``bert.data.RandomShardOrder`` (each rank reads its own shards).
+The closed division keeps ``bert.loader.RandomShardOrder`` (each rank reads its own shards).
 Every other mode here works on *global sample ids* (sample ``i`` of the dataset = row
 ``i - offset[s]`` of shard ``s``) and a length per id (``LengthIndex``, from the data
 pipeline's ``length_index.npz`` or measured once at start-up), so that any rank can compute
@@ -37,7 +37,7 @@ resumable from the step counter alone:
   draw (one collective per step, a sync point) instead of from the index; the deal is the
   same. Without a length index this is the only way; with one it costs time for nothing.
 
-Packing (``pack_ffd``) puts up to 3 sequences per ``max_seq_length`` row for padded kernels.
+What a run builds from these (``train_batches``) is in bert/loader.py; packing in bert/batches.py.
 """
 
 from __future__ import annotations
@@ -47,15 +47,13 @@ import heapq
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import h5py
 import numpy as np
 import torch
 
-from .config import ConfigError, DataConfig, ModelConfig, SamplerConfig  # ConfigError: a ValueError
-from .budget import BudgetCollate, Layout
-from .data import TrainLoader, collate
+from .config import ConfigError, SamplerConfig  # ConfigError: a ValueError
 from .shards import DataError, Sample, Shard, list_shards, read_shard, row_offsets
 
 MANIFEST_FORMAT = "mlperf-bert-strata/1"
@@ -157,26 +155,6 @@ def deal(lengths: np.ndarray, ranks: int, policy: str, hidden: int = 1024) -> np
         if count[r] < per:
             heapq.heappush(heap, (load + float(weight[i]), r))
     return out
-
-
-def pack_ffd(lengths: Sequence[int], capacity: int, max_per_row: int = 3) -> list[list[int]]:
-    """First-fit decreasing: indices of ``lengths`` grouped into rows of at most
-    ``capacity`` tokens and ``max_per_row`` sequences, longest first (deterministic)."""
-    lengths = np.asarray(lengths)
-    if len(lengths) and lengths.max() > capacity:
-        raise ValueError(f"pack_ffd: a sequence of {int(lengths.max())} tokens exceeds {capacity}")
-    rows: list[list[int]] = []
-    room: list[int] = []
-    for i in np.lexsort((np.arange(len(lengths)), -lengths)):
-        for r, free in enumerate(room):
-            if free >= lengths[i] and len(rows[r]) < max_per_row:
-                rows[r].append(int(i))
-                room[r] -= int(lengths[i])
-                break
-        else:
-            rows.append([int(i)])
-            room.append(capacity - int(lengths[i]))
-    return rows
 
 
 # ---------------------------------------------------------------- strata
@@ -546,105 +524,6 @@ class IndexLoader:
             self._pool = None
 
 
-def collate_packed(samples: Sequence[Sample], max_seq_length: int, max_per_row: int = 3) -> dict[str, Any]:
-    """Pack the batch into rows of ``max_seq_length`` (``pack_ffd``, at most ``max_per_row``
-    sequences each) for ``BertForPreTraining.forward_packed``.
-
-    Row tensors ``input_ids``, ``token_type_ids``, ``position_ids`` [R, S] (positions restart
-    at 0 in each sequence); ``real_index`` [T]: grid cell (row * S + column) of every real
-    token, samples in batch order; ``cu_seqlens`` int32 [B+1] and ``max_seqlen`` over those T
-    tokens; ``masked_index`` [M] and ``first_index`` [B] grid cells of the predictions and of
-    each sample's [CLS]; labels ``mlm_labels`` [M], ``nsp_labels`` [B] as in the unpadded
-    collate, so the two layouts give the same outputs in the same order.
-    """
-    flat = collate(samples, True, max_seq_length)  # the unpadded batch, in batch order
-    lengths = np.array([len(s.input_ids) for s in samples], dtype=np.int64)
-    rows = pack_ffd(lengths, max_seq_length, max_per_row)
-    start = np.zeros(len(samples), dtype=np.int64)  # grid cell of each sample's first token
-    for r, members in enumerate(rows):
-        col = 0
-        for i in members:
-            start[i] = r * max_seq_length + col
-            col += int(lengths[i])
-    cu = flat["cu_seqlens"].numpy().astype(np.int64)
-    real_index = torch.from_numpy(np.repeat(start - cu[:-1], lengths) + np.arange(cu[-1]))
-    grid = len(rows) * max_seq_length
-
-    def place(values: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros(grid, dtype=values.dtype)
-        out[real_index] = values
-        return out.view(len(rows), max_seq_length)
-
-    return {
-        "input_ids": place(flat["input_ids"]),
-        "token_type_ids": place(flat["token_type_ids"]),
-        "position_ids": place(flat["position_ids"]),
-        "real_index": real_index,
-        "cu_seqlens": flat["cu_seqlens"],
-        "max_seqlen": flat["max_seqlen"],
-        "masked_index": real_index[flat["masked_index"]],
-        "first_index": torch.from_numpy(start),
-        "mlm_labels": flat["mlm_labels"],
-        "nsp_labels": flat["nsp_labels"],
-    }
-
-
 # ---------------------------------------------------------------- what train.py builds
 
 
-def pinned(batch: dict) -> dict:
-    """The batch with its tensors in page-locked host memory, so the loop's
-    ``to(device, non_blocking=True)`` is a true asynchronous copy (from pageable memory CUDA
-    stages it through a pinned bounce buffer and the host waits). Costs one host copy per
-    batch, from torch's caching host allocator (no cudaHostAlloc per batch). CUDA only."""
-    return {k: (v.pin_memory() if torch.is_tensor(v) else v) for k, v in batch.items()}
-
-
-def batch_collate(unpad: bool, pack: bool, max_seq_length: int, budget: Layout | None = None, *,
-                  samples: int | None = None, pin: bool = False) -> Callable[[Sequence[Sample]], dict]:
-    """The collate of the model's layout, chosen once: packed rows, unpadded (padded to a
-    static token budget when ``budget``, a ``bert.budget.Layout``, is given; with
-    ``samples``, short batches filled up to that many samples), or padded. ``pin``: the
-    batches come in pinned host memory (``pinned``; for a CUDA device)."""
-    if budget is not None:
-        fn: Callable[[Sequence[Sample]], dict] = BudgetCollate(budget, samples)
-    elif pack:
-        fn = lambda b: collate_packed(b, max_seq_length)  # noqa: E731
-    else:
-        fn = lambda b: collate(b, unpad, max_seq_length)  # noqa: E731
-    return (lambda b: pinned(fn(b))) if pin else fn
-
-
-def train_batches(d: DataConfig, sm: SamplerConfig, m: ModelConfig, local_batch: int, seed: int, rank: int,
-                  world_size: int, budget: Layout | None = None, pin: bool = False) -> Any:
-    """The training batch iterator of ``local_batch`` samples per rank, chosen once from the
-    data, sampler and model sections; ``budget`` is the static token budget layout
-    (``bert.ladder.layout_for``; None when data.token_budgets is off).
-
-    Closed-division sampling (random, no deal) on a plain directory keeps
-    ``bert.data.TrainLoader`` (each rank reads its own shards). Everything else -- a strata
-    manifest, a deal, packed rows -- goes through the id-based ``IndexLoader``; its
-    ``random`` is a uniform permutation of all samples per epoch. ``pin``: batches in pinned
-    host memory (a CUDA run).
-    """
-    # Static token budgets (data.token_budgets): training batches only; eval stays exact.
-    fn = batch_collate(m.unpad, m.pack, d.max_seq_length, budget, pin=pin)
-    stratified_dir = (Path(d.train_dir) / "manifest.json").exists() if d.train_dir else False
-    if sm.mode == "random" and sm.deal == "none" and not stratified_dir and not m.pack:
-        return TrainLoader(d.train_dir, rank, world_size, local_batch, seed, m.unpad, d.max_seq_length,
-                           collate_fn=fn)
-    index = LengthIndex.from_dir(d.train_dir)
-    sampler = build_sampler(sm, index, rank, world_size, local_batch, seed, d.max_seq_length, m.hidden_size)
-    return IndexLoader(sampler, IdReader(index), fn, gather=sm.lengths == "gather")
-
-
-def eval_batches(eval_set: Any, batch_size: int, unpad: bool, pack: bool, max_seq_length: int,
-                 layout: Any = None, pin: bool = False) -> list[dict]:
-    """The eval set's batches in the model's layout (collated once at start-up); with
-    ``layout`` (``bert.ladder.eval_layout_for``) each padded to a static token budget and the
-    last one filled up to ``batch_size`` samples, so every batch has a captured shape."""
-    fn = batch_collate(unpad, pack, max_seq_length, layout, samples=batch_size if layout is not None else None,
-                       pin=pin)
-    shard = eval_set.shard
-    return [fn([shard[i] for i in range(a, min(a + batch_size, len(shard)))])
-            for a in range(0, len(shard), batch_size)]

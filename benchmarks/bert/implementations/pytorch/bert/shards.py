@@ -2,7 +2,7 @@
 
 Torch-free, so that the data-preparation steps (``python -m input_preprocessing``) and the
 tools that only read or write shards start without importing torch (seconds per process;
-bert/data.py turns these shards into batches of tensors).
+bert/loader.py turns these shards into batches of tensors).
 
 Two on-disk layouts are read, detected per file from the shape of ``input_ids``:
 
@@ -19,7 +19,7 @@ Prediction slots whose ``masked_lm_positions`` is 0 are padding (position 0 is a
 the reader sees real predictions only.
 
 In memory a shard is ragged (CSR): one flat array of real tokens plus row offsets. That
-keeps variable-length data free of padding until ``bert.data.collate`` decides the batch
+keeps variable-length data free of padding until ``bert.batches.collate`` decides the batch
 layout.
 """
 
@@ -44,6 +44,15 @@ VARIABLE_DATASETS = ("input_ids", "segment_ids", "masked_lm_positions", "masked_
 
 class DataError(ValueError):
     """A shard, or the directory that should hold shards, is malformed; names the path."""
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What the model can take (from model.*): every id and label of a shard is checked
+    against it as the shard is read, one vectorised max per array."""
+
+    vocab_size: int
+    type_vocab_size: int = 2
 
 
 class Sample(NamedTuple):
@@ -280,8 +289,34 @@ def _check_values(shard: Shard, max_seq_length: int | None) -> None:
                         f"is outside its {int(lengths[row_of[j]])} real tokens")
 
 
-def read_shard(path: str | Path, max_seq_length: int | None = None) -> Shard:
-    """Read and validate one shard (either layout). Raises ``DataError`` naming the file."""
+def _sample_at(offsets: np.ndarray, flat_index: int) -> int:
+    return int(np.searchsorted(offsets, flat_index, side="right") - 1)
+
+
+def _check_bounds(shard: Shard, b: Bounds) -> None:
+    """Ids and labels inside what the model has rows for: out of range, an embedding lookup or
+    the loss would index past its table (a traceback naming no file), or, below the padded
+    vocabulary, silently train the padding rows. One max per array; the offender found only
+    when there is one."""
+    path, fix = shard.path, "data made with another vocabulary? (model.vocab_size, the vocab of input_preprocessing)"
+    for name, values, offsets, limit, key in (
+            ("token id", shard.tokens, shard.offsets, b.vocab_size, "model.vocab_size"),
+            ("masked_lm_id (label)", shard.mlm_ids, shard.mlm_offsets, b.vocab_size, "model.vocab_size"),
+            ("segment id", shard.segments, shard.offsets, b.type_vocab_size, "model.type_vocab_size")):
+        if len(values) and int(values.max()) >= limit:
+            j = int(np.argmax(values >= limit))
+            raise DataError(f"{path}: sample {_sample_at(offsets, j)}: {name} {int(values[j])} >= {key}={limit}: {fix}")
+        if len(values) and int(values.min()) < 0:
+            j = int(np.argmax(values < 0))
+            raise DataError(f"{path}: sample {_sample_at(offsets, j)}: negative {name} {int(values[j])} (int16 overflow?)")
+    if len(shard.nsp) and (shard.nsp.min() < 0 or shard.nsp.max() > 1):
+        i = int(np.argmax((shard.nsp < 0) | (shard.nsp > 1)))
+        raise DataError(f"{path}: sample {i}: next_sentence_label {int(shard.nsp[i])} is neither 0 nor 1")
+
+
+def read_shard(path: str | Path, max_seq_length: int | None = None, bounds: Bounds | None = None) -> Shard:
+    """Read and validate one shard (either layout); with ``bounds``, its ids and labels too.
+    Raises ``DataError`` naming the file (and the sample)."""
     with _open(path) as f:
         layout = _detect_layout(path, f)
         names = FIXED_DATASETS if layout == "fixed" else VARIABLE_DATASETS
@@ -294,6 +329,8 @@ def read_shard(path: str | Path, max_seq_length: int | None = None) -> Shard:
         except OSError as e:  # a truncated or damaged file can open and fail mid-read
             raise DataError(f"{path}: cannot read (truncated or corrupt?): {e}") from None
     _check_values(shard, max_seq_length)
+    if bounds is not None:
+        _check_bounds(shard, bounds)
     return shard
 
 

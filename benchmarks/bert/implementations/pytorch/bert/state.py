@@ -1,4 +1,4 @@
-"""The train state: what a checkpoint saves (bert/resume.py) and the warm-up puts back
+"""The train state: what a checkpoint saves (bert/checkpoint.py) and the warm-up puts back
 exactly (bert/step_graph.py). ``Learner`` is the model and everything that updates it;
 ``TrainState`` is what the loop counts. (The data stream's position and the RNG states are
 saved beside them, per rank.)"""

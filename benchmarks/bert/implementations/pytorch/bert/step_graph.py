@@ -53,7 +53,7 @@ import numpy as np
 import torch
 
 from .config import ConfigError
-from .data import LABEL_KEYS, to_device
+from .batches import LABEL_KEYS, to_device
 from .model import pretraining_loss
 from .shards import Sample
 from .state import Learner

@@ -6,7 +6,7 @@ a write that fails leaves no partial file behind. A write fails with an ``OSErro
 disk, a quota, EIO, a read-only or vanished filesystem, a permission) on one rank, while the
 others go on: they must learn of it, or they block in their next collective and report a dead
 peer. So the ranks agree at points where they meet anyway (``check`` after a checkpoint's
-files, the checkpoint poll of bert/resume.py, the end of the run): one integer in a
+files, the checkpoint poll of bert/checkpoint.py, the end of the run): one integer in a
 collective that is there already, or costs nothing where it is added (start and end of the
 run, checkpoint steps). Only when some rank failed does a second collective gather what
 each rank saw, and every rank then raises the same ``WriteFailed`` (bert.train: one line
@@ -20,6 +20,7 @@ path) is what keeps it there: torch's own file writer reports only "iostream err
 from __future__ import annotations
 
 import os
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, NoReturn
@@ -72,28 +73,73 @@ def os_error(e: BaseException) -> OSError | None:
     return None
 
 
-def _write_atomic(path: Path, write: Callable[[Any], None]) -> None:
+@dataclass(frozen=True)
+class Sum:
+    """A file's CRC-32 and size: what a checkpoint's meta.json records of each file, and what
+    restoring checks (bert/checkpoint.py). CRC-32 because it is what bit rot needs (every burst of
+    up to 32 flipped bits, anything else but 1 in 2^32) at several times a cryptographic hash's
+    speed (BENCHMARKS.md section 10); a checkpoint is guarded against accidents, not against an
+    attacker."""
+
+    crc32: str  # 8 hex digits
+    size: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"crc32": self.crc32, "bytes": self.size}
+
+
+class _Summing:
+    """A file object that sums what is written through it (one pass: no second read)."""
+
+    def __init__(self, f: Any):
+        self.f, self.crc, self.size = f, 0, 0
+
+    def write(self, data: Any) -> int:
+        self.crc = zlib.crc32(data, self.crc)
+        self.size += memoryview(data).nbytes
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+    def sum(self) -> Sum:
+        return Sum(f"{self.crc:08x}", self.size)
+
+
+def sum_file(path: Path, chunk: int = 1 << 24) -> Sum:
+    """The CRC-32 and size of a file as it is on disk (zlib releases the GIL on big blocks)."""
+    crc, size = 0, 0
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            crc, size = zlib.crc32(block, crc), size + len(block)
+    return Sum(f"{crc:08x}", size)
+
+
+def _write_atomic(path: Path, write: Callable[[Any], None]) -> Sum:
     """``write(file)`` into ``path.part``, fsync, rename onto ``path``; the part file is
-    removed when anything fails."""
+    removed when anything fails. Returns the sum of the bytes written."""
     tmp = path.with_name(path.name + ".part")
     try:
         with open(tmp, "wb") as f:
-            write(f)
+            summing = _Summing(f)
+            write(summing)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    return summing.sum()
 
 
-def save_torch(obj: Any, path: Path) -> None:
-    """torch.save, atomically (see the module docstring for why through a file object)."""
-    _write_atomic(Path(path), lambda f: torch.save(obj, f))
+def save_torch(obj: Any, path: Path) -> Sum:
+    """torch.save, atomically (see the module docstring for why through a file object);
+    returns the file's sum."""
+    return _write_atomic(Path(path), lambda f: torch.save(obj, f))
 
 
-def write_text(path: Path, text: str) -> None:
-    _write_atomic(Path(path), lambda f: f.write(text.encode()))
+def write_text(path: Path, text: str) -> Sum:
+    return _write_atomic(Path(path), lambda f: f.write(text.encode()))
 
 
 def attempt(what: str, path: Path, setting: str, write: Callable[[], None]) -> Failure | None:

@@ -17,51 +17,73 @@ from pathlib import Path
 
 import torch
 
-from . import console, distributed, resume, storage
+from . import checkpoint, console, distributed, runlock, storage
 from .config import Config, ConfigError, build_config, launcher_overrides, parse_overrides, timed_run_problems
 from .exit_status import ExitStatus, describe
 from .mlperf_log import MLPerfLogger, logged_seed
 from .shards import DataError
 from .trainer import RunFiles, Trainer
 
-BAD_INPUT = (ConfigError, DataError, resume.CheckpointError)  # exit 2 with the message, no traceback
+BAD_INPUT = (ConfigError, DataError, checkpoint.CheckpointError, runlock.InUse, runlock.NoLocks)  # exit 2, no traceback
 
 log = logging.getLogger("bert.train")  # not __name__: "__main__" under python -m bert.train
 
 
-def run(cfg: Config, dry_run: bool = False) -> ExitStatus:
+def run(cfg: Config, dry_run: bool = False, pending_signals: Path | None = None) -> ExitStatus:
     """One run of ``cfg`` on this process's rank: the exit status; every expected failure is
-    one line on stderr (from each rank) and its own status."""
+    one line on stderr (from each rank) and its own status. ``pending_signals``: signals the
+    launcher got before this process could catch them (checkpoint.StopFlag.installed)."""
     denv = distributed.job_env(cfg.dist)
     device = distributed.device_for(cfg.run.device, denv.local_rank)
     if cfg.run.threads > 0:
         torch.set_num_threads(cfg.run.threads)
     files = RunFiles.of(cfg)
+    # One run per log and checkpoint directory (bert/runlock.py): rank 0 locks them before
+    # anything is read or written there; a refusal reaches every rank at the first collective.
+    locks: list[runlock.Lock] = []
+    refused = None
+    if denv.is_main and cfg.run.exclusive:
+        try:
+            locks, notes = runlock.acquire_run(files.log, files.checkpoints)
+        except (runlock.InUse, runlock.NoLocks) as e:
+            refused = str(e)
+        else:
+            for note in notes:
+                print(note, flush=True)
     try:
-        start_from = resume.plan(files.checkpoints, cfg.ckpt.resume)  # filesystem only: before the log opens
-    except resume.CheckpointError as e:
+        start_from = checkpoint.plan(files.checkpoints, cfg.ckpt.resume)  # filesystem only: before the log opens
+    except checkpoint.CheckpointError as e:
         distributed.rank_line(f"error: {e}")
         return ExitStatus.BAD_INPUT
     # A resumed run appends to the log of the run it continues, so the log shows both parts
-    # (and the compliance checker rejects it: a timed result must not be resumed).
-    mllog = MLPerfLogger(files.log if denv.is_main else None, enabled=denv.is_main, echo=cfg.log.echo_mllog,
+    # (and the compliance checker rejects it: a timed result must not be resumed). A refused
+    # run never opens it: it is another run's.
+    mine = denv.is_main and refused is None
+    mllog = MLPerfLogger(files.log if mine else None, enabled=mine, echo=cfg.log.echo_mllog,
                          append=start_from is not None)
-    stop = resume.StopFlag()
+    stop = checkpoint.StopFlag()
+    peers = distributed.Peers()
     comm_failed = False
     try:
-        with console.rank_zero(denv.is_main), stop.installed(cfg.ckpt.on_signal):
+        with console.rank_zero(denv.is_main), stop.installed(cfg.ckpt.on_signal, pending_signals):
             problems = timed_run_problems(cfg)
             if problems and not dry_run:
                 raise ConfigError("; ".join(problems))
-            mllog.init_start(cfg.run.cache_cleared)
-            distributed.init_process_group(denv, cfg.dist, device)
+            distributed.init_process_group(denv, cfg.dist, device, peers)
             # Every rank must pick the same checkpoint; they differ when ckpt.dir is not shared.
-            chosen = distributed.broadcast_object(str(start_from))
+            chosen, refused = distributed.broadcast_object((str(start_from), refused))
+            if refused:  # rank 0 could not lock the log or the checkpoint directory
+                raise runlock.InUse(refused)
             if chosen != str(start_from):
-                raise resume.CheckpointError(f"rank {denv.rank} found checkpoint {start_from} but rank 0 found "
+                raise checkpoint.CheckpointError(f"rank {denv.rank} found checkpoint {start_from} but rank 0 found "
                                              f"{chosen}: ckpt.dir={files.checkpoints} must be one shared directory")
             if start_from is None and denv.is_main:
-                resume.clear(files.checkpoints)  # a finished run's checkpoints must not mix with this run's
+                checkpoint.clear(files.checkpoints)  # a finished run's checkpoints must not mix with this run's
+            if start_from is not None:  # the newest that proves its bytes on every rank
+                start_from = checkpoint.choose(files.checkpoints, start_from, cfg.ckpt.resume, denv.rank)
+                checkpoint.check_settings(start_from, cfg)  # under the settings it was written with
+            # Only now: a resume refused above adds nothing to the log of the run it would continue.
+            mllog.init_start(cfg.run.cache_cleared)
             status = Trainer(cfg, denv, device, mllog, stop).run(start_from, dry_run)
             if dry_run:
                 for problem in problems:
@@ -70,6 +92,12 @@ def run(cfg: Config, dry_run: bool = False) -> ExitStatus:
             return status
     except BAD_INPUT as e:
         distributed.rank_line(f"error: rank {denv.rank}: {e}")
+        # Bad input outranks a dead peer: the others learn what it was, not just that this
+        # rank is gone (distributed.Peers), and exit 2 too.
+        peers.report(str(e))
+        peers.abort()
+        peers.linger(cfg.dist.timeout_s + 10)
+        comm_failed = peers.store is not None  # the group is aborted: nothing to destroy
         return ExitStatus.BAD_INPUT
     except storage.WriteFailed as e:  # every rank, at the same point, with the same text
         distributed.rank_line(f"error: rank {denv.rank} of {denv.world_size}: {e}; "
@@ -83,11 +111,18 @@ def run(cfg: Config, dry_run: bool = False) -> ExitStatus:
         if denv.world_size == 1 or not distributed.is_comm_failure(e):
             raise
         comm_failed = True  # destroying the group could block on the dead peer: skip it
+        bad = peers.reported()
+        if bad is not None:  # the peer stopped on bad input: that is what this run ended on
+            distributed.rank_line(f"error: rank {denv.rank} of {denv.world_size}: rank {bad[0]} stopped on bad "
+                                  f"input: {bad[1]}")
+            return ExitStatus.BAD_INPUT
         distributed.rank_line(f"error: rank {denv.rank} of {denv.world_size}: a collective failed: another rank "
                               f"died or did not answer within dist.timeout_s={cfg.dist.timeout_s:g} s ({e})")
         return ExitStatus.PEER_FAILED
     finally:
         mllog.close()
+        for lock in locks:
+            lock.release()
         if not comm_failed:
             distributed.shutdown()
 
@@ -95,7 +130,7 @@ def run(cfg: Config, dry_run: bool = False) -> ExitStatus:
 def _after_write_failure(e: storage.WriteFailed, ckpt_dir: Path) -> str:
     """What a rerun continues from, and what to change first."""
     try:
-        found = resume.complete_checkpoints(ckpt_dir)
+        found = checkpoint.complete_checkpoints(ckpt_dir)
     except OSError:
         found = []
     setting = e.first.setting
@@ -124,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                          "ends (the statuses above; seed: rank 0's, as its MLPerf log has it, for a run that "
                          "trained; for launcher scripts: torchrun reports any non-zero exit as a failure)")
     args = ap.parse_intermixed_args(argv)
+    distributed.tether_to_launcher()  # killed with run_and_time.sh / torchrun, whatever kills them
     rank = distributed.launch_rank()
     try:
         overrides = launcher_overrides(distributed.launcher_variables(), extra=False) if args.from_env else {}
@@ -136,11 +172,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"config error: {e}", file=sys.stderr)
         code = ExitStatus.BAD_INPUT
     else:
-        code = run(cfg, dry_run=args.dry_run)
+        code = run(cfg, dry_run=args.dry_run,
+                   pending_signals=Path(args.exit_status_dir, "signals") if args.exit_status_dir else None)
     if args.exit_status_dir is None:
         return int(code)
-    # 0 and 1 end a run that trained (run_stop logged); a dry run or an error trained nothing.
-    trained = code in (ExitStatus.SUCCESS, ExitStatus.NOT_CONVERGED) and not args.dry_run
+    # 0, 1 and 6 end a run that trained (run_stop logged); a dry run or an error trained nothing.
+    trained = code in (ExitStatus.SUCCESS, ExitStatus.NOT_CONVERGED, ExitStatus.DIVERGED) and not args.dry_run
     line = f"{int(code)} {'trained' if trained else 'none'}"
     if trained and rank == 0:  # the seed the run used (drawn when unset; a resume keeps its run's)
         line += f" {logged_seed(RunFiles.of(cfg).log)}"

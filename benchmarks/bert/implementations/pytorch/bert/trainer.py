@@ -29,21 +29,22 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import distributed, fp8, grad_sync, ladder, resume, rng, sampler, step_graph, storage
-from .checkpoint import load_weights, tf_tensor_names
+from . import budget, checkpoint, distributed, fp8, grad_sync, loader, rng, step_graph, storage
+from .batches import split_labels, to_device
 from .budget import Layout
 from .config import (Config, ConfigError, check_for_device, dumps, eval_interval_samples, global_batch_size,
-                     is_benchmark_model, max_samples)
-from .data import EvalSet, check_eval_dir, split_labels, to_device
+                     is_benchmark_model, max_samples, read_timeout_s)
 from .evaluate import held_out_metrics, mlm_accuracy, warm_up_eval
 from .exit_status import ExitStatus
+from .loader import EvalSet, check_eval_dir
 from .mlperf_log import MLPerfLogger, clock_ms, hyperparameters
 from .model import BertForPreTraining, pretraining_loss
 from .optim import build_optimizer, build_scheduler
 from .precision import build_precision, build_scaler, loss_scale
 from .pretrain import Phase
-from .shards import DataError
+from .shards import Bounds, DataError
 from .state import Learner, TrainState
+from .weights import load_weights, tf_tensor_names
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ class RunFiles:
     def of(cls, cfg: Config) -> RunFiles:
         log_path = Path(cfg.log.output_dir) / cfg.log.log_file
         return cls(log_path, log_path.with_name(log_path.stem + "_config.json"),
-                   resume.checkpoint_dir(cfg.ckpt, cfg.log.output_dir))
+                   checkpoint.checkpoint_dir(cfg.ckpt, cfg.log.output_dir))
 
 
 # ---------------------------------------------------------------- the step
@@ -164,27 +165,30 @@ def open_data(cfg: Config, rank: int, world_size: int, pin: bool = False, timed:
     ``pin``: batches in pinned host memory (a CUDA device); ``timed``: a timed run's rules
     apply (the closed division's full eval set)."""
     d = cfg.data
-    batches = sampler.train_batches(d, cfg.sampler, cfg.model, cfg.run.local_batch_size, cfg.run.seed, rank,
-                                    world_size, train_layout(cfg, world_size), pin=pin)
+    batches = loader.train_batches(d, cfg.sampler, cfg.model, cfg.run.local_batch_size, cfg.run.seed, rank,
+                                    world_size, train_layout(cfg, world_size), pin=pin,
+                                    read_timeout_s=read_timeout_s(cfg))
     check_eval_dir(d.train_dir, d.eval_dir)  # never evaluate on training samples
-    eval_set = EvalSet(d.eval_dir, rank, world_size, d.eval_samples, d.max_seq_length)
+    eval_set = EvalSet(d.eval_dir, rank, world_size, d.eval_samples, d.max_seq_length,
+                       bounds=Bounds(cfg.model.vocab_size, cfg.model.type_vocab_size), verify_md5=d.verify_md5,
+                       read_timeout_s=read_timeout_s(cfg))
     if timed and is_benchmark_model(cfg) and cfg.run.division == "closed" and eval_set.total_samples != 10000:
         raise DataError(f"data.eval_dir={d.eval_dir} holds {eval_set.total_samples} samples; a closed BERT-Large "
                         "run evaluates on the full 10,000-sample eval set: point data.eval_dir (EVALDIR) at it")
-    eval_batches = sampler.eval_batches(eval_set, cfg.eval.batch_size, cfg.model.unpad, cfg.model.pack,
+    eval_batches = loader.eval_batches(eval_set, cfg.eval.batch_size, cfg.model.unpad, cfg.model.pack,
                                         d.max_seq_length, eval_layout(cfg), pin=pin)
     return Data(batches, eval_batches, eval_set.total_samples)
 
 
 def train_layout(cfg: Config, world_size: int) -> Layout | None:
     """The training batches' static token budgets (None: off): the shapes the loader makes."""
-    return ladder.layout_for(cfg.data, cfg.sampler, cfg.run.local_batch_size, world_size, cfg.model.hidden_size)
+    return budget.layout_for(cfg.data, cfg.sampler, cfg.run.local_batch_size, world_size, cfg.model.hidden_size)
 
 
 def eval_layout(cfg: Config) -> Layout | None:
     """The eval batches' (None: off, and for the pretraining mode, whose evaluation also scores
     next-sentence prediction, which a filler sample would join)."""
-    return None if cfg.run.mode == "pretrain" else ladder.eval_layout_for(cfg.data, cfg.eval.batch_size)
+    return None if cfg.run.mode == "pretrain" else budget.eval_layout_for(cfg.data, cfg.eval.batch_size)
 
 
 # ---------------------------------------------------------------- the benchmark's goal
@@ -214,7 +218,7 @@ class Trainer:
     the MLPerf log and the loop's counters, all on ``self``."""
 
     def __init__(self, cfg: Config, denv: distributed.DistEnv, device: torch.device,
-                 mllog: MLPerfLogger | None = None, stop: resume.StopFlag | None = None) -> None:
+                 mllog: MLPerfLogger | None = None, stop: checkpoint.StopFlag | None = None) -> None:
         """Everything but the data (which ``open_data`` opens after run_start). ``cfg``'s
         seed is resolved here (a fresh one when unset: a collective); the initial weights are
         drawn from it on every rank, then each rank's generators reseeded with seed + rank
@@ -232,8 +236,9 @@ class Trainer:
         rng.seed_everything(cfg.run.seed + denv.rank)
         self.state = TrainState(next_eval=self.eval_interval, nonfinite=torch.zeros(2, dtype=torch.int64, device=device),
                                 skipped_steps=torch.zeros((), dtype=torch.int64, device=device), seed=cfg.run.seed)
-        self.checkpointer = resume.Checkpointer(cfg.ckpt, self.files.checkpoints, denv.rank, ws, device,
-                                                self.global_batch, stop or resume.StopFlag(), self._log_failure)
+        self.checkpointer = checkpoint.Checkpointer(cfg.ckpt, self.files.checkpoints, denv.rank, ws, device,
+                                                self.global_batch, stop or checkpoint.StopFlag(), self._log_failure,
+                                                cfg.run.max_nonfinite_steps, dumps(cfg))
         self.goal = Target(cfg.eval.target_accuracy) if cfg.run.mode == "mlperf" else Phase(self.files.log, denv.is_main)
         # What the loop calls: the eager step, or its graphed twin once ``prepare`` captured it.
         self.step: step_graph.Step = functools.partial(train_step, self.learner)
@@ -252,12 +257,13 @@ class Trainer:
         now; the data stream's position once ``open_data`` opens it. The checkpointed run's
         seed replaces this one's (it decides the data order)."""
         s = self.state
-        self._loader_state = resume.restore(path, self.learner, s, self.denv.rank, self.denv.world_size,
+        self._loader_state = checkpoint.restore(path, self.learner, s, self.denv.rank, self.denv.world_size,
                                             self.global_batch)
         s.nonfinite = s.nonfinite.to(self.device)
         if s.seed != self.cfg.run.seed:
             log.info(f"resuming: run.seed {s.seed} of the checkpointed run replaces {self.cfg.run.seed}")
             self.cfg = dataclasses.replace(self.cfg, run=dataclasses.replace(self.cfg.run, seed=s.seed))
+            self.checkpointer.settings = dumps(self.cfg)  # the seed the checkpoints continue with
 
     def prepare(self) -> None:
         """Before run_start: ``prepare_step``, then ``prepare_eval``. Touches no data file;
@@ -274,7 +280,7 @@ class Trainer:
             return
         layout = train_layout(cfg, self.denv.world_size)  # the shapes the loader will produce
         batches = step_graph.synthetic_batches(
-            sampler.batch_collate(m.unpad, m.pack, d.max_seq_length, layout),
+            loader.batch_collate(m.unpad, m.pack, d.max_seq_length, layout),
             step_graph.warmup_token_counts(layout, r.local_batch_size, d.max_seq_length), r.local_batch_size,
             d.max_seq_length, d.max_predictions_per_seq, m.vocab_size, seed=r.seed)
         graphs = None
@@ -304,13 +310,13 @@ class Trainer:
 
     def eval_warmup_batches(self) -> list[dict]:
         """Synthetic eval batches, one per shape evaluation will see: each eval budget rung
-        filled exactly (``ladder.eval_layout_for``), or one typical batch (half the grid)
+        filled exactly (``budget.eval_layout_for``), or one typical batch (half the grid)
         without budgets, where every eval batch has its own shape."""
         cfg = self.cfg
         d, m, e = cfg.data, cfg.model, cfg.eval
         layout = eval_layout(cfg)
         counts = step_graph.warmup_token_counts(layout, e.batch_size, d.max_seq_length)
-        collate = sampler.batch_collate(m.unpad, m.pack, d.max_seq_length, layout)
+        collate = loader.batch_collate(m.unpad, m.pack, d.max_seq_length, layout)
         return step_graph.synthetic_batches(collate, counts, e.batch_size, d.max_seq_length,
                                             d.max_predictions_per_seq, m.vocab_size, seed=cfg.run.seed)
 
@@ -334,9 +340,9 @@ class Trainer:
     # ------------------------------------------------------------ the loop
 
     def train(self) -> str:
-        """The loop, until the goal, the sample limit, a NaN/inf streak or a stop the ranks
-        agreed on; returns the run_stop status ("success", "aborted") or why it stopped
-        ("preempted", "interrupted")."""
+        """The loop, until the goal, the sample limit or a stop the ranks agreed on; returns
+        the run_stop status ("success", "aborted") or why it stopped ("preempted",
+        "interrupted", "diverged": a NaN/inf streak, or NaN/inf state at a checkpoint)."""
         cfg, s, mllog = self.cfg, self.state, self.mllog
         last_t, last_samples = time.perf_counter(), s.samples
         # The open block's first sample count (its block_stop repeats it) and when it began:
@@ -348,8 +354,7 @@ class Trainer:
             s.advance(loss, skipped, self.global_batch)
             if s.step % cfg.log.progress_interval_steps == 0:
                 now = time.perf_counter()
-                if self._progress(loss, (s.samples - last_samples) / (now - last_t)):
-                    return "aborted"
+                self._progress(loss, (s.samples - last_samples) / (now - last_t))
                 last_t, last_samples = now, s.samples
             done = s.samples >= self.max_samples
             if s.samples >= s.next_eval or done:
@@ -365,8 +370,8 @@ class Trainer:
             if stop:
                 return stop
 
-    def _progress(self, loss: torch.Tensor, rate: float) -> bool:
-        """The progress line; True when the loss was NaN/inf for too many steps in a row."""
+    def _progress(self, loss: torch.Tensor, rate: float) -> None:
+        """The progress line (the NaN guard is the checkpoint poll's: every rank agrees there)."""
         s, p = self.state, self.learner
         # One host sync for the device-side counters; get_scale() is a second one, fp16 only.
         value, streak, skipped = torch.stack(
@@ -374,11 +379,8 @@ class Trainer:
         ).tolist()
         log.info(f"step {s.step:6d} | samples {s.samples:9d} | loss {value:7.4f} | "
                  f"lr {p.scheduler.get_last_lr()[0]:.3e} | skipped {int(skipped)} | "
-                 f"scale {p.scaler.get_scale():.0f} | {rate:8.1f} samples/s")
-        limit = self.cfg.run.max_nonfinite_steps
-        if streak >= limit:
-            log.info(f"loss NaN/inf for the last {int(streak)} steps (run.max_nonfinite_steps={limit}): ending the run")
-        return streak >= limit
+                 f"scale {p.scaler.get_scale():.0f} | {rate:8.1f} samples/s"
+                 + (f" | NaN/inf loss {int(streak)} steps in a row" if streak else ""))
 
     def _evaluate(self, loss: torch.Tensor, done: bool) -> str | None:
         """One evaluation, logged; what the goal makes of it (None: go on)."""
@@ -442,8 +444,9 @@ class Trainer:
             mllog.run_start()
             self.open_data()  # the clock runs: only now is the data touched
             return self.finish(self.train())
-        except storage.WriteFailed:
-            mllog.run_stop("aborted", self.state.samples, self.eval_samples)  # as far as the log can still be written
+        except Exception:  # a failed write, bad input, a dead peer: the log ends with the run's end
+            if not mllog.stopped:  # as far as the log can still be written
+                mllog.run_stop("aborted", self.state.samples, self.eval_samples)
             raise
 
     def finish(self, status: str) -> ExitStatus:
@@ -456,14 +459,27 @@ class Trainer:
         clip = self.learner.grad_sync.clip
         if clip is not None:  # the layout DDP settled on (after its rebuild) and the thresholds
             mllog.event("grad_sync_bucket_thresholds", clip.thresholds, bucket_numels=clip.layout)
+        if status in ("success", "aborted") and not checkpoint.agree_finite(self.learner, self.device):  # never NaN weights
+            ckpt.diverged = f"the weights or optimizer state hold NaN/inf at the end, step {s.step}"
+            status = "diverged"
+        if status == "diverged":  # every checkpoint here was written from finite state (at_boundary)
+            mllog.run_stop("aborted", s.samples, self.eval_samples)
+            found = checkpoint.complete_checkpoints(self.files.checkpoints)
+            kept = (f"the newest finite checkpoint, {found[-1].name}, is kept: the same command resumes from it, and "
+                    "repeats the divergence if the settings caused it (not if a fault did, e.g. a bad GPU)"
+                    if found else "there is no checkpoint to resume")
+            log.info(f"diverged: {ckpt.diverged}: ending the run; no checkpoint and no final weights written from "
+                     f"it; {kept}. Other settings (a lower optim.lr): a fresh run, with another ckpt.dir and "
+                     "log.output_dir")
+            return ExitStatus.DIVERGED
         if status in ("preempted", "interrupted"):
             mllog.run_stop("aborted", s.samples, self.eval_samples)
             saved = ckpt.stop_checkpoint
             if status == "preempted":
-                log.info(f"stopped by signal {ckpt.stop.signum} after step {s.step}: resume from {saved}")
+                log.info(f"stopped by signal {ckpt.signum} after step {s.step}: resume from {saved}")
                 return ExitStatus.PREEMPTED
             said = f"checkpoint {saved} written: rerun the same command to resume" if saved else "nothing saved"
-            found = resume.complete_checkpoints(self.files.checkpoints) if not saved and self.denv.is_main else []
+            found = checkpoint.complete_checkpoints(self.files.checkpoints) if not saved and self.denv.is_main else []
             if found:  # periodic checkpoints: what a rerun continues from
                 said += f"; a rerun resumes from {found[-1].name}"
             log.info(f"interrupted (Ctrl-C): stopped at step {s.step}; {said}")
@@ -486,8 +502,8 @@ class Trainer:
             if failure:
                 return failure
         directory = self.files.checkpoints
-        return storage.attempt("the finished mark", directory / resume.FINISHED, "ckpt.dir",
-                               lambda: resume.mark_finished(directory, status, self.state.step))
+        return storage.attempt("the finished mark", directory / checkpoint.FINISHED, "ckpt.dir",
+                               lambda: checkpoint.mark_finished(directory, status, self.state.step))
 
     def _log_failure(self) -> storage.Failure | None:
         """Rank 0's MLPerf log, when a line could not be written: read at every agreement point."""

@@ -181,7 +181,7 @@ def _ckpt_args(p: argparse.ArgumentParser) -> None:
 def _run_ckpt(a: argparse.Namespace) -> object:
     import torch
 
-    from bert.checkpoint import CheckpointError, config_from_bert_json, export_hf, load_weights
+    from bert.weights import CheckpointError, config_from_bert_json, export_hf, load_weights
     from bert.config import ModelConfig
 
     from .common import atomic_write

@@ -7,22 +7,12 @@ covers the per-stratum subdirectories.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
+from bert.integrity import MANIFEST, md5_file, parse_manifest
 from bert.shards import SHARD_SUFFIXES
 
 from .common import PrepError, parallel_map, write_text
-
-MANIFEST = "md5sums.txt"
-
-
-def md5_file(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.md5()
-    with path.open("rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def find_shards(directory: Path) -> list[Path]:
@@ -51,16 +41,13 @@ def checksum(directory: str | Path, manifest: str | Path = "", workers: int = 1)
 
 def read_manifest(path: Path) -> dict[str, str]:
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise PrepError(f"{path}: no checksum manifest (run the 'checksum' step first)") from None
-    sums = {}
-    for n, line in enumerate(lines, 1):
-        h, sep, rel = line.partition("  ")
-        if not sep or len(h) != 32 or not rel:
-            raise PrepError(f"{path}: line {n}: expected '<md5>  <path>', got {line!r}")
-        sums[rel] = h
-    return sums
+    try:
+        return parse_manifest(text, path)
+    except ValueError as e:
+        raise PrepError(str(e)) from None
 
 
 def verify(directory: str | Path, manifest: str | Path = "", workers: int = 1) -> dict:

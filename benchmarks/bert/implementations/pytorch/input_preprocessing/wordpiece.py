@@ -72,41 +72,40 @@ def _is_punctuation(c: str) -> bool:
         unicodedata.category(c).startswith("P")
 
 
-class _Clean(dict):
-    """str.translate table of steps 1-2, filled per character on first sight."""
+class _Memo(dict):
+    """A str.translate table filled per character on first sight, by ``_map``."""
+
+    def _map(self, c: str) -> str | None:
+        raise NotImplementedError
 
     def __missing__(self, cp: int) -> str | None:
-        c = chr(cp)
-        cat = unicodedata.category(c)
-        if c in "\t\n\r" or cat == "Zs":
-            out = " "
-        elif cp == 0 or cp == 0xFFFD or cat in ("Cc", "Cf"):
-            out = None
-        elif _is_cjk(cp):
-            out = f" {c} "
-        else:
-            out = c
-        self[cp] = out
+        out = self[cp] = self._map(chr(cp))
         return out
 
 
-class _Pieces(dict):
+class _Clean(_Memo):
+    """str.translate table of steps 1-2."""
+
+    def _map(self, c: str) -> str | None:
+        cp, cat = ord(c), unicodedata.category(c)
+        if c in "\t\n\r" or cat == "Zs":
+            return " "
+        if cp == 0 or cp == 0xFFFD or cat in ("Cc", "Cf"):
+            return None
+        return f" {c} " if _is_cjk(cp) else c
+
+
+class _Pieces(_Memo):
     """str.translate table of steps 4 (the nonspacing marks, when uncased) and 5."""
 
     def __init__(self, strip_marks: bool) -> None:
         super().__init__()
         self.strip_marks = strip_marks
 
-    def __missing__(self, cp: int) -> str | None:
-        c = chr(cp)
+    def _map(self, c: str) -> str | None:
         if self.strip_marks and unicodedata.category(c) == "Mn":
-            out = None
-        elif _is_punctuation(c):
-            out = f" {c} "
-        else:
-            out = c
-        self[cp] = out
-        return out
+            return None
+        return f" {c} " if _is_punctuation(c) else c
 
 
 class Tokenizer:

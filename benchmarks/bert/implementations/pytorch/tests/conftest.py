@@ -9,7 +9,7 @@ start from its weights and reach the target at their first evaluation.
 worker at a time: its module fixtures, e.g. a SLURM cluster, are made once). The session
 fixtures are made once for all workers: the first worker to need one makes it under a file
 lock in the session's shared temp dir (``_made_once``), the others wait for it and read it.
-The image (tests/test_image.py) is built by the session's main process, which outlives the
+The image (tests/integration/test_image.py) is built by the session's main process, which outlives the
 workers, so one engine serves whichever worker runs those tests.
 """
 
@@ -31,8 +31,12 @@ from typing import Iterator
 import pytest
 from filelock import FileLock
 
-import triton_interpret
-from docker_engine import ImageBuild, docker_unavailable
+# The harnesses and the helpers several test files share (tests/support/), importable by name
+# from every test file and from each other.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
+
+import triton_interpret  # noqa: E402
+from docker_engine import ImageBuild, docker_unavailable  # noqa: E402
 
 # OpenMP threads that wait sleep instead of spinning, in this process and every process a
 # test starts (read by libgomp when torch loads it: before the first `import torch` below).
@@ -41,7 +45,7 @@ from docker_engine import ImageBuild, docker_unavailable
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # Before any test module imports triton through torch (test_triton_attention.py runs our
-# Triton kernels in Triton's CPU interpreter; tests/triton_interpret.py says why here).
+# Triton kernels in Triton's CPU interpreter; tests/support/triton_interpret.py says why here).
 triton_interpret.setup()
 
 from bench import common  # noqa: E402  (imports torch: after the interpreter's setup above)
@@ -116,18 +120,43 @@ def end_worker() -> None:
     distributed.exit_process(0)
 
 
-def run_and_time_signalled(env: dict[str, str], at_step: int = 5, sig: int = signal.SIGUSR1,
+def hold_env(out: Path, *holds: str) -> dict[str, str]:
+    """The environment that holds a run at ``holds`` (WHERE:RANK:STEP:UNTIL, see
+    tests/support/inject/sitecustomize.py) until the test's fault has reached it, markers in out/held;
+    ``{}`` for none. Passed through every launcher (torchrun, srun) to the training processes."""
+    if not holds:
+        return {}
+    path = os.pathsep.join([str(PKG / "tests" / "support" / "inject"), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return {"PYTHONPATH": path, "BERT_TEST_HOLD": ";".join(holds), "BERT_TEST_HELD_DIR": str(out / "held")}
+
+
+def catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler for ``signum`` now (SigCgt in /proc/PID/status):
+    what a fault test waits for instead of a step that may already be past."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:  # ended
+        return False
+    mask = next((line.split()[1] for line in text.splitlines() if line.startswith("SigCgt:")), "0")
+    return bool(int(mask, 16) >> (signum - 1) & 1)
+
+
+def run_and_time_signalled(env: dict[str, str], at_step: int | None = None, sig: int = signal.SIGUSR1,
                            act=None) -> tuple[int, str]:
     """./run_and_time.sh with ``env``, in a session of its own (as a terminal starts a
-    command); ``sig`` to the script when its progress line for step ``at_step`` appears (or
-    ``act(proc)``, when given, instead). Returns (exit status, output)."""
+    command); ``sig`` to the script (or ``act(proc)``, when given, instead) when it says
+    STARTING TIMING RUN, before any training process exists: the script keeps it for them
+    (they act on it at their first poll, whenever they start), so no run can end before its
+    signal lands. ``at_step``: when its progress line for that step appears instead (for a
+    run with no natural end before it). Returns (exit status, output)."""
     proc = subprocess.Popen(["./run_and_time.sh"], cwd=PKG, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines = []
+    pattern = rf"step +{at_step} \|" if at_step is not None else r"STARTING TIMING RUN AT "
     try:
         for line in proc.stdout:
             lines.append(line)
-            if re.match(rf"step +{at_step} \|", line):
+            if re.match(pattern, line):
                 act(proc) if act else proc.send_signal(sig)
         rc = proc.wait(timeout=120)
     finally:
@@ -264,7 +293,7 @@ def trained(request) -> TrainedRun:
                       int((out / "returncode").read_text()))
 
 
-# -- a one-node SLURM cluster (tests/test_launchers.py, tests/test_tune.py) --------------------
+# -- a one-node SLURM cluster (tests/integration/test_launchers.py, tests/{unit,integration}/test_tune.py) --------------------
 
 @pytest.fixture(scope="module")
 def slurm_cluster(tmp_path_factory):
@@ -282,10 +311,10 @@ def slurm_cluster(tmp_path_factory):
         cluster.stop()
 
 
-# -- the image (tests/test_image.py): built in the background from the start ---------------
+# -- the image (tests/integration/test_image.py): built in the background from the start ---------------
 
 _IMAGE_BUILD = pytest.StashKey[ImageBuild]()
-IMAGE_TESTS = "tests/test_image.py::"  # the tests that use docker_image, and only they
+IMAGE_TESTS = "tests/integration/test_image.py::"  # the tests that use docker_image, and only they
 
 
 def _uses_image(item: pytest.Item) -> bool:
@@ -306,9 +335,11 @@ def _image_build(root: Path | None = None) -> ImageBuild:
 # EPYC cores, summed per file: launchers 425, tune 257, pretrain 223, precision 211, resume 194,
 # sampler 182, bench 153, budget 125, two_nodes 115, study 112, configs 97), in that order: a
 # long file taken last would run alone at the end. A stale list costs minutes, not a result.
-LONGEST_FIRST = ("test_launchers.py", "test_tune.py", "test_pretrain.py", "test_precision.py", "test_resume.py",
-                 "test_sampler.py", "test_bench.py", "test_budget.py", "test_two_nodes.py", "test_study.py",
-                 "test_configs.py")
+LONGEST_FIRST = tuple(f"integration/{name}" for name in (
+    "test_launchers.py", "test_tune.py", "test_pretrain.py", "test_precision.py", "test_checkpoint.py",
+    "test_sampler.py", "test_bench.py", "test_budget.py", "test_two_nodes.py", "test_study.py", "test_configs.py"))
+TESTS = Path(__file__).resolve().parent
+TIERS = ("unit", "integration")  # tests/<tier>/: a marker of that name on each of its tests
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -321,10 +352,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         assert _uses_image(item) == item.nodeid.startswith(IMAGE_TESTS), \
             f"{item.nodeid}: the tests using docker_image are those of {IMAGE_TESTS[:-2]}, and only they"
+    for item in items:
+        tier = item.path.parent.name
+        if tier in TIERS and hasattr(item, "add_marker"):
+            item.add_marker(getattr(pytest.mark, tier))
     needs = {item.path for item in items if _uses_trained(item)}
 
     def key(item: pytest.Item) -> tuple:
-        name = item.path.name
+        name = item.path.relative_to(TESTS).as_posix() if item.path.is_relative_to(TESTS) else item.path.name
         rank = LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
         return _uses_image(item), item.path in needs, rank
 
@@ -406,12 +441,12 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
         state = f"build failed ({times})"
     else:
         state = f"built on the {'cached' if r.standin_cached else 'newly made'} stand-in ({times}, in the background)"
-    terminalreporter.write_line(f"docker image (tests/test_image.py): {state}")
+    terminalreporter.write_line(f"docker image (tests/integration/test_image.py): {state}")
 
 
 @pytest.fixture(scope="session")
 def docker_image(request) -> ImageBuild:
-    """The image built on the NGC stand-in, in a private engine (tests/docker_engine.py)."""
+    """The image built on the NGC stand-in, in a private engine (tests/support/docker_engine.py)."""
     why = docker_unavailable()
     if why:
         pytest.skip(f"no Docker Engine here: {why}")

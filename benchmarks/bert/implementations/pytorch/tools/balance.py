@@ -39,7 +39,8 @@ import numpy as np
 PKG = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PKG))
 
-from bert.sampler import Strata, attention_cost, deal, even_bounds, pack_ffd  # noqa: E402
+from bert.batches import pack_ffd  # noqa: E402
+from bert.sampler import Strata, attention_cost, deal, even_bounds  # noqa: E402
 
 DEFAULT_HISTOGRAM = PKG / "data" / "wikipedia_seqlen_histogram_512.txt"
 # The manifest's strata (input_preprocessing's stratify step): four of 128 tokens at length 512.

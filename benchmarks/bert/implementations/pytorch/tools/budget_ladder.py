@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""What static token budgets cost: the ``auto`` ladder of ``bert/ladder.py`` per local batch
+"""What static token budgets cost: the ``auto`` ladder of ``bert/budget.py`` per local batch
 and sampler mode, its expected padding, and how many rungs a run actually hits.
 
 For each (sampler mode, local batch) the ladder is built exactly as a run builds it
-(``bert.ladder.layout_for`` on the config, before any data is touched), then checked on
+(``bert.budget.layout_for`` on the config, before any data is touched), then checked on
 ``--steps`` held-out micro-batches drawn with another seed: uniform random sampling draws
 i.i.d. lengths from the histogram (what the closed division's per-shard permutations give);
 the stratified modes run the project's own ``IndexSampler`` (strata counts, rounding, deal)
@@ -39,7 +39,7 @@ PKG = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PKG))
 
 from bench.flops import Shape, attention_flops, head_flops, layer_flops  # noqa: E402
-from bert import ladder  # noqa: E402
+from bert import budget  # noqa: E402
 from bert.trainer import train_layout  # noqa: E402
 from bert.config import build_config  # noqa: E402
 
@@ -63,11 +63,11 @@ def config(mode: str, local_batch: int, max_seq_length: int, max_pred: int):
 
 def held_out(cfg, world_size: int, steps: int, seed: int) -> np.ndarray:
     """Real tokens of ``steps`` micro-batches drawn with a seed the ladder never saw."""
-    pmf = ladder.length_pmf(cfg.data.max_seq_length)
+    pmf = budget.length_pmf(cfg.data.max_seq_length)
     if cfg.sampler.mode == "random" and cfg.sampler.deal == "none":
         rng = np.random.default_rng(seed)
         return rng.choice(len(pmf), size=(steps, cfg.run.local_batch_size), p=pmf).sum(1)
-    return ladder.simulated_token_counts(cfg.sampler, cfg.data.max_seq_length, cfg.run.local_batch_size, world_size,
+    return budget.simulated_token_counts(cfg.sampler, cfg.data.max_seq_length, cfg.run.local_batch_size, world_size,
                                          cfg.model.hidden_size, pmf, draws=steps, seed=seed)
 
 
@@ -85,15 +85,15 @@ def step_flops(pmf: np.ndarray, local_batch: int, max_pred: int) -> tuple[float,
 def measure(mode: str, local_batch: int, world_size: int, steps: int, max_seq_length: int, max_pred: int) -> dict:
     cfg = config(mode, local_batch, max_seq_length, max_pred)
     layout = train_layout(cfg, world_size)
-    pmf = ladder.token_pmf(cfg.sampler, max_seq_length, local_batch, world_size, cfg.model.hidden_size)
+    pmf = budget.token_pmf(cfg.sampler, max_seq_length, local_batch, world_size, cfg.model.hidden_size)
     rungs = np.array(layout.rungs)
     t = held_out(cfg, world_size, steps, seed=12345)
     used = rungs[np.searchsorted(rungs, t)]
-    length_pmf = ladder.length_pmf(max_seq_length)
+    length_pmf = budget.length_pmf(max_seq_length)
     useful, mean_masked = step_flops(length_pmf, local_batch, max_pred)
     pad_tokens = float((used - t).mean())
     return {"mode": mode, "local_batch": local_batch, "world_size": world_size, "steps": steps,
-            "rungs": [int(r) for r in rungs], "pad_expected": ladder.expected_padding(pmf, layout.rungs),
+            "rungs": [int(r) for r in rungs], "pad_expected": budget.expected_padding(pmf, layout.rungs),
             "pad_measured": pad_tokens / float(t.mean()), "hit": int(len(np.unique(used))),
             "full_grid": float((used == rungs[-1]).mean()), "tokens_mean": float(t.mean()),
             "tokens_std": float(t.std()),
@@ -103,13 +103,13 @@ def measure(mode: str, local_batch: int, world_size: int, steps: int, max_seq_le
 
 
 def sweep(local_batch: int, max_seq_length: int) -> list[dict]:
-    """Expected padding of the best ladder with 1..8 rungs (``bert.ladder.ladder``; random sampling)."""
-    pmf = ladder.random_token_pmf(ladder.length_pmf(max_seq_length), local_batch)
+    """Expected padding of the best ladder with 1..8 rungs (``bert.budget.ladder``; random sampling)."""
+    pmf = budget.random_token_pmf(budget.length_pmf(max_seq_length), local_batch)
     top = local_batch * max_seq_length
     out = []
-    for k in range(1, ladder.MAX_RUNGS + 1):
-        rungs = ladder.ladder(pmf, top, k)
-        out.append({"rungs_count": k, "rungs": list(rungs), "pad_expected": ladder.expected_padding(pmf, rungs)})
+    for k in range(1, budget.MAX_RUNGS + 1):
+        rungs = budget.ladder(pmf, top, k)
+        out.append({"rungs_count": k, "rungs": list(rungs), "pad_expected": budget.expected_padding(pmf, rungs)})
     return out
 
 

@@ -49,7 +49,7 @@ target); runs that miss are counted and left out of the means. Ratios of means c
 percentile bootstrap 95% interval (10,000 resamples of the seeds; paired by seed against
 the previous step, whose data order is the same from the stratified step on). The token
 imbalance (busiest rank's real tokens / the mean, per optimizer step) is measured by
-replaying each run's own training batches (bert.sampler.train_batches from its resolved
+replaying each run's own training batches (bert.loader.train_batches from its resolved
 config, every rank), beside tools/balance.py's simulation at 1,024 ranks. The critical
 batch is McCandlish et al. (2018)'s: steps S(B) = S_min (1 + B_crit / B), fitted by
 weighted least squares on 1/B; below B_crit doubling the batch nearly halves the steps

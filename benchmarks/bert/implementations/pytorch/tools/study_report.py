@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 import balance  # tools/balance.py (tools/study.py puts tools/ on the path)
-from bert import sampler
+from bert import loader
 from bert.lengths import length_distribution
 from bert.config import build_config
 from bert.trainer import train_layout
@@ -121,12 +121,12 @@ def real_tokens(batch: dict) -> int:
 
 def token_imbalance(config: Path, steps: int) -> dict:
     """The busiest rank's real tokens / the mean, per optimizer step (micro-batches summed),
-    over a run's first ``steps``: its own loaders (bert.sampler.train_batches from its
+    over a run's first ``steps``: its own loaders (bert.loader.train_batches from its
     resolved ``config``, one per rank, as the trainer builds them) replayed in this process."""
     doc = json.loads(Path(config).read_text())
     cfg = build_config(config_file=str(config))
     world = int(doc["resolved"]["world_size"])
-    loaders = [sampler.train_batches(cfg.data, cfg.sampler, cfg.model, cfg.run.local_batch_size, cfg.run.seed, r, world,
+    loaders = [loader.train_batches(cfg.data, cfg.sampler, cfg.model, cfg.run.local_batch_size, cfg.run.seed, r, world,
                                      train_layout(cfg, world)) for r in range(world)]
     ratios = []
     try:

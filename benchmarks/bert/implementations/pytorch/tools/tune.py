@@ -233,7 +233,7 @@ class RunResult:
 
 class Stop:
     """SIGTERM/SIGUSR1 to the worker: remembered, acted on at the next poll. (The trainer's
-    bert.resume.StopFlag does the same; not imported here, as it would load torch into every
+    bert.checkpoint.StopFlag does the same; not imported here, as it would load torch into every
     worker for one integer.)"""
 
     def __init__(self) -> None:

@@ -1,0 +1,78 @@
+"""Shards that prove their bytes: the md5 manifest a data directory carries (``md5sums.txt``,
+written by ``python -m input_preprocessing checksum``), checked as each shard is read.
+
+HDF5 keeps no checksum of its data: a flipped bit in a shard reads back as a changed token
+without a word, and a lost sector can make it spin (bert/watchdog.py bounds that). Where the
+directory has a manifest, every file the run reads is hashed first (the bytes then come from
+the page cache for h5py) and must match: a file that changed, or one the manifest does not
+list, is an error naming it. Costs one md5 pass over the bytes read (BENCHMARKS.md), in the
+reading thread: training shards in the prefetch thread, beside the steps.
+
+The format is ``md5sum``'s (``<md5>  <path relative to the directory>``, sorted), so
+``cd DIR && md5sum -c md5sums.txt`` checks it too. Torch-free.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from .shards import DataError
+
+MANIFEST = "md5sums.txt"
+
+
+def md5_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.md5()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):  # hashlib releases the GIL on large blocks
+            h.update(block)
+    return h.hexdigest()
+
+
+def parse_manifest(text: str, path: Path) -> dict[str, str]:
+    """{relative path: md5} from a manifest's text; ``ValueError`` naming the bad line."""
+    sums = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        h, sep, rel = line.partition("  ")
+        if not sep or len(h) != 32 or not rel:
+            raise ValueError(f"{path}: line {n}: expected '<md5>  <path>', got {line!r}")
+        sums[rel] = h
+    return sums
+
+
+class Manifest:
+    """The manifest of one data directory (train or eval), or nothing to check (``find``)."""
+
+    def __init__(self, root: Path, sums: dict[str, str]):
+        self.root, self.sums = root, sums
+        self.path = root / MANIFEST
+
+    @staticmethod
+    def find(root: str | Path) -> Manifest | None:
+        """``root/md5sums.txt`` when there is one (a file's own directory for a single file)."""
+        root = Path(root)
+        root = root.parent if root.is_file() else root
+        path = root / MANIFEST
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise DataError(f"{path}: cannot read: {e.strerror}") from None
+        try:
+            return Manifest(root, parse_manifest(text, path))
+        except ValueError as e:
+            raise DataError(str(e)) from None
+
+    def check(self, path: Path) -> None:
+        """Hash ``path``; ``DataError`` unless the manifest lists it with that md5."""
+        rel = Path(path).resolve().relative_to(self.root.resolve()).as_posix()
+        want = self.sums.get(rel)
+        if want is None:
+            raise DataError(f"{path}: not listed in {self.path}: the manifest does not describe this directory "
+                            f"(remake it: python -m input_preprocessing checksum --input {self.root})")
+        got = md5_file(path)
+        if got != want:
+            raise DataError(f"{path}: md5 {got}, but {self.path} says {want}: the file changed after the manifest "
+                            f"was made (a damaged copy or disk); copy it again from the source")

@@ -1,0 +1,97 @@
+"""The documentation holds: the integration tier's (the links of every tracked page, the
+blocks that run tools); tests/unit/test_docs.py has the rest and says what the file covers."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+
+from docblocks import PKG, ROOT, anchors, strip_code
+from docs_helpers import LINK, markdown_files, the_block
+import sys
+import pytest
+
+
+def run_block(block, subs: dict[str, str]) -> subprocess.CompletedProcess:
+    """A bash block with ``subs`` applied (each must occur), run in PKG."""
+    text = block.text
+    for old, new in subs.items():
+        assert old in text, f"{block.page}:{block.line} no longer says {old!r}"
+        text = text.replace(old, new)
+    return subprocess.run(["bash", "-euo", "pipefail", "-c", text], cwd=PKG, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_preprocessing_bench_block_runs(tmp_path):
+    block = the_block("docs/data.md", "TOKENIZERS_PARALLELISM=false")
+    r = run_block(block, {"flock /tmp/bench.lock ": "", "--mb 4 --workers 1 2": "--mb 0.05 --part-mb 0.05 "
+                          "--vocab-size 300 --dupe-factor 1 --workers 1", "prep_bench.json": str(tmp_path / "p.json")})
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads((tmp_path / "p.json").read_text())
+    assert out  # the JSON the block writes
+
+
+def test_digests_block_runs_and_says_two_layouts_hold_the_same_examples(tmp_path):
+    """The block as written, on a small corpus; "theirs" is the same text made in the other
+    layout: another file, the same examples."""
+    from input_preprocessing.create import CreateOptions, create
+    from input_preprocessing.toy_corpus import make_corpus, train_vocab
+
+    parts = make_corpus(tmp_path / "text", parts=2, docs_per_part=20, seed=3)
+    vocab = train_vocab(parts, tmp_path / "vocab.txt", size=400)
+    small = ["--max-seq-length", "64", "--max-predictions-per-seq", "10", "--dupe-factor", "1"]
+    create(tmp_path / "text", vocab, tmp_path / "theirs", CreateOptions(64, 10, dupe_factor=1, layout="variable"))
+    block = the_block("docs/data.md", "python -m input_preprocessing create --input TEXT_DIR")
+    r = run_block(block, {"TEXT_DIR": str(tmp_path / "text"), "vocab.txt": str(vocab),
+                          "--output ours": f"--output {tmp_path / 'ours'} {' '.join(small)}",
+                          "--input ours": f"--input {tmp_path / 'ours'} --max-seq-length 64",
+                          "THEIRS_DIR": f"{tmp_path / 'theirs'} --max-seq-length 64",
+                          "ours.md5": str(tmp_path / "ours.md5"), "theirs.md5": str(tmp_path / "theirs.md5")})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "the same examples, part for part" in r.stdout
+    assert len((tmp_path / "ours.md5").read_text().splitlines()) == 2
+
+
+def test_plan_block_runs():
+    r = run_block(the_block("docs/pretraining.md", "python tools/plan.py --configs"), {})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "phase1" in r.stdout and "phase2" in r.stdout
+
+
+def test_schedule_block_runs_with_its_options():
+    block = the_block("docs/published_recipe.md", "python tools/schedule.py")
+    r = run_block(block, {"[--steps N] [--json] [--plot lr.png] [--set PRECISION=fp16]": "--steps 3 --json"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert len(json.loads(r.stdout)["lr"]) == 3
+
+
+def test_every_relative_link_and_anchor_resolves():
+    dead = []
+    for md in markdown_files():
+        text = strip_code(md.read_text())
+        text = re.sub(r"`[^`\n]*`", "", text)  # inline code is not a link
+        for m in LINK.finditer(text):
+            target = m.group(1) or m.group(2)
+            if re.match(r"[a-z]+:", target):  # https:, mailto: ...
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (md.parent / path).resolve() if path else md
+            where = f"{md.relative_to(ROOT)}: ({target})"
+            if not dest.exists():
+                dead.append(f"{where}: no such file")
+            elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+                dead.append(f"{where}: no heading with anchor #{anchor}")
+    assert not dead, "\n".join(dead)
+
+
+def test_the_link_check_sees_dead_links_and_anchors(tmp_path, monkeypatch):
+    page = tmp_path / "a.md"
+    page.write_text("# A\n\n## Two words\n\n[ok](#two-words) [bad](#none) [gone](b.md) `[code](x.md)`\n")
+    assert anchors(page) == {"a", "two-words"}
+    monkeypatch.setattr(sys.modules[__name__], "markdown_files", lambda: [page])
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    with pytest.raises(AssertionError) as e:
+        test_every_relative_link_and_anchor_resolves()
+    assert "#none" in str(e.value) and "b.md" in str(e.value) and "x.md" not in str(e.value)
+    assert "#two-words" not in str(e.value)

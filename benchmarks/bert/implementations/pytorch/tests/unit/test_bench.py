@@ -1,0 +1,88 @@
+"""The benchmark scripts: their FLOP arithmetic against torch's FLOP counter, and each
+script end to end on a tiny model (every code path and the output file; no speed asserted)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from bench import common, device_run, flops, gpu_bert_large, kernel_profile
+from bert.config import ModelConfig
+from bert.model import BertForPreTraining
+
+TINY = ModelConfig(vocab_size=200, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
+                   max_position_embeddings=64, hidden_dropout=0.0, attention_dropout=0.0,
+                   attention_backend="math")
+
+
+def _count(fn) -> int:
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
+def test_flop_model_matches_torch_flop_counter():
+    (samples,) = common.make_batches(1, 5, 64, 8, TINY.vocab_size, seed=3)
+    lengths, masked = common.batch_stats(samples)
+    assert len(set(lengths)) > 1 and max(lengths) < 64  # real padding to skip
+    unpadded, padded = common.collate_both([samples], 64)
+    shape = common.shape_of(TINY)
+
+    ours = BertForPreTraining(TINY).eval()
+    inputs = {k: v for k, v in unpadded[0].items() if k not in ("mlm_labels", "nsp_labels")}
+    # The math backend's varlen pads to the batch's longest sequence: charge attention there.
+    assert _count(lambda: ours(**inputs)) == flops.forward_flops(shape, lengths, masked,
+                                                                 [max(lengths)] * len(lengths))
+
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.BertForPreTraining(common.hf_config(TINY, "eager")).eval()
+    b = padded[0]
+    hf_count = _count(lambda: hf(input_ids=b["input_ids"], token_type_ids=b["token_type_ids"],
+                                 attention_mask=b["attention_mask"]))
+    # HF's decoder has the real 200 rows; ours multiplies the 256 of model.vocab_pad_multiple.
+    hf_shape = dataclasses.replace(shape, vocab=TINY.vocab_size)
+    assert shape.vocab == 256 and hf_count == flops.padded_forward_flops(hf_shape, 5, 64)
+    # The useful count is below both and is what unpadding can reach.
+    assert flops.useful_forward_flops(hf_shape, lengths, masked) < hf_count
+    assert flops.train_flops(10) == 30
+
+
+def test_kernel_classes_of_known_kernel_names():
+    """bench/kernel_profile.py's classes for CUDA kernel names of each kind (cuBLAS, our
+    Triton attention, CUTLASS's memory-efficient SDPA, ATen's elementwise templates, whose
+    names hold "lambda", the foreach optimizer kernels, NCCL) and for CPU aten ops."""
+    want = {"sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64": "gemm", "nvjet_tst_128x256_64x4": "gemm",
+            "triton_tem_fused_mm_1": "gemm", "_fwd_kernel": "attention", "_bwd_dkdv_kernel": "attention",
+            "fmha_cutlassF_bf16_aligned_64x64_rf_sm80": "attention",
+            "void at::native::vectorized_elementwise_kernel<4, {lambda(float)#1}>": "elementwise",
+            "triton_per_fused_native_layer_norm_0": "elementwise",
+            "void at::native::multi_tensor_apply_kernel<TensorListMetadata<4>>": "optimizer",
+            "ncclDevKernel_AllReduce_Sum_f32_RING_LL": "communication", "aten::addmm": "gemm",
+            "aten::_foreach_mul_": "optimizer", "aten::native_layer_norm": "elementwise"}
+    assert {name: kernel_profile.classify(name) for name in want} == want
+
+
+def test_gpu_script_foreach_adamw_is_not_the_fused_kernel():
+    """The AdamW pair is built by bert.optim.build_optimizer: the foreach case's groups say
+    foreach, and its step runs torch's multi-tensor path, not the fused kernel."""
+    args = argparse.Namespace(seed=0, device_type="cpu", seq_len=64, max_pred=10, cpu_smoke=True,
+                              fast_attention="triton")
+    flags = {}
+    for impl in ("fused", "foreach"):
+        case = gpu_bert_large.Case(impl, {"run.local_batch_size": "2", "optim.name": "adamw", "optim.impl": impl})
+        cfg, own = gpu_bert_large.case_config(case, args)
+        trainer, _, _ = gpu_bert_large.build_case(cfg, own, torch.device("cpu"))
+        flags[impl] = gpu_bert_large._flags(trainer.learner.optimizer)
+    assert flags["fused"]["fused"] is True and not flags["fused"]["foreach"]
+    assert flags["foreach"]["foreach"] is True and not flags["foreach"]["fused"]
+
+
+def test_gpu_scripts_refuse_without_a_gpu_unless_smoke():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    assert gpu_bert_large.main(["--out", "/nonexistent/x.json"]) == 2
+    assert device_run.main(["--out", "/nonexistent/x.json"]) == 2

@@ -1,0 +1,109 @@
+"""Checkpoint and stop rules that one in-process run shows (the faults that need separate
+ranks, launchers and signals are in tests/integration/test_checkpoint.py): a NaN streak ends
+the run as diverged, a resume under another vocabulary padding is refused, Ctrl-C during an
+evaluation stops it, a config dump that cannot be written is named."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+
+from bert.mlperf_log import read_events
+from conftest import mllog_events
+from checkpoint_helpers import (TINY, WRITE_FAILED, last_event, no_partial_files, tiny_data, train_args)  # noqa: F401 - fixtures: tiny_data
+
+
+def test_persistent_nan_loss_ends_the_run_as_diverged(tiny_data, tmp_path, capsys):
+    """NaN weights from the start: the loss is NaN every step; the poll (every step here) sees
+    the streak reach run.max_nonfinite_steps on some rank and every rank ends the run, exit 6
+    (diverged, not 1: "did not converge"), no final weights, run_stop aborted."""
+    from bert import train
+    from bert.config import build_config, parse_overrides
+    from bert.model import BertForPreTraining
+
+    args = [*TINY, f"data.train_dir={tiny_data / 'train'}", f"data.eval_dir={tiny_data / 'eval'}",
+            f"log.output_dir={tmp_path}", "run.max_nonfinite_steps=3", "ckpt.poll_steps=1",
+            f"run.save_checkpoint={tmp_path / 'final.pt'}"]
+    model = BertForPreTraining(build_config(parse_overrides(args)).model, "cpu")
+    state = model.state_dict()
+    for k in ("cls.predictions.bias", "cls.predictions.decoder.bias"):  # one tied parameter
+        state[k] = torch.full_like(state[k], float("nan"))
+    torch.save(state, tmp_path / "nan.pt")
+    assert train.main([*args, f"run.init_checkpoint={tmp_path / 'nan.pt'}"]) == 6
+    events = mllog_events(tmp_path / "result_0.txt")
+    by_key = {e["key"]: e for e in events}
+    assert by_key["run_stop"]["metadata"]["status"] == "aborted"
+    assert by_key["nonfinite_loss_steps"]["value"] == 3  # seen at the poll of step 3
+    assert "eval_accuracy" not in by_key and not (tmp_path / "final.pt").exists()
+    said = capsys.readouterr().out
+    assert ("diverged: loss NaN/inf for the last 3 steps on some rank (run.max_nonfinite_steps=3): ending the run; "
+            "no checkpoint and no final weights written from it; there is no checkpoint to resume") in said, said[-3000:]
+
+
+def test_resume_with_another_vocabulary_padding_is_refused(tiny_data, tmp_path):
+    """The state dict keeps vocab_size rows whatever model.vocab_pad_multiple is, but the
+    optimizer's moments have the padded shape: a resume across a padding change is refused
+    by name, before anything is loaded (torch's load_state_dict would take the moments)."""
+    from bert import checkpoint
+    from bert.config import build_config
+    from bert.distributed import DistEnv
+    from bert.state import TrainState
+    from bert.trainer import Trainer
+
+    single = DistEnv(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=29500,
+                     launcher="single")
+    over = dict(a.split("=", 1) for a in TINY if not a.startswith(("dist.", "run.max_samples")))
+    over.update({"data.train_dir": str(tiny_data / "train"), "data.eval_dir": str(tiny_data / "eval"),
+                 "model.vocab_pad_multiple": "1", "ckpt.dir": str(tmp_path)})
+    unpadded = Trainer(build_config(over), single, torch.device("cpu"))
+    unpadded.open_data(timed=False)
+    unpadded.step(unpadded.batches, 1)  # the optimizer's moments exist
+    saved = unpadded.checkpointer.save(unpadded.learner, unpadded.state, unpadded.batches)
+    padded = Trainer(build_config({**over, "model.vocab_pad_multiple": "256"}), single, torch.device("cpu")).learner
+    before = {k: v.clone() for k, v in padded.model.state_dict().items()}
+    with pytest.raises(checkpoint.CheckpointError, match=r"optimizer state 'exp_avg' of a \(256, 32\) parameter has "
+                                                     r"shape \(128, 32\).*model.vocab_pad_multiple"):
+        checkpoint.restore(saved, padded, TrainState(), 0, 1, unpadded.global_batch)
+    assert all(torch.equal(v, before[k]) for k, v in padded.model.state_dict().items())  # nothing loaded
+    checkpoint.restore(saved, unpadded.learner, TrainState(), 0, 1, unpadded.global_batch)  # the same padding resumes
+
+
+def test_ctrl_c_during_an_evaluation_stops_it(tiny_data, tmp_path, monkeypatch, capsys):
+    """Ctrl-C as an evaluation begins: it stops after the batch in hand (here before the
+    first), not at its end; no eval_accuracy for it, run_stop aborted, exit 130."""
+    from bert import train, trainer
+
+    real = trainer.mlm_accuracy
+
+    def ctrl_c_then_evaluate(*args):
+        os.kill(os.getpid(), signal.SIGINT)  # the handler runs before the next bytecode
+        return real(*args)
+
+    monkeypatch.setattr(trainer, "mlm_accuracy", ctrl_c_then_evaluate)
+    assert train.main(train_args(tiny_data, tmp_path)) == 130
+    assert "interrupted (Ctrl-C): stopped at step 8; nothing saved" in capsys.readouterr().out  # 64 samples
+    keys = [e["key"] for e in read_events(tmp_path / "result_0.txt")]
+    assert keys[keys.index("eval_start"):] == ["eval_start", "nonfinite_loss_steps", "train_samples", "eval_samples",
+                                               "run_stop"] and "eval_accuracy" not in keys
+    assert last_event(tmp_path / "result_0.txt")["metadata"]["status"] == "aborted"
+
+
+def test_config_dump_write_fails(tiny_data, tmp_path, capsys):
+    """The resolved config cannot be written (its name is taken by a directory: EISDIR at the
+    rename): exit 5 before run_start, one line, run_stop aborted, no part file."""
+    from bert import train
+
+    (tmp_path / "result_0_config.json" / "x").mkdir(parents=True)
+    assert train.main(train_args(tiny_data, tmp_path)) == WRITE_FAILED
+    err = capsys.readouterr().err
+    assert err.strip() == (f"error: rank 0 of 1: the resolved config could not be written to "
+                           f"{tmp_path / 'result_0_config.json'}: Is a directory (errno 21) (on rank 0); no complete "
+                           "checkpoint to resume from; free space or point log.output_dir elsewhere, then rerun the "
+                           "same command"), err
+    events = read_events(tmp_path / "result_0.txt")
+    assert events[-1]["key"] == "run_stop" and events[-1]["metadata"]["status"] == "aborted"
+    assert "run_start" not in {e["key"] for e in events}
+    assert not no_partial_files(tmp_path)
