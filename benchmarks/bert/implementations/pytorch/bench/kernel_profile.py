@@ -6,7 +6,7 @@ included); on a CPU (the smoke) of the aten ops' self times."""
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -20,7 +20,7 @@ import torch
 CLASSES: list[tuple[str, re.Pattern]] = [
     ("communication", re.compile(r"nccl|all_?reduce|reduce_?scatter|all_?gather", re.I)),
     ("attention", re.compile(r"flash|fmha|attention|attn|_fwd_kernel|_bwd_(dkdv|dq)_kernel|_bwd_preprocess"
-                             r"|scaled_dot_product", re.I)),
+                             r"|_mask_kernel|scaled_dot_product", re.I)),
     ("gemm", re.compile(r"gemm|xmma|nvjet|cutlass|cublas|wgmma|_mm\b|\bmm\b|aten::(mm|addmm|bmm|baddbmm|matmul|linear)"
                         r"|scaled_mm|triton_tem_", re.I)),
     ("optimizer", re.compile(r"multi_tensor|foreach|lamb(?!da)|adam", re.I)),
@@ -38,8 +38,7 @@ def classify(name: str) -> str:
 
 def breakdown(run_steps: Callable[[], None], steps: int, device: torch.device, top: int = 3) -> dict[str, Any]:
     """Profile ``run_steps()`` (``steps`` training steps, synchronised at the end) and sum the
-    time per class: ms per step, share of the classified time, and the ``top`` names of each
-    class with their ms per step."""
+    time per class (``summarise``)."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.type == "cuda"
@@ -48,10 +47,15 @@ def breakdown(run_steps: Callable[[], None], steps: int, device: torch.device, t
         run_steps()
         if cuda:
             torch.cuda.synchronize(device)
-    per_class = {c: 0.0 for c in ALL}
-    names: dict[str, dict[str, float]] = {c: {} for c in ALL}
-    count = 0
-    for e in prof.key_averages():
+    return summarise(rows(prof.key_averages(), cuda), steps, cuda, top)
+
+
+def rows(averages: Iterable[Any], cuda: bool) -> list[tuple[str, float, int]]:
+    """(name, self microseconds, calls) of what is classified, from the profiler's
+    ``key_averages()``: on a GPU the device kernels (CUPTI's; a graph's replayed kernels
+    among them), on a CPU the aten ops' self CPU time."""
+    out = []
+    for e in averages:
         if cuda:
             if e.device_type != torch.autograd.DeviceType.CUDA:
                 continue
@@ -60,12 +64,23 @@ def breakdown(run_steps: Callable[[], None], steps: int, device: torch.device, t
             if not e.key.startswith("aten::"):
                 continue
             us = e.self_cpu_time_total
+        out.append((e.key, float(us), int(e.count)))
+    return out
+
+
+def summarise(kernels: Iterable[tuple[str, float, int]], steps: int, cuda: bool, top: int = 3) -> dict[str, Any]:
+    """Per class: ms per step, share of the classified time, and the ``top`` names of each
+    class with their ms per step; the kernels (calls) per step. Rows without time are left out."""
+    per_class = {c: 0.0 for c in ALL}
+    names: dict[str, dict[str, float]] = {c: {} for c in ALL}
+    count = 0
+    for name, us, calls in kernels:
         if us <= 0:
             continue
-        cls = classify(e.key)
+        cls = classify(name)
         per_class[cls] += us / 1000 / steps
-        names[cls][e.key] = names[cls].get(e.key, 0.0) + us / 1000 / steps
-        count += e.count
+        names[cls][name] = names[cls].get(name, 0.0) + us / 1000 / steps
+        count += calls
     total = sum(per_class.values())
     out: dict[str, Any] = {"steps": steps, "source": "CUDA kernels (CUPTI)" if cuda else "aten ops' CPU self time",
                            "ms_per_step": per_class, "total_ms_per_step": total,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -62,8 +63,46 @@ def test_kernel_classes_of_known_kernel_names():
             "triton_per_fused_native_layer_norm_0": "elementwise",
             "void at::native::multi_tensor_apply_kernel<TensorListMetadata<4>>": "optimizer",
             "ncclDevKernel_AllReduce_Sum_f32_RING_LL": "communication", "aten::addmm": "gemm",
+            "_mask_kernel": "attention", "triton_poi_fused_addmm_gelu_0": "elementwise",
+            "void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits>": "attention",
             "aten::_foreach_mul_": "optimizer", "aten::native_layer_norm": "elementwise"}
     assert {name: kernel_profile.classify(name) for name in want} == want
+
+
+def test_kernel_breakdown_of_a_handmade_cuda_trace_and_a_recorded_cpu_one():
+    """bench/kernel_profile.py's sums, on what the device's profiler returns (``key_averages``
+    rows: the CPU-side ops of a CUDA run left out, the device kernels counted, a row without
+    time dropped) and on a profile recorded here on the CPU (aten ops' self time)."""
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+
+    def row(key, device_type, us, count):
+        on_device = device_type == cuda
+        return SimpleNamespace(key=key, device_type=device_type, self_device_time_total=us if on_device else 0,
+                               self_cpu_time_total=0 if on_device else us, count=count)
+
+    trace = [row("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", cuda, 60_000, 288),
+             row("nvjet_tst_128x256_64x4", cuda, 12_000, 96), row("_fwd_kernel", cuda, 9_000, 48),
+             row("_bwd_dkdv_kernel", cuda, 12_000, 48), row("_bwd_dq_kernel", cuda, 9_000, 48),
+             row("triton_per_fused_add_native_layer_norm_0", cuda, 18_000, 194),
+             row("void at::native::multi_tensor_apply_kernel<TensorListMetadata<4>>", cuda, 15_000, 30),
+             row("ncclDevKernel_AllReduce_Sum_f32_RING_LL", cuda, 0, 0),
+             row("aten::mm", cpu, 99_000, 288), row("cudaGraphLaunch", cpu, 500, 2)]
+    kept = kernel_profile.rows(trace, cuda=True)
+    assert [k for k, _, _ in kept] == [r.key for r in trace[:8]]
+    b = kernel_profile.summarise(kept, steps=3, cuda=True, top=1)
+    assert b["ms_per_step"] == pytest.approx({"gemm": 24.0, "attention": 10.0, "elementwise": 6.0,
+                                              "optimizer": 5.0, "communication": 0.0})
+    assert b["total_ms_per_step"] == pytest.approx(45.0) and sum(b["share"].values()) == pytest.approx(1.0)
+    assert b["kernels_per_step"] == pytest.approx((288 + 96 + 48 * 3 + 194 + 30) / 3)
+    assert b["top"]["gemm"] == [("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", pytest.approx(20.0))]
+    assert "communication" not in b["top"] and b["source"] == "CUDA kernels (CUPTI)"
+    assert kernel_profile.summarise([], 1, cuda=True)["note"] == "the profiler recorded no kernel time"
+
+    a, w = torch.randn(64, 64), torch.randn(64, 64)
+    recorded = kernel_profile.breakdown(lambda: [torch.relu(a @ w + 1) for _ in range(2)], 2, torch.device("cpu"))
+    assert recorded["ms_per_step"]["gemm"] > 0 and recorded["ms_per_step"]["elementwise"] > 0
+    assert recorded["ms_per_step"]["attention"] == recorded["ms_per_step"]["optimizer"] == 0
+    assert recorded["source"] == "aten ops' CPU self time" and recorded["kernels_per_step"] >= 3
 
 
 def test_gpu_script_foreach_adamw_is_not_the_fused_kernel():
