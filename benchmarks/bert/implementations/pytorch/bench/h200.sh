@@ -13,7 +13,7 @@
 #                             # script started, then prints the table and packs inductor's and
 #                             # Triton's caches into $OUT (compile_cache.tar.gz.partNN) within
 #                             # H200_PACK_S (30): the whole call stays within H200_LIMIT_S +
-#                             # H200_PACK_S + a few seconds (the run call's timeout_s: 500)
+#                             # H200_PACK_S + a few seconds (the run call's timeout_s: 510)
 #
 # The device gets a copy of the working tree without .git (tracked and untracked-not-ignored
 # files, and the carried paths), so the commit measured travels as .h200/commit, written by
