@@ -47,7 +47,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, Callable
@@ -410,12 +409,8 @@ def run_tasks(tasks: list, args, device: torch.device, peak: float, result: dict
                         rec["task_s"] = time.perf_counter() - t0
                         save()
                         return "terminated"
-                except torch.OutOfMemoryError:
-                    rec["status"] = "oom"
                 except Exception as e:  # noqa: BLE001 - keep the other results; say what failed
-                    if rec.get("status") != "ok":
-                        rec["status"] = f"error: {type(e).__name__}: {e}"
-                    rec["traceback"] = traceback.format_exc(limit=6)
+                    gbl.record_failure(rec, e)
                 finally:
                     signal.setitimer(signal.ITIMER_REAL, 0)
             rec["task_s"] = time.perf_counter() - t0

@@ -613,6 +613,15 @@ class nothing:
         return False
 
 
+def record_failure(rec: dict, e: Exception) -> None:
+    """What ended a task, into its record (called in its ``except``): ``oom`` or ``error:
+    <what>`` as its status, unless a case's throughput was already in (status ``ok``
+    stays), and the traceback."""
+    if rec.get("status") != "ok":
+        rec["status"] = "oom" if isinstance(e, torch.OutOfMemoryError) else f"error: {type(e).__name__}: {e}"
+    rec["traceback"] = traceback.format_exc(limit=6)
+
+
 def report(name: str, r: dict) -> None:
     """One printed line per task."""
     if r.get("status") == "ok" and "seq_per_s" in r:
@@ -662,12 +671,8 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             try:
                 run_case(case, args, device, peak["flops_per_s"], samples_cache, rec, save)
-            except torch.OutOfMemoryError:
-                rec["status"] = "oom"
             except Exception as e:  # noqa: BLE001 - keep the other results; say what failed
-                if rec.get("status") != "ok":
-                    rec["status"] = f"error: {type(e).__name__}: {e}"
-                rec["traceback"] = traceback.format_exc(limit=6)
+                record_failure(rec, e)
             rec["task_s"] = time.perf_counter() - t0
             save()
             report(case.name, rec)

@@ -125,3 +125,17 @@ def test_gpu_scripts_refuse_without_a_gpu_unless_smoke():
         pytest.skip("a GPU is present")
     assert gpu_bert_large.main(["--out", "/nonexistent/x.json"]) == 2
     assert device_run.main(["--out", "/nonexistent/x.json"]) == 2
+
+def test_a_failed_task_is_recorded_without_losing_a_measured_throughput():
+    """gpu_bert_large.record_failure (both scripts' ``except``): an OOM or an error is the
+    status of a task that measured nothing; a case whose throughput is in stays ``ok``."""
+    recs = []
+    for rec, exc in (({}, torch.OutOfMemoryError("CUDA out of memory")), ({}, ValueError("bad shape")),
+                     ({"status": "ok", "seq_per_s": 5.0}, RuntimeError("late"))):
+        try:
+            raise exc
+        except Exception as e:  # noqa: BLE001 - as the scripts catch it
+            gpu_bert_large.record_failure(rec, e)
+        recs.append(rec)
+    assert [r["status"] for r in recs] == ["oom", "error: ValueError: bad shape", "ok"]
+    assert recs[2]["seq_per_s"] == 5.0 and all("Traceback" in r["traceback"] for r in recs)
