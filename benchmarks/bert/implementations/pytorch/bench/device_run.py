@@ -10,7 +10,8 @@ The order (``plan``), so that a run cut short keeps what matters most:
    CUDA contexts: a sticky CUDA error ends that child, not this run), Triton in one, nested
    and SDPA in another, side by side; the fast stack's backend is the first of triton,
    nested whose test passed, else sdpa (``fast_attention`` and ``checks.attention`` record
-   the choice and every verdict); a case on a backend whose test failed is skipped;
+   the choice and every verdict); a case on a backend whose test failed is skipped, but
+   for sdpa, the last resort (its cases run and carry the verdict, ``attention_check``);
 2. ``baseline`` at the small batch (16): the 2026-11-29 stack, this run's own baseline;
 3. ``fast`` at the big batch (96): the headline, with its kernel-class profile; then ``fast``
    at 16;
@@ -264,13 +265,20 @@ def cuda_alive(device: torch.device) -> bool:
         return False
 
 
+def attention_verdict(case: gbl.Case, args, result: dict) -> str:
+    """The attention check's outcome for ``case``'s backend ("" when unchecked)."""
+    backend = gbl.resolved_overrides(case, args).get("model.attention_backend")
+    return result["checks"].get("attention", {}).get("backends", {}).get(backend, {}).get("outcome", "")
+
+
 def blocked(case: gbl.Case, args, result: dict) -> str:
-    """Why ``case`` must not run: its attention backend failed the check, or another case
-    already ran with the same overrides ("" when it may run)."""
+    """Why ``case`` must not run: its attention backend failed the check (but sdpa, the last
+    resort, which ran on this GPU before: its cases run and carry the verdict), or another
+    case already ran with the same overrides ("" when it may run)."""
     over = gbl.resolved_overrides(case, args)
-    verdict = result["checks"].get("attention", {}).get("backends", {}).get(over.get("model.attention_backend"), {})
-    if verdict.get("outcome") in ("failed", "error"):
-        return f"skipped: the attention check of {over['model.attention_backend']} {verdict['outcome']}"
+    backend, verdict = over.get("model.attention_backend"), attention_verdict(case, args, result)
+    if verdict in ("failed", "error") and backend != gbl.FAST_BACKENDS[-1]:
+        return f"skipped: the attention check of {backend} {verdict}"
     for done in result["cases"]:
         if done.get("status") == "ok" and done.get("overrides") == over and done["case"] != case.name:
             return f"skipped: the same overrides as {done['case']}"
@@ -372,6 +380,8 @@ def run_tasks(tasks: list, args, device: torch.device, peak: float, result: dict
             else:
                 result["cases"].append(rec)
                 rec.update(case=task.name, local_batch=task.batch, overrides=gbl.resolved_overrides(task, args))
+                if attention_verdict(task, args, result):
+                    rec["attention_check"] = attention_verdict(task, args, result)
             why = blocked(task, args, result) if isinstance(task, gbl.Case) else ""
             if est > left:
                 why = f"skipped: expected {est:.0f} s, {max(left, 0):.0f} s left before --limit-s"

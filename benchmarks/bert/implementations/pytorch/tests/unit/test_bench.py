@@ -139,3 +139,28 @@ def test_a_failed_task_is_recorded_without_losing_a_measured_throughput():
         recs.append(rec)
     assert [r["status"] for r in recs] == ["oom", "error: ValueError: bad shape", "ok"]
     assert recs[2]["seq_per_s"] == 5.0 and all("Traceback" in r["traceback"] for r in recs)
+
+
+def test_device_run_skips_a_backend_that_failed_its_check_but_never_sdpa():
+    """bench/device_run.py's rule after the attention check: a case on a backend whose test
+    failed (or left no verdict) is skipped, saying why, but for sdpa, the last resort (the
+    baseline's backend): its cases run and carry the verdict; a case with another case's
+    overrides is skipped as a repeat."""
+    args = argparse.Namespace(fast_attention="triton")
+    baseline, fast_big, _ = gpu_bert_large.head_cases(16, 96)
+    nested = gpu_bert_large._case("fast_nested", 96, f=gpu_bert_large.without(gpu_bert_large.FAST,
+                                                                               model__attention_backend="nested"))
+    result = {"checks": {"attention": {"backends": {"triton": {"outcome": "failed"}, "nested": {"outcome": "error"},
+                                                    "sdpa": {"outcome": "error"}}}}, "cases": []}
+    assert device_run.blocked(fast_big, args, result) == "skipped: the attention check of triton failed"
+    assert device_run.blocked(nested, args, result) == "skipped: the attention check of nested error"
+    assert device_run.blocked(baseline, args, result) == ""
+    assert device_run.attention_verdict(baseline, args, result) == "error"
+    args.fast_attention = "sdpa"  # the check's choice when neither triton nor nested passed
+    assert device_run.blocked(fast_big, args, result) == ""
+    done = gpu_bert_large.resolved_overrides(fast_big, args)
+    result["cases"].append({"case": "fast_b96", "status": "ok", "overrides": done})
+    sdpa = gpu_bert_large._case("fast_sdpa", 96, f=gpu_bert_large.without(gpu_bert_large.FAST,
+                                                                           model__attention_backend="sdpa"))
+    assert device_run.blocked(sdpa, args, result) == "skipped: the same overrides as fast_b96"
+    assert device_run.attention_verdict(fast_big, args, {"checks": {}, "cases": []}) == ""
