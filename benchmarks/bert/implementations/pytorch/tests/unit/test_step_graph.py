@@ -18,30 +18,11 @@ import numpy as np
 import pytest
 import torch
 
-from bert import evaluate, loader, rng, step_graph, train
-from bert.config import ConfigError, build_config, check_cuda_graphs, parse_overrides
+from bert import loader, rng, step_graph, train
+from bert.config import ConfigError, check_cuda_graphs
 from bert.optim import build_optimizer, build_scheduler
-from bert.distributed import DistEnv
 from bert.trainer import Trainer, eval_layout, train_layout, train_step
-
-SINGLE = DistEnv(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=0, launcher="single")
-TINY = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.intermediate_size=64",
-        "run.local_batch_size=4", "eval.batch_size=50", "data.eval_samples=50", "optim.warmup_steps=0",
-        "optim.lr=1e-3", "run.seed=3", "model.hidden_dropout=0.1", "model.attention_dropout=0.1"]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-def _cfg(demo_data, tmp_path, *extra):
-    return build_config(parse_overrides([
-        *demo_data.env["EXTRA_PARAMS"].split(), f"data.train_dir={demo_data.train}",
-        f"data.eval_dir={demo_data.eval}", f"log.output_dir={tmp_path}", *TINY, *extra]))
+from step_graph_helpers import SINGLE, TINY, Replay, _cfg, data_eval_set, one_thread  # noqa: F401 - one_thread: autouse
 
 
 def _trainer(cfg):
@@ -59,17 +40,6 @@ def _batches(cfg, counts, seed=5):
     collate = loader.batch_collate(m.unpad, m.pack, d.max_seq_length)
     return step_graph.synthetic_batches(collate, counts, cfg.run.local_batch_size, d.max_seq_length,
                                         d.max_predictions_per_seq, m.vocab_size, seed=seed)
-
-
-class Replay:
-    """CUDA graphs' stand-in: capture records the function, replay calls it again."""
-
-    def __init__(self):
-        self.captured = 0
-
-    def capture(self, fn):
-        self.captured += 1
-        return fn
 
 
 def test_synthetic_samples_have_the_asked_shape():
@@ -249,72 +219,6 @@ def test_warm_up_captures_every_shape_the_loader_makes(demo_data, tmp_path, monk
     out = caplog.text
     assert "warm-up before run_start: %d steps" % len(layout.rungs) in out
     assert "was not captured" not in out
-
-
-class EagerCompile:
-    """torch.compile through dynamo's ``eager`` backend (tracing, guards and recompiles as
-    with inductor; nothing code-generated: inductor's C++ build takes minutes here)."""
-
-    def __init__(self, monkeypatch):
-        saved = torch.compile
-        monkeypatch.setattr(torch, "compile", lambda *a, **kw: saved(*a, **{**kw, "backend": "eager"}))
-
-
-def test_no_compile_after_the_warm_ups_for_budgets_graphs_and_eval(demo_data, tmp_path, monkeypatch, caplog):
-    """The fast stack on the CPU (compiled layers, token budgets for training and eval, bf16
-    autocast, graphs through the stand-in): the training warm-up compiles once for every
-    rung and its capture adds no compile (same autocast cache setting), the eval warm-up
-    compiles once for every eval rung, and then training on the real loader and a whole
-    evaluation (its short last batch filled) run with dynamo set to raise on a recompile.
-    The graphed evaluation's accuracy equals the eager, exact (unbudgeted) evaluation's."""
-    from bert.precision import build_precision
-
-    caplog.set_level(logging.INFO, logger="bert")
-    EagerCompile(monkeypatch)
-    torch._dynamo.reset()  # counters and caches of earlier tests in this process
-    over = ["data.token_budgets=auto", "run.warmup_steps=1", "model.compile_layers=true",
-            "model.attention_backend=math", "model.intermediate_size=96", "precision.dtype=bf16",
-            "eval.batch_size=16", "data.eval_samples=50", "optim.impl=torch"]
-    cfg = _cfg(demo_data, tmp_path, *over)
-    t = Trainer(cfg, SINGLE, torch.device("cpu"))
-    monkeypatch.setattr(step_graph, "CudaGraphs", Replay)
-    t.cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, cuda_graphs=True))
-    # What build_learner makes with run.cuda_graphs on CUDA: the capturable LAMB, uncached autocast.
-    opt, _ = build_optimizer(t.learner.model, cfg.optim, "cpu", capturable=True)
-    t.learner.optimizer, t.learner.scheduler = opt, build_scheduler(opt, cfg.optim)
-    t.learner.precision = build_precision(cfg.precision, "cpu", autocast_cache=False)
-    frames = step_graph.compiled_frames
-    f0 = frames()
-    t.prepare_step()
-    step = t.step
-    assert isinstance(step, step_graph.GraphedStep) and len(step.micro) == len(train_layout(cfg, 1).rungs) > 1
-    assert frames() - f0 == 1, "training: one compile for every rung, none at capture"
-    f1 = frames()
-    t.prepare_eval()
-    assert isinstance(t.eval_counts, evaluate.GraphedEval)
-    assert len(t.eval_counts.captured) == len(eval_layout(cfg).rungs) > 1
-    assert frames() - f1 == 1, "evaluation: one no-grad compile for every eval rung"
-    assert "eval warm-up before run_start" in caplog.text and "compile" in caplog.text
-    caplog.clear()
-    t.open_data(timed=False)
-    real = t.learner
-    assert len(t.eval_batches) == 4 and all(b["cu_seqlens"].numel() == 17 for b in t.eval_batches)
-    with torch._dynamo.config.patch(error_on_recompile=True):
-        for _ in range(6):
-            loss, _ = step(t.batches, 1)
-            assert torch.isfinite(loss)
-        acc = evaluate.mlm_accuracy(real.model, t.eval_batches, real.device, real.precision.eval_autocast,
-                                    t.eval_counts)
-    assert frames() == f1 + 1
-    assert "was not captured" not in caplog.text
-    exact = loader.eval_batches(data_eval_set(cfg), 16, True, False, cfg.data.max_seq_length)
-    assert evaluate.mlm_accuracy(real.model, exact, real.device, real.precision.eval_autocast) == acc
-
-
-def data_eval_set(cfg):
-    from bert.loader import EvalSet
-
-    return EvalSet(cfg.data.eval_dir, 0, 1, cfg.data.eval_samples, cfg.data.max_seq_length)
 
 
 def test_pinned_batches_for_training_and_eval(demo_data, tmp_path, monkeypatch):
