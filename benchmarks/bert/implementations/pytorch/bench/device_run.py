@@ -2,7 +2,7 @@
 
     bench/h200.sh                                                   # on the device: runs this
     python bench/device_run.py --out X.json --limit-s 440           # the same, by hand
-    python bench/device_run.py --cpu-smoke --out /tmp/dry.json      # the dry run on a CPU
+    python bench/device_run.py --cpu-smoke --out results/dry.json   # the dry run on a CPU
 
 The order (``plan``), so that a run cut short keeps what matters most:
 
