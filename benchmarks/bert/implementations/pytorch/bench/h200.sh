@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The prepared device run of issue 14: bench/gpu_bert_large.py on one GPU, under a time limit,
-# its JSON and logs written to $OUT (BENCHMARKS.md section 3 has the exact `run` call).
+# The prepared device run: bench/device_run.py on one GPU within one call's time limit, its
+# JSON and logs written to $OUT (BENCHMARKS.md section 3 has the exact `run` call).
 #
 #   bench/h200.sh prepare [DIR]  # HERE, on the commit to measure, before the device call: the
 #                             # mlperf-logging and torchao wheels (not on the device image;
@@ -8,20 +8,23 @@
 #                             # with DIR (an earlier call's returned files), its compile-cache
 #                             # parts too, so the next call starts with warm caches
 #   bench/h200.sh [ARGS...]   # ON THE DEVICE: installs .h200/*.whl into /tmp/site, unpacks a
-#                             # carried compile cache, runs bench/gpu_bert_large.py [ARGS...]
-#                             # (e.g. --only a,b) for at most H200_LIMIT_S seconds (420), starting
-#                             # nothing after H200_BUDGET_S (390), then packs inductor's and
-#                             # Triton's caches into $OUT (compile_cache.tar.gz.partNN)
+#                             # carried compile cache, runs bench/device_run.py [ARGS...] (e.g.
+#                             # --only a,b) so that it ends H200_LIMIT_S (440) seconds after this
+#                             # script started, then prints the table and packs inductor's and
+#                             # Triton's caches into $OUT (compile_cache.tar.gz.partNN) within
+#                             # H200_PACK_S (30): the whole call stays within H200_LIMIT_S +
+#                             # H200_PACK_S + a few seconds (the run call's timeout_s: 510)
 #
 # The device gets a copy of the working tree without .git (tracked and untracked-not-ignored
 # files, and the carried paths), so the commit measured travels as .h200/commit, written by
 # `prepare` from `git rev-parse HEAD` (suffixed -dirty when tracked files differ from it).
 # Writes $OUT/gpu_bert_large_<UTC date>_<commit, 10 hex>[_$H200_TAG].json (the file to commit under
-# bench/results/), $OUT/gpu_bert_large.log (everything printed), the demo check's
-# demo_result_0.txt, demo_train.log, demo_compliance.txt, and at most 3 cache parts of at most
-# 15 MiB (the device returns at most 8 files, 16 MiB each, 64 MiB in all; a cache larger than
-# 45 MiB compressed is left out, and the log says so). Without $OUT: results/h200/.
-# Exit status: the script's (124 when the time limit cut it; the JSON keeps what finished).
+# bench/results/; rewritten after every task, so a call cut short still returns it),
+# $OUT/gpu_bert_large.log (everything printed), the demo check's demo_result_0.txt,
+# demo_train.log, demo_compliance.txt, and at most 3 cache parts of at most 15 MiB (the device
+# returns at most 8 files, 16 MiB each, 64 MiB in all; a cache larger than 45 MiB compressed is
+# left out, and the log says so). Without $OUT: results/h200/.
+# Exit status: the run's (124 when the hard limit cut it; the JSON keeps what finished).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 pkg="$(dirname "${here}")"
@@ -98,25 +101,29 @@ if command -v nvidia-smi > /dev/null; then  # a reading only: clocks, power and 
 fi
 cd "${pkg}"
 rc=0
-limit="${H200_LIMIT_S:-420}"
-# The script stops its own task 10 s before --limit-s, so the hard kill rarely has to.
-PYTHONUNBUFFERED=1 timeout -k 10 "${limit}" "${py}" bench/gpu_bert_large.py --out "${json}" --artifacts "${out}" \
-  --commit "${commit}" --budget-s "${H200_BUDGET_S:-390}" --limit-s "$((limit - 5))" --compile-cache "${warm}" \
-  "$@" 2>&1 | tee -a "${log}" || rc=$?
+limit="${H200_LIMIT_S:-440}"
+left=$(( limit - SECONDS ))  # the wheels and the cache took this script's first seconds
+# The run counts its --limit-s from its own start and stops its own task before it; the hard
+# kill 5 s later rarely has to.
+PYTHONUNBUFFERED=1 timeout -k 10 "$(( left + 5 ))" "${py}" bench/device_run.py --out "${json}" --artifacts "${out}" \
+  --commit "${commit}" --limit-s "${left}" --compile-cache "${warm}" "$@" 2>&1 | tee -a "${log}" || rc=$?
 if [[ -f "${json}" ]]; then
-  "${py}" bench/gpu_bert_large.py --table "${json}" | tee -a "${log}" || true
+  "${py}" bench/gpu_report.py "${json}" | tee -a "${log}" || true
 fi
 rm -f "${out}"/compile_cache.tar.gz.part*
 if [[ -n "$(ls -A "${cache}")" ]]; then
   packed="$(mktemp)"
-  tar -czf "${packed}" -C "${cache}" .
-  mib=$(( ($(stat -c %s "${packed}") + 1048575) / 1048576 ))
-  if (( mib <= cache_parts * cache_part_mib )); then
-    split -b "${cache_part_mib}m" -d -a 2 "${packed}" "${out}/compile_cache.tar.gz.part"
-    returned=("${out}"/compile_cache.tar.gz.part*)
-    echo "h200.sh: compile cache ${mib} MiB in ${#returned[@]} part(s)" | tee -a "${log}"
+  if timeout "${H200_PACK_S:-30}" tar -czf "${packed}" -C "${cache}" .; then
+    mib=$(( ($(stat -c %s "${packed}") + 1048575) / 1048576 ))
+    if (( mib <= cache_parts * cache_part_mib )); then
+      split -b "${cache_part_mib}m" -d -a 2 "${packed}" "${out}/compile_cache.tar.gz.part"
+      returned=("${out}"/compile_cache.tar.gz.part*)
+      echo "h200.sh: compile cache ${mib} MiB in ${#returned[@]} part(s)" | tee -a "${log}"
+    else
+      echo "h200.sh: compile cache ${mib} MiB > ${cache_parts} x ${cache_part_mib} MiB: not returned" | tee -a "${log}"
+    fi
   else
-    echo "h200.sh: compile cache ${mib} MiB > ${cache_parts} x ${cache_part_mib} MiB: not returned" | tee -a "${log}"
+    echo "h200.sh: packing the compile cache took over ${H200_PACK_S:-30} s: not returned" | tee -a "${log}"
   fi
   rm -f "${packed}"
 fi

@@ -128,8 +128,10 @@ class SdpaPerSequence(SdpaAttention):
             # [L, H, D] -> [1, H, L, D]: views; SDPA returns a fresh [1, H, L, D].
             qs, ks, vs = (t[a:b].transpose(0, 1).unsqueeze(0) for t in (q, k, v))
             outs.append(F.scaled_dot_product_attention(qs, ks, vs, dropout_p=dropout_p)[0].transpose(0, 1))
-        if q.size(0) > bounds[-1]:  # a token budget's pad rows: output 0, never attended
-            outs.append(q.new_zeros(q.size(0) - bounds[-1], *q.shape[1:]))
+        # A token budget's pad rows (none without a budget): output 0, never attended. Always
+        # appended, even empty: a branch on their count would make torch.compile guard on it
+        # and recompile when a batch fills its rung exactly.
+        outs.append(q.new_zeros(q.size(0) - bounds[-1], *q.shape[1:]))
         return torch.cat(outs)
 
 

@@ -81,6 +81,15 @@ class ModelConfig:
     # to the bit in bench/model_levers.py), and no slower on the CPU within its noise; the GPU
     # run's fast_vocab_unpadded case measures it there. 1 = no padding.
     vocab_pad_multiple: int = 64
+    # Under autocast (bf16, fp16), the residual stream between sublayers -- the outputs of
+    # the embedding's and each sublayer's LayerNorm, which every residual add, dropout and the
+    # next LayerNorm read -- in the autocast dtype instead of float32 (autocast runs
+    # layer_norm in float32 and returns float32). Halves the bytes of that elementwise work;
+    # the normalisation itself stays float32, the residual adds round to the low precision.
+    # No effect without autocast (fp32, the CPU's default). Off: tests/unit/test_model.py measures
+    # it against Hugging Face's float32 model and the GPU run's fast_autocast_residual case
+    # times it (docs/performance.md).
+    autocast_residual: bool = False
 
 
 @dataclass

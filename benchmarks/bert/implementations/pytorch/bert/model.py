@@ -35,6 +35,25 @@ IGNORE_INDEX = -100  # MLM label of positions that are not predicted (HF's conve
 # cares about the layout, and it receives that as the ``attend`` callable.
 
 
+class ResidualLayerNorm(nn.LayerNorm):
+    """nn.LayerNorm whose output is in the autocast dtype while autocast is on
+    (``model.autocast_residual``): the residual stream it feeds is then half the bytes; the
+    normalisation runs in float32 as autocast runs it. Same parameters as nn.LayerNorm."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        device = out.device.type
+        if torch.is_autocast_enabled(device):
+            return out.to(torch.get_autocast_dtype(device))
+        return out
+
+
+def residual_norm(cfg: ModelConfig) -> nn.LayerNorm:
+    """The LayerNorm whose output is the residual stream (``model.autocast_residual`` picks it)."""
+    cls = ResidualLayerNorm if cfg.autocast_residual else nn.LayerNorm
+    return cls(cfg.hidden_size, eps=cfg.layer_norm_eps)
+
+
 class Embeddings(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -43,7 +62,7 @@ class Embeddings(nn.Module):
         self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
         self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
-        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.LayerNorm = residual_norm(cfg)
         self.dropout = nn.Dropout(cfg.hidden_dropout)
 
     def forward(self, input_ids, token_type_ids, position_ids):
@@ -98,7 +117,7 @@ class AttentionOutput(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.LayerNorm = residual_norm(cfg)
         self.dropout = nn.Dropout(cfg.hidden_dropout)
 
     def forward(self, h, residual):
@@ -128,7 +147,7 @@ class Output(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.dense = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
-        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.LayerNorm = residual_norm(cfg)
         self.dropout = nn.Dropout(cfg.hidden_dropout)
 
     def forward(self, h, residual):

@@ -311,6 +311,9 @@ if AVAILABLE:
             ptrs = OUT + (bh * max_seqlen + rows[:, None]) * max_seqlen + cols[None, :]
             tl.store(ptrs, keep.to(tl.int8), mask=(rows[:, None] < max_seqlen) & (cols[None, :] < max_seqlen))
 
+    # Every kernel of this module (kernel_stats; bench/triton_sm90.py compiles each for sm_90).
+    KERNELS = (_fwd_kernel, _bwd_preprocess, _bwd_dkdv_kernel, _bwd_dq_kernel, _mask_kernel)
+
 
 def _row_major(t: torch.Tensor) -> torch.Tensor:
     """The kernels address [T, H, D] with free row/head strides but need a unit dim stride."""
@@ -351,10 +354,16 @@ def _check_blocks(blocks: tuple[int, int, int, int]) -> tuple[int, int, int, int
     return blocks
 
 
-def forward(q, k, v, cu_seqlens, max_seqlen, dropout_p, seed, blocks=None):
+def _launch(kernel, grid, *args, **kwargs):
+    kernel[grid](*args, **kwargs)
+
+
+def forward(q, k, v, cu_seqlens, max_seqlen, dropout_p, seed, blocks=None, launch=_launch):
     """The forward kernel: (out, lse). ``blocks`` (BLOCK_M, BLOCK_N, num_warps, num_stages)
     defaults to ``FWD_BLOCKS``; another choice changes the speed, never the numbers' meaning
-    (the dropout mask depends on no block size)."""
+    (the dropout mask depends on no block size). ``launch(kernel, grid, *args, **kwargs)``
+    runs each kernel (bench/triton_sm90.py passes one that compiles it for sm_90 instead,
+    from the arguments a real call passes)."""
     _check(q, k, v, cu_seqlens)
     q, k, v = _row_major(q), _row_major(k), _row_major(v)
     total, heads, dim = q.shape
@@ -366,18 +375,19 @@ def forward(q, k, v, cu_seqlens, max_seqlen, dropout_p, seed, blocks=None):
     dropout = dropout_p > 0.0
     grid = (triton.cdiv(max_seqlen, block_m), batch, heads)
     if batch > 0 and max_seqlen > 0:
-        _fwd_kernel[grid](
-            q, k, v, out, lse, cu_seqlens, seed if dropout else cu_seqlens,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            out.stride(0), out.stride(1), heads, total, triton.cdiv(max_seqlen, KEYS_PER_CALL),
-            sm_scale * LOG2E, dropout_threshold(dropout_p), 1.0 / (1.0 - applied_dropout(dropout_p)),
-            HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, DROPOUT=dropout,
-            num_warps=warps, num_stages=stages)
+        launch(_fwd_kernel, grid,
+               q, k, v, out, lse, cu_seqlens, seed if dropout else cu_seqlens,
+               q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+               out.stride(0), out.stride(1), heads, total, triton.cdiv(max_seqlen, KEYS_PER_CALL),
+               sm_scale * LOG2E, dropout_threshold(dropout_p), 1.0 / (1.0 - applied_dropout(dropout_p)),
+               HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, DROPOUT=dropout,
+               num_warps=warps, num_stages=stages)
     return out, lse
 
 
-def backward(grad_out, q, k, v, out, lse, cu_seqlens, max_seqlen, dropout_p, seed, blocks=None):
-    """The three backward kernels: (dq, dk, dv). ``blocks`` defaults to ``BWD_BLOCKS``."""
+def backward(grad_out, q, k, v, out, lse, cu_seqlens, max_seqlen, dropout_p, seed, blocks=None, launch=_launch):
+    """The three backward kernels: (dq, dk, dv). ``blocks`` defaults to ``BWD_BLOCKS``;
+    ``launch`` as ``forward``'s."""
     q, k, v, out, do = (_row_major(t) for t in (q, k, v, out, grad_out))
     total, heads, dim = q.shape
     batch = cu_seqlens.numel() - 1
@@ -391,21 +401,21 @@ def backward(grad_out, q, k, v, out, lse, cu_seqlens, max_seqlen, dropout_p, see
     dropout = dropout_p > 0.0
     seed_arg = seed if dropout else cu_seqlens
     sm_scale = 1.0 / math.sqrt(dim)
-    _bwd_preprocess[(triton.cdiv(max_seqlen, block_m), batch, heads)](
-        out, do, delta, cu_seqlens, out.stride(0), out.stride(1), do.stride(0), do.stride(1),
-        total, HEAD_DIM=dim, BLOCK_M=block_m)
+    launch(_bwd_preprocess, (triton.cdiv(max_seqlen, block_m), batch, heads),
+           out, do, delta, cu_seqlens, out.stride(0), out.stride(1), do.stride(0), do.stride(1),
+           total, HEAD_DIM=dim, BLOCK_M=block_m)
     common = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
               do.stride(0), do.stride(1))
     scalars = (heads, total, triton.cdiv(max_seqlen, KEYS_PER_CALL), sm_scale * LOG2E, sm_scale,
                dropout_threshold(dropout_p), 1.0 / (1.0 - applied_dropout(dropout_p)))
     meta = dict(HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, DROPOUT=dropout,
                 num_warps=warps, num_stages=stages)
-    _bwd_dkdv_kernel[(triton.cdiv(max_seqlen, block_n), batch, heads)](
-        q, k, v, do, dk, dv, lse, delta, cu_seqlens, seed_arg, *common,
-        dk.stride(0), dk.stride(1), *scalars, **meta)
-    _bwd_dq_kernel[(triton.cdiv(max_seqlen, block_m), batch, heads)](
-        q, k, v, do, dq, lse, delta, cu_seqlens, seed_arg, *common,
-        dq.stride(0), dq.stride(1), *scalars, **meta)
+    launch(_bwd_dkdv_kernel, (triton.cdiv(max_seqlen, block_n), batch, heads),
+           q, k, v, do, dk, dv, lse, delta, cu_seqlens, seed_arg, *common,
+           dk.stride(0), dk.stride(1), *scalars, **meta)
+    launch(_bwd_dq_kernel, (triton.cdiv(max_seqlen, block_m), batch, heads),
+           q, k, v, do, dq, lse, delta, cu_seqlens, seed_arg, *common,
+           dq.stride(0), dq.stride(1), *scalars, **meta)
     return dq, dk, dv
 
 
@@ -416,7 +426,7 @@ def kernel_stats() -> list[dict]:
     binary (``n_regs`` / ``n_spills``; None until a kernel has been loaded). Empty in the
     interpreter, which compiles nothing."""
     rows = []
-    for fn in (_fwd_kernel, _bwd_preprocess, _bwd_dkdv_kernel, _bwd_dq_kernel) if AVAILABLE else ():
+    for fn in KERNELS if AVAILABLE else ():
         for device, caches in sorted(getattr(fn, "device_caches", {}).items(), key=lambda kv: str(kv[0])):
             for kernel in caches[0].values():
                 kernel = kernel.result() if hasattr(kernel, "result") else kernel
@@ -502,7 +512,7 @@ def varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.
 
 
 def dropout_mask(seed: torch.Tensor, batch: int, heads: int, max_seqlen: int,
-                 dropout_p: float) -> torch.Tensor:
+                 dropout_p: float, launch=_launch) -> torch.Tensor:
     """The keep mask bool ``[batch, heads, max_seqlen, max_seqlen]`` that ``varlen`` applies
     with this seed: [b, h, i, j] for query i and key j of sequence b (same ``_keep`` call
     and counters as the kernels; the rate is ``applied_dropout(dropout_p)``)."""
@@ -510,7 +520,7 @@ def dropout_mask(seed: torch.Tensor, batch: int, heads: int, max_seqlen: int,
         raise RuntimeError("bert.triton_attention needs the triton package")
     out = torch.empty((batch, heads, max_seqlen, max_seqlen), dtype=torch.int8, device=seed.device)
     block = 32
-    _mask_kernel[(triton.cdiv(max_seqlen, block), batch, heads)](
-        out, seed, heads, max_seqlen, triton.cdiv(max_seqlen, KEYS_PER_CALL), dropout_threshold(dropout_p),
-        BLOCK=block)
+    launch(_mask_kernel, (triton.cdiv(max_seqlen, block), batch, heads),
+           out, seed, heads, max_seqlen, triton.cdiv(max_seqlen, KEYS_PER_CALL), dropout_threshold(dropout_p),
+           BLOCK=block)
     return out.bool()

@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from bench import gpu_bert_large, vs_hf
+from bench import demo_check, device_run, gpu_bert_large, gpu_report, vs_hf
 from bert.config import build_config
 from conftest import PKG
 
@@ -33,65 +33,72 @@ def test_vs_hf_smoke_prints_the_interface_keys(capsys, tmp_path):
     assert printed["impl"]["ours"] == "adamw:torch-fused"
 
 
-# The cases of gpu_bert_large's plan whose keys every tree has (the others need parts A-E of
-# issue 14 and are "skipped: ..." on a tree without them); --cpu-smoke's batches 2, 3, 4.
-OLD_CASES = ["baseline_b2", "adamw_fused_b3", "adamw_foreach_b3", "default_b3", "padded_b3",
-             "lamb_foreach_b3", "compiled_b3"]
+# --cpu-smoke's batches are 2, 3 and 4. The fast stack in each variant (the default
+# backend, triton, runs as the math stand-in; CUDA graphs as eager steps), the old cases whose
+# keys every tree has, the whole-model compile of the 2026-11-29 stack, a trainer refusal, an
+# unknown key.
+FAST_VARIANTS = ["fast_b4", "fast_b2", "fast_no_graphs_b4", "fast_nested_b4", "fast_sdpa_b4"]
+OLD_CASES = ["baseline_b2", "adamw_fused_b3", "adamw_foreach_b3", "default_b3", "padded_b3", "lamb_foreach_b3",
+             "compiled_b3"]
+SMOKE_CASES = [*FAST_VARIANTS, *OLD_CASES, "flash_b2", "bogus_b2"]
 
 
-# What the smoke test runs: one task of each kind (the plan's other cases repeat these
-# paths with other overrides; the nested backend's compile alone would take a minute here).
-SMOKE_RUN = ["check_attention", "check_attention_blocks", "baseline_b2", "fast_b2", "fast_b4",
-             "check_fp16", "check_demo", "adamw_fused_b3", "adamw_foreach_b3",
-             "default_b3", "padded_b3", "lamb_foreach_b3", "compiled_b3", "bogus_b2"]
-
-
-def test_gpu_script_cpu_smoke_runs_every_case(tmp_path, capsys):
+def test_throughput_script_cpu_smoke_every_fast_variant_compiles_only_in_its_warm_up(tmp_path, capsys, monkeypatch):
     out = tmp_path / "gpu.json"
-    assert gpu_bert_large.main(["--cpu-smoke", "--out", str(out), "--commit", "abc123", "--only", ",".join(SMOKE_RUN),
+    # The first case's evaluation extra fails after reading the file: its throughput was
+    # written before any extra ran, and the case stays ok.
+    real_eval, seen = gpu_bert_large.time_eval, []
+
+    def first_eval_fails(*a, **kw):
+        if not seen:
+            seen.append(json.loads(out.read_text())["cases"][-1])
+            raise RuntimeError("eval broke")
+        return real_eval(*a, **kw)
+
+    monkeypatch.setattr(gpu_bert_large, "time_eval", first_eval_fails)
+    assert gpu_bert_large.main(["--cpu-smoke", "--out", str(out), "--commit", "abc123", "--only", ",".join(SMOKE_CASES),
+                                "--case", "flash_b2:run.local_batch_size=2,model.attention_backend=flash",
                                 "--case", "bogus_b2:run.local_batch_size=2,model.no_such_key=1"]) == 0
     r = json.loads(out.read_text())
-    # The order: the attention check, the same-run baseline, the fast stack at the small and
-    # the big batch, what decides the defaults, the fp16 and demo checks, then the rest.
-    assert r["plan"] == ["check_attention", "baseline_b2", "fast_b2", "fast_b4", "check_attention_blocks",
-                         "fast_no_graphs_b4", "fast_nested_b4", "fast_compiled_lamb_b4", "fast_no_compile_layers_b4",
-                         "fast_no_fused_qkv_b4", "fast_vocab_unpadded_b4", "fast_fp8_tensorwise_b4",
-                         "fast_fp8_rowwise_b4", "check_fp16", "check_demo", "fast_sdpa_b4", "fast_no_budget_no_graphs_b4",
-                         "default_budget_b4", "default_compiled_lamb_b4", "adamw_fused_b3", "adamw_foreach_b3",
-                         "fast_b3", "default_b3", "default_b4", "padded_b3", "lamb_foreach_b3", "compiled_b3",
-                         "bogus_b2"]
     names = [c["case"] for c in r["cases"]]
-    assert names == [n for n in r["plan"] if n in SMOKE_RUN and not n.startswith("check_")]
-    # The plan's expected seconds were printed before anything ran, and are in the file.
-    printed = capsys.readouterr().out
-    assert printed.index("expected in all") < re.search(r"^check_attention +ok", printed, re.M).start()
-    assert set(r["expected_s"]) == set(SMOKE_RUN) and r["compile_cache"] == "cold"
+    assert names == ["baseline_b2", "fast_b4", "fast_b2", "fast_no_graphs_b4", "fast_nested_b4", "fast_sdpa_b4",
+                     "adamw_fused_b3", "adamw_foreach_b3", "default_b3", "padded_b3", "lamb_foreach_b3", "compiled_b3",
+                     "flash_b2", "bogus_b2"]
     assert r["commit"] == "abc123" and r["cpu_smoke"] is True and r["gemm_peak_tflops"] > 0
     assert r["device_name"].startswith("cpu") and r["versions"]["torch"] == torch.__version__
     by = {c["case"]: c for c in r["cases"]}
-    # The fast stack runs on the CPU with stand-ins for its CUDA-only values (math attention,
-    # eager steps): budgets, the warm-ups and the compiled layers. It compiles the layer in
-    # its first case's warm-ups (training, then evaluation) and never after them; the case
-    # at the big batch reuses that compile (no dynamo reset between cases).
-    for name in ("fast_b2", "fast_b4"):
+    assert seen[0]["case"] == "baseline_b2" and seen[0]["seq_per_s"] > 0 and "optimizer_step_ms" not in seen[0]
+    assert by["baseline_b2"]["status"] == "ok" and by["baseline_b2"]["extra_errors"] == {"eval": "RuntimeError: eval broke"}
+    assert by["baseline_b2"]["optimizer_step_ms"] > 0  # the next extra still ran
+    # Every fast variant compiles in its warm-ups (training, then evaluation) and never after
+    # them; the default backend's case at the big batch comes first and compiles the layer,
+    # the later cases of that backend reuse it (no dynamo reset between cases), another
+    # backend compiles its own in its warm-up.
+    for name in FAST_VARIANTS:
         c = by[name]
-        assert c["status"] == "ok" and c["smoke_stand_ins"] == {"model.attention_backend": "math",
-                                                                "run.cuda_graphs": "false"}, c
+        assert c["status"] == "ok" and c["step_kind"] == "eager", c  # graphs' CPU stand-in: eager steps
         assert c["compiles_after_prepare"] == 0 and c["eval_compiles"] == 0, c
         assert c["warmup_s"] > 0 and c["eval_warmup_s"] > 0 and "capture_s" in c and c["eval_ms_per_batch"] > 0
         assert len(c["token_budget_rungs"]) > 1 and c["eval_batch_shapes"] > 1
-    assert by["fast_b2"]["compiles_in_prepare"] == 2 and by["fast_b2"]["compile_s"] > 0
-    assert by["fast_b4"]["compiles_in_prepare"] == 0
-    for c in r["cases"]:
-        # A key or value this tree lacks, or a trainer refusal (CUDA graphs on a CPU), skips;
-        # nothing errors.
-        assert c["status"] == "ok" or c["status"].startswith("skipped: "), c
-        assert c["local_batch"] == int(c["case"].rsplit("_b", 1)[1])
+    assert by["fast_b4"]["overrides"]["model.attention_backend"] == "triton" and by["fast_b4"]["attention"] == "math"
+    assert by["fast_b4"]["compiles_in_prepare"] == 1 and by["fast_b4"]["eval_compiles_in_prepare"] == 1
+    assert by["fast_b2"]["compiles_in_prepare"] == 0 and by["fast_b2"]["eval_compiles_in_prepare"] == 0
+    for name in ("fast_nested_b4", "fast_sdpa_b4"):
+        assert by[name]["compiles_in_prepare"] > 0 and by[name]["attention"] == name.split("_")[1], by[name]
+    # The headline's kernel classes (on a CPU: aten ops' self time).
+    kb = by["fast_b4"]["kernel_breakdown"]
+    assert kb["ms_per_step"]["gemm"] > 0 and kb["ms_per_step"]["elementwise"] > 0 and kb["steps"] == 3
+    assert "kernel_breakdown" not in by["fast_b2"]
+    # The whole-model compile of the old stack compiles in its untimed steps, by design, and
+    # says so; no case compiles inside its timed steps.
+    assert by["compiled_b3"]["compiles_untimed"] > 0 and "bench.compile" in by["compiled_b3"]["recompiles_by_design"]
+    assert [c["case"] for c in r["cases"] if "recompiles_by_design" in c] == ["compiled_b3"]
     for name in OLD_CASES:
         c = by[name]
-        assert c["status"] == "ok", c
+        assert c["status"] == "ok" and c["compiles_timed"] == 0, c
         assert c["seq_per_s"] > 0 and c["mfu"] > 0 and "peak_mem_gb" in c and c["optimizer_step_ms"] > 0
-        assert torch.isfinite(torch.tensor(c["final_loss"])) and c["step_kind"] in ("eager", "prepare_step")
+        assert torch.isfinite(torch.tensor(c["final_loss"])) and c["step_kind"] == "eager"
+    assert by["flash_b2"]["status"].startswith("skipped: refused at build"), by["flash_b2"]  # needs CUDA
     assert by["bogus_b2"]["status"].startswith("skipped: unknown config key 'model.no_such_key'")
     # The 2026-11-29 run's AdamW pair both ran the fused kernel: the foreach optimizer was
     # built from the fused one's param_groups, whose fused=True overrode foreach=True.
@@ -103,66 +110,18 @@ def test_gpu_script_cpu_smoke_runs_every_case(tmp_path, capsys):
     assert "compile(eager)" in by["compiled_b3"]["optimizer_impl"]
     assert by["padded_b3"]["overrides"]["model.unpad"] == "false" and by["padded_b3"]["token_padding_frac"] > 0
     assert by["default_b3"]["token_padding_frac"] == 0  # unpadded: every token fed is real
-    # The attention check: triton is refused on a CPU (skipped, named); nested runs the
-    # reference comparison in float32 and passes, pad rows zero. The block sweep needs CUDA.
-    att = r["checks"]["attention"]
-    assert r["checks"]["attention_blocks"]["status"] == "skipped: the Triton kernels run on CUDA only"
-    assert att["status"] == "ok" and att["triton"]["status"].startswith("skipped: attention backend 'triton'")
-    assert att["tokens"] > sum(att["lengths"])
-    assert att["nested"]["pass"] is True and att["nested"]["dropout_0"]["pad_rows_zero"] is True
-    assert att["nested"]["dropout_0"]["max_abs_err"]["dq"] < 1e-4
-    # The checks: fp16 steps through the trainer's step; the demo through run_and_time.sh and
-    # the checker (3 steps: the log is compliant but for the accuracy it did not reach).
-    fp16 = r["checks"]["fp16"]
-    assert fp16["status"] == "ok" and fp16["precision"] == "fp16" and fp16["loss_scaling"] == "dynamic"
-    # The smoke's first scale (1e30) overflows fp16: step 1 is skipped and leaves the weights
-    # alone, the scale backs off to 1, and steps 2 and 3 update.
-    assert [s["skipped"] for s in fp16["steps"]] == [1, 0, 0], fp16
-    assert [s["weights_moved"] for s in fp16["steps"]] == [False, True, True]
-    assert fp16["skips_left_weights_alone"] is True and fp16["skipped_total"] == 1
-    assert fp16["final_scale"] == pytest.approx(1.0)
-    assert fp16["finite_losses"] == 3 and fp16["attempts"] == [{"overrides": {}, "status": "ok"}]
-    demo = r["checks"]["demo"]
-    assert demo["status"] == "ok" and demo["steps"] == 3 and demo["run_stop"] == "aborted", demo
-    assert demo["local_batch"] == 64 and demo["precision"] == "fp32"
-    assert demo["checker"] == "FAIL" and demo["checker_failed_checks"] == ["eval_accuracy"], demo
-    for name in ("demo_result_0.txt", "demo_train.log", "demo_compliance.txt"):
-        assert (tmp_path / name).stat().st_size > 0, name
     capsys.readouterr()
-    assert gpu_bert_large.main(["--table", str(out)]) == 0
+    assert gpu_report.main([str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "| adamw_foreach_b3 | 3 |" in printed and "checker FAIL" in printed
-
-
-def test_gpu_script_skips_what_the_trainer_refuses_and_what_the_budget_leaves(tmp_path):
-    out = tmp_path / "gpu.json"
-    # (--cpu-smoke stands in for triton and CUDA graphs; flash-attn has no stand-in.)
-    graphs = "graphs_b2:run.local_batch_size=2,model.attention_backend=flash"
-    assert gpu_bert_large.main(["--cpu-smoke", "--out", str(out), "--only", "graphs_b2", "--case", graphs]) == 0
-    (c,) = json.loads(out.read_text())["cases"]
-    assert c["status"].startswith("skipped: refused at build"), c  # "needs a CUDA device"
-    assert gpu_bert_large.main(["--cpu-smoke", "--out", str(out), "--only", "baseline_b2,check_fp16",
-                                "--budget-s", "0"]) == 0
-    r = json.loads(out.read_text())
-    assert [c["status"] for c in r["cases"]] == ["skipped: budget"]
-    assert r["checks"]["fp16"]["status"] == "skipped: budget"
+    assert "| adamw_foreach_b3 | 3 |" in printed and "fast_b4 by kernel class" in printed
+    assert "| baseline_b2 | 2 |" in printed and "extras failed: eval" in printed
     assert gpu_bert_large.main(["--cpu-smoke", "--out", str(out), "--only", "no_such_case"]) == 2
-    # Nothing starts with less than --min-task-s (20) left before --limit-s.
-    assert gpu_bert_large.main(["--cpu-smoke", "--out", str(out), "--only", "baseline_b2", "--limit-s", "25"]) == 0
-    assert [c["status"] for c in json.loads(out.read_text())["cases"]] == ["skipped: budget"]
-    # A task past its time limit is stopped (the demo's trainer process with it), recorded,
-    # and the run goes on.
-    assert gpu_bert_large.main(["--cpu-smoke", "--out", str(out), "--only", "check_demo,baseline_b2",
-                                "--task-limit-s", "1", "--artifacts", str(tmp_path)]) == 0
-    r = json.loads(out.read_text())
-    assert r["checks"]["demo"]["status"] == "error: stopped at its time limit (1 s)", r["checks"]["demo"]
-    assert [c["case"] for c in r["cases"]] == ["baseline_b2"]
 
 
-def test_gpu_script_runs_the_fp8_case_and_labels_it(tmp_path, capsys):
-    """The plan's FP8 case through the fast stack's CPU stand-ins (budgets, warm-up, the
-    compiled layers; torchao's emulation): it runs, with no compile after the warm-up, and
-    says in its JSON and its table row that it is FP8, its MFU against the bf16 GEMM peak."""
+def test_throughput_script_runs_the_fp8_case_and_labels_it(tmp_path, capsys):
+    """The FP8 case through the fast stack's CPU stand-ins (budgets, warm-up, the compiled
+    layers; torchao's emulation): it runs, with no compile after the warm-up, and says in its
+    JSON and its table row that it is FP8, its MFU against the bf16 GEMM peak."""
     pytest.importorskip("torchao.float8")
     out = tmp_path / "gpu.json"
     assert gpu_bert_large.main(["--cpu-smoke", "--out", str(out), "--only", "fast_fp8_tensorwise_b4"]) == 0
@@ -172,10 +131,10 @@ def test_gpu_script_runs_the_fp8_case_and_labels_it(tmp_path, capsys):
     assert c["overrides"]["precision.fp8"] == "tensorwise" and c["compiles_after_prepare"] == 0
     assert gpu_bert_large.fp8_label(build_config({})) == {"fp8": "off"}
     capsys.readouterr()
-    assert gpu_bert_large.main(["--table", str(out)]) == 0
+    assert gpu_report.main([str(out)]) == 0
     assert "| fast_fp8_tensorwise_b4 | 4 |" in capsys.readouterr().out
     result["cases"].append(dict(c, case="plain_b4", fp8="off"))
-    rows = {line.split(" | ")[0]: line for line in gpu_bert_large.table(result).splitlines() if line.startswith("| ")}
+    rows = {line.split(" | ")[0]: line for line in gpu_report.table(result).splitlines() if line.startswith("| ")}
     assert "(FP8 vs bf16 peak)" in rows["| fast_fp8_tensorwise_b4"] and "FP8" not in rows["| plain_b4"]
 
 
@@ -185,41 +144,35 @@ def test_gpu_script_demo_check_passes_the_checker(trained, demo_data, tmp_path):
     assert trained.returncode == 0, trained.stdout[-2000:]
     extra = {"INIT_CHECKPOINT": str(trained.checkpoint), "LR": "1e-4", "EVAL_ITER_SAMPLES": "64",
              "MAX_SAMPLES_TERMINATION": "640", "EXTRA_PARAMS": demo_data.env["EXTRA_PARAMS"] + " data.eval_samples=500"}
-    r = gpu_bert_large.check_demo(tmp_path / "work", tmp_path, smoke=False, data_dir=demo_data.root,
-                                  extra_env=extra)
+    r = demo_check.check_demo(tmp_path / "work", tmp_path, smoke=False, data_dir=demo_data.root, extra_env=extra)
     assert r["status"] == "ok" and r["exit_code"] == 0 and r["run_stop"] == "success", r
     assert r["checker"] == "PASS" and r["checker_failed_checks"] == [], r
     assert r["steps"] == 1 and r["samples"] == 64 and r["eval_accuracy"][-1][1] >= 0.720
     assert 0 < r["time_to_target_s"] <= r["wall_s"]
 
 
-def test_h200_wrapper_names_the_file_by_date_and_carried_commit(tmp_path):
-    """bench/h200.sh as the device runs it (here with --cpu-smoke and one case): the commit
-    comes from the carried .h200/commit (the device gets no .git), the JSON is named by
-    date and commit, the log and the table land in $OUT."""
-    carried = tmp_path / ".h200"
-    carried.mkdir()
-    (carried / "commit").write_text("0123456789abcdef0123456789abcdef01234567\n")
-    env = dict(os.environ, OUT=str(tmp_path / "out"), H200_DIR=str(carried), PYTHON=sys.executable,
-               H200_SITE=str(tmp_path / "site"))
-    r = subprocess.run(["bash", "bench/h200.sh", "--cpu-smoke", "--only", "baseline_b2"], cwd=PKG, env=env,
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    (json_file,) = (tmp_path / "out").glob("gpu_bert_large_*.json")
-    assert re.fullmatch(r"gpu_bert_large_\d{4}-\d\d-\d\d_0123456789\.json", json_file.name)
-    result = json.loads(json_file.read_text())
-    assert result["commit"] == "0123456789abcdef0123456789abcdef01234567"
-    assert [c["status"] for c in result["cases"]] == ["ok"]
-    assert "| baseline_b2 | 2 |" in r.stdout and "no wheels" in r.stderr
-    assert "| baseline_b2 | 2 |" in (tmp_path / "out" / "gpu_bert_large.log").read_text()
-    assert result["compile_cache"] == "cold"
+# What the dry run of the device's call runs: the attention check (its children), the
+# baseline, the headline (skipped here by its expected time: the window's rule), the GPU
+# tests' child. The whole plan, in its order, is in the file.
+PLAN_B4 = ["check_attention", "baseline_b2", "fast_b4", "fast_b2", "check_gpu", "fast_fp8_tensorwise_b4",
+           "check_attention_blocks", "fast_no_graphs_b4", "fast_triton_b4", "fast_nested_b4", "fast_sdpa_b4",
+           "fast_compiled_lamb_b4", "fast_no_compile_layers_b4", "fast_no_fused_qkv_b4", "fast_vocab_unpadded_b4",
+           "fast_autocast_residual_b4", "fast_fp8_rowwise_b4", "check_demo", "fast_no_budget_no_graphs_b4",
+           "default_budget_b4", "default_compiled_lamb_b4", "adamw_fused_b3", "adamw_foreach_b3", "fast_b3", "default_b3",
+           "default_b4", "padded_b3", "lamb_foreach_b3", "compiled_b3"]
 
 
-def test_h200_wrapper_returns_the_compile_cache_and_a_rerun_starts_warm(tmp_path):
-    """The caches a run filled (here a stand-in file in $H200_CACHE) come back as
-    compile_cache.tar.gz.partNN in $OUT; `prepare DIR`'s copy of them in the carried folder
-    is unpacked by the next call into its (fresh) cache folder, which tells the script
-    --compile-cache warm. (`prepare` downloads a wheel: its copying is done by hand here.)"""
+def test_device_run_dry_run_through_h200_sh_and_a_warm_rerun(tmp_path):
+    """bench/h200.sh as the device runs it, on the CPU (--cpu-smoke): the commit from the
+    carried .h200/commit (the device gets no .git), the JSON named by date and commit, the
+    expected seconds printed before any task, the attention check's children (triton
+    skipped without CUDA, nested and sdpa passed in float32, their numbers read back from the
+    junit XML) choosing the fast stack's backend, the headline skipped by the window (its
+    expected 150 s do not fit the 150 s limit), the GPU tests' child (skipped without CUDA),
+    the table in the log. The caches the run filled (a stand-in file in $H200_CACHE) come
+    back as compile_cache.tar.gz.partNN in $OUT; `prepare DIR`'s copy of them in the carried
+    folder is unpacked by the next call into its (fresh) cache folder, which tells the run
+    --compile-cache warm. (`prepare` downloads wheels: its copying is done by hand here.)"""
     carried, out = tmp_path / ".h200", tmp_path / "out"
     carried.mkdir()
     (carried / "commit").write_text("0123456789abcdef0123456789abcdef01234567\n")
@@ -227,21 +180,80 @@ def test_h200_wrapper_returns_the_compile_cache_and_a_rerun_starts_warm(tmp_path
     (first / "inductor" / "fxgraph").mkdir(parents=True)
     (first / "inductor" / "fxgraph" / "entry").write_bytes(os.urandom(4096))
     env = dict(os.environ, OUT=str(out), H200_DIR=str(carried), PYTHON=sys.executable,
-               H200_SITE=str(tmp_path / "site"), H200_CACHE=str(first))
-    cmd = ["bash", "bench/h200.sh", "--cpu-smoke", "--only", "check_attention_blocks"]
-    r = subprocess.run(cmd, cwd=PKG, env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+               H200_SITE=str(tmp_path / "site"), H200_CACHE=str(first), H200_LIMIT_S="150")
+    r = subprocess.run(["bash", "bench/h200.sh", "--cpu-smoke", "--only", "check_attention,baseline_b2,fast_b4,check_gpu"],
+                       cwd=PKG, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (json_file,) = out.glob("gpu_bert_large_*.json")
+    assert re.fullmatch(r"gpu_bert_large_\d{4}-\d\d-\d\d_0123456789\.json", json_file.name)
+    result = json.loads(json_file.read_text())
+    assert result["commit"] == "0123456789abcdef0123456789abcdef01234567" and result["compile_cache"] == "cold"
+    assert result["plan"] == PLAN_B4 and 0 < result["limit_s"] <= 150
+    assert r.stdout.index("expected in all") < re.search(r"^check_attention +ok", r.stdout, re.M).start()
+    att = result["checks"]["attention"]
+    assert att["backends"]["triton"]["outcome"] == "skipped", att
+    for b in ("nested", "sdpa"):
+        v = att["backends"][b]
+        assert v["outcome"] == "passed" and v["attention"]["dropout_0"]["max_abs_err"]["dq"] < 1e-4, v
+    assert att["chosen"] == result["fast_attention"] == "nested"
+    by = {c["case"]: c for c in result["cases"]}
+    assert by["baseline_b2"]["status"] == "ok"
+    assert re.fullmatch(r"skipped: expected 150 s, \d+ s left before --limit-s", by["fast_b4"]["status"])
+    assert by["fast_b4"]["overrides"]["model.attention_backend"] == "nested"
+    gpu = result["checks"]["gpu"]
+    assert gpu["skipped"] == 4 and gpu["passed"] == gpu["failed"] == gpu["error"] == 0, gpu
+    assert all(v["message"].endswith("needs a CUDA device") for v in gpu["tests"].values())
+    assert "| baseline_b2 | 2 |" in r.stdout and "no wheels" in r.stderr
+    assert "attention check: triton skipped; nested passed; sdpa passed; the fast stack ran nested" in \
+        (out / "gpu_bert_large.log").read_text()
     parts = sorted(out.glob("compile_cache.tar.gz.part*"))
     assert [q.name for q in parts] == ["compile_cache.tar.gz.part00"] and "compile cache 1 MiB in 1 part" in r.stdout
     for q in parts:  # what `bench/h200.sh prepare OUT` does
         shutil.copy(q, carried / q.name)
     second = tmp_path / "cache2"
-    r = subprocess.run(cmd, cwd=PKG, env={**env, "H200_CACHE": str(second)}, capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(["bash", "bench/h200.sh", "--cpu-smoke", "--only", "check_attention_blocks"], cwd=PKG,
+                       env={**env, "H200_CACHE": str(second)}, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert (second / "inductor" / "fxgraph" / "entry").read_bytes() == (first / "inductor" / "fxgraph" / "entry").read_bytes()
     (json_file,) = out.glob("gpu_bert_large_*.json")
     assert json.loads(json_file.read_text())["compile_cache"] == "warm" and "plan (warm compile caches)" in r.stdout
+
+
+def test_device_run_window_stops_a_long_task_and_resumes_after_a_broken_context(tmp_path, monkeypatch):
+    """The window's rules on the CPU, the process's age stood in for: a task expected to
+    take longer than what is left is skipped with that reason; a task past --task-limit-s is
+    stopped (the demo's trainer process with it) and the run goes on; after a task that
+    leaves the CUDA context broken the JSON is written and the run execs itself with
+    --resume, which runs only what the file does not hold."""
+    out = tmp_path / "dry.json"
+    base = ["--cpu-smoke", "--out", str(out), "--artifacts", str(tmp_path)]
+    assert device_run.main([*base, "--only", "baseline_b2", "--limit-s", "24"], age=lambda: 0.0) == 0
+    (c,) = json.loads(out.read_text())["cases"]
+    assert c["status"] == "skipped: expected 15 s, 14 s left before --limit-s"
+    assert device_run.main([*base, "--only", "check_demo,baseline_b2", "--task-limit-s", "1"]) == 0
+    r = json.loads(out.read_text())
+    assert r["checks"]["demo"]["status"] == "error: stopped at its time limit (1 s)", r["checks"]["demo"]
+    assert [c["case"] for c in r["cases"]] == ["baseline_b2"] and r["cases"][0]["status"] == "ok"
+
+    class Exec(Exception):
+        pass
+
+    def exec_(path, argv):
+        raise Exec(argv)
+
+    monkeypatch.setattr(device_run, "cuda_alive", lambda device: False)
+    monkeypatch.setattr(device_run.os, "execv", exec_)
+    argv = [*base, "--only", "baseline_b2,lamb_foreach_b3"]
+    with pytest.raises(Exec) as raised:
+        device_run.main(argv)
+    assert raised.value.args[0][-1] == "--resume" and raised.value.args[0][2:-1] == argv
+    r = json.loads(out.read_text())
+    assert [c["case"] for c in r["cases"]] == ["baseline_b2"] and r["cuda_context_lost_after"] == ["baseline_b2"]
+    monkeypatch.setattr(device_run, "cuda_alive", lambda device: True)
+    assert device_run.main([*argv, "--resume"]) == 0
+    r = json.loads(out.read_text())
+    assert [(c["case"], c["status"]) for c in r["cases"]] == [("baseline_b2", "ok"), ("lamb_foreach_b3", "ok")]
+    assert r["restarts"] == 1
 
 
 def test_grad_sync_bench_smoke_prints_the_interface_keys():

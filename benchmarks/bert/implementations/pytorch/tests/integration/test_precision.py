@@ -56,21 +56,23 @@ def small_demo(tmp_path_factory):
     return root
 
 
-def test_bf16_trains_demo_model_to_target_from_scratch(demo_data, small_demo, tmp_path, capsys):
+@pytest.mark.parametrize("residual", ["false", "true"], ids=["fp32_residual", "autocast_residual"])
+def test_bf16_trains_demo_model_to_target_from_scratch(demo_data, small_demo, tmp_path, capsys, residual):
     """The demo's recipe (config_CPU_1x2.sh: LAMB lr 0.02, warmup 50) on a smaller model
     (hidden 64, 1 layer, 2 heads, intermediate 256) from random init, in bf16 autocast, on one
     process, on the smaller demo data above. Must reach 0.720 (the run stops there, exit 0)
     and its log pass the checker. Smaller because CPUs without native bf16 (AVX2 only)
     emulate its matrix work: the demo's width took 295 s there (11,200 samples at ~0.84 s a
     step), hidden 64 with 2 layers 129 s (17,600 samples), this one 85 s (19,200 samples;
-    hidden 32 took 30,400, too near the cap)."""
+    hidden 32 took 30,400, too near the cap). Also with model.autocast_residual: the residual
+    stream in bf16 too."""
     geometry = ["model.vocab_size=32", "model.max_position_embeddings=64", "data.max_seq_length=64",
                 "data.max_predictions_per_seq=10", "model.hidden_size=64", "model.num_layers=1", "model.num_heads=2",
                 "model.intermediate_size=256"]
     rc = train.main([*demo_data.env["EXTRA_PARAMS"].split(), *geometry, f"data.train_dir={small_demo / 'train'}",
                      f"data.eval_dir={small_demo / 'eval'}", "data.eval_samples=500", f"log.output_dir={tmp_path}",
-                     "precision.dtype=bf16", "run.local_batch_size=32", "optim.lr=0.02", "optim.warmup_steps=50",
-                     "optim.total_steps=2000", "eval.interval_samples=1600", "run.max_samples=32000",
+                     "precision.dtype=bf16", f"model.autocast_residual={residual}", "run.local_batch_size=32",
+                     "optim.lr=0.02", "optim.warmup_steps=50", "optim.total_steps=2000", "eval.interval_samples=1600", "run.max_samples=32000",
                      "run.threads=1"])
     out = capsys.readouterr().out
     assert rc == 0, out[-3000:]

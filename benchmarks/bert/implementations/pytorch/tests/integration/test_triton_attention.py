@@ -4,12 +4,12 @@ has the rest and says what the file covers."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 
 import pytest
-import torch
 
 from bert import triton_attention as ta
 import triton_interpret
@@ -39,57 +39,39 @@ print("ok")
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
 
 
-_COMPILE_FOR_H200 = """
-import sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from bert import triton_attention as ta
-
-FLOATS = {"qk_scale", "sm_scale", "keep_scale"}
-STATS = {"LSE", "DELTA"}
-
-
-def compile_kernel(fn, blocks, dropout):
-    consts = dict(HEAD_DIM=64, BLOCK_M=blocks[0], DROPOUT=dropout)
-    if "BLOCK_N" in fn.arg_names:
-        consts["BLOCK_N"] = blocks[1]
-    consts = {k: v for k, v in consts.items() if k in fn.arg_names}
-    sig = {}
-    for name in fn.arg_names:
-        if name in consts:
-            sig[name] = "constexpr"
-        elif name in STATS:
-            sig[name] = "*fp32"
-        elif name == "CU":
-            sig[name] = "*i32"
-        elif name == "SEED":
-            sig[name] = "*i64"
-        elif name.isupper():
-            sig[name] = "*bf16"
-        else:
-            sig[name] = "fp32" if name in FLOATS else "i32"
-    opts = dict(num_warps=blocks[2], num_stages=blocks[3])
-    triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32), options=opts)
-
-
-for dropout in (False, True):
-    compile_kernel(ta._fwd_kernel, ta.FWD_BLOCKS, dropout)
-compile_kernel(ta._bwd_preprocess, ta.BWD_BLOCKS, True)
-compile_kernel(ta._bwd_dkdv_kernel, ta.BWD_BLOCKS, True)
-compile_kernel(ta._bwd_dq_kernel, ta.BWD_BLOCKS, True)
-print("ok")
-"""
-
-
 @pytest.mark.skipif(not ta.AVAILABLE, reason=_WHY)
-def test_kernels_compile_for_h200(tmp_path):
-    """The interpreter does not type-check like the compiler: compile every kernel (bf16,
-    head dim 64, the default blocks, with dropout; the forward without too) for sm_90, the
-    H200, through Triton's whole pipeline down to the cubin (triton's wheel carries ptxas;
-    no GPU needed). A fresh process, without TRITON_INTERPRET, and a private cache."""
+def test_every_kernel_and_swept_block_size_compiles_for_h200_without_spills_by_default(tmp_path):
+    """The interpreter does not type-check like the compiler: bench/triton_sm90.py compiles
+    every kernel (the mask kernel too) for sm_90, the H200, through Triton's whole pipeline
+    to the cubin (triton's wheel carries ptxas; no GPU needed), bound from a training
+    call's arguments as the device's launcher binds them, for every block configuration the
+    device run sweeps, with and without dropout. A fresh process, without TRITON_INTERPRET.
+    The default blocks must not spill (ptxas's own report)."""
+    from bench.attention_blocks import BLOCK_CONFIGS
+
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path)
-    r = subprocess.run([sys.executable, "-c", _COMPILE_FOR_H200], cwd=PKG, env=env,
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
+    out = tmp_path / "sm90.json"
+    r = subprocess.run([sys.executable, "bench/triton_sm90.py", "--json", str(out)], cwd=PKG, env=env,
                        capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr[-3000:]
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    rows = json.loads(out.read_text())["kernels"]
+    assert {row["kernel"] for row in rows} == {k.__name__ for k in ta.KERNELS}
+
+    def compiled(kernel, blocks, dropout):
+        return [row for row in rows if row["kernel"] == kernel and row.get("DROPOUT") == dropout
+                and (row["BLOCK_M"], row["BLOCK_N"], row["num_warps"], row["num_stages"]) == blocks]
+
+    for fwd, bwd in BLOCK_CONFIGS:
+        assert len(compiled("_fwd_kernel", fwd, True)) == 1, fwd
+        for kernel in ("_bwd_dkdv_kernel", "_bwd_dq_kernel"):
+            assert len(compiled(kernel, bwd, True)) == 1, (kernel, bwd)
+    defaults = compiled("_fwd_kernel", ta.FWD_BLOCKS, False) + compiled("_fwd_kernel", ta.FWD_BLOCKS, True)
+    for kernel in ("_bwd_dkdv_kernel", "_bwd_dq_kernel"):
+        defaults += compiled(kernel, ta.BWD_BLOCKS, False) + compiled(kernel, ta.BWD_BLOCKS, True)
+    assert len(defaults) == 6
+    for row in rows:
+        assert 0 < row["n_regs"] <= 255 and row["cubin_bytes"] > 0, row
+    for row in defaults:
+        assert row["spill_stores_bytes"] == 0 and row["spill_loads_bytes"] == 0, row
+    assert "| _mask_kernel | 32 |" in r.stdout

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from bench import common, gpu_bert_large
+from bench import common, device_run, gpu_bert_large, kernel_profile
 from bert import flops
 from bert.config import ModelConfig
 from bert.model import BertForPreTraining
-
 
 TINY = ModelConfig(vocab_size=200, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
                    max_position_embeddings=64, hidden_dropout=0.0, attention_dropout=0.0,
@@ -53,10 +53,64 @@ def test_flop_model_matches_torch_flop_counter():
     assert flops.train_flops(10) == 30
 
 
+def test_kernel_classes_of_known_kernel_names():
+    """bench/kernel_profile.py's classes for CUDA kernel names of each kind (cuBLAS, our
+    Triton attention, CUTLASS's memory-efficient SDPA, ATen's elementwise templates, whose
+    names hold "lambda", the foreach optimizer kernels, NCCL) and for CPU aten ops."""
+    want = {"sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64": "gemm", "nvjet_tst_128x256_64x4": "gemm",
+            "triton_tem_fused_mm_1": "gemm", "_fwd_kernel": "attention", "_bwd_dkdv_kernel": "attention",
+            "fmha_cutlassF_bf16_aligned_64x64_rf_sm80": "attention",
+            "void at::native::vectorized_elementwise_kernel<4, {lambda(float)#1}>": "elementwise",
+            "triton_per_fused_native_layer_norm_0": "elementwise",
+            "void at::native::multi_tensor_apply_kernel<TensorListMetadata<4>>": "optimizer",
+            "ncclDevKernel_AllReduce_Sum_f32_RING_LL": "communication", "aten::addmm": "gemm",
+            "_mask_kernel": "attention", "triton_poi_fused_addmm_gelu_0": "elementwise",
+            "void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits>": "attention",
+            "aten::_foreach_mul_": "optimizer", "aten::native_layer_norm": "elementwise"}
+    assert {name: kernel_profile.classify(name) for name in want} == want
+
+
+def test_kernel_breakdown_of_a_handmade_cuda_trace_and_a_recorded_cpu_one():
+    """bench/kernel_profile.py's sums, on what the device's profiler returns (``key_averages``
+    rows: the CPU-side ops of a CUDA run left out, the device kernels counted, a row without
+    time dropped) and on a profile recorded here on the CPU (aten ops' self time)."""
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+
+    def row(key, device_type, us, count):
+        on_device = device_type == cuda
+        return SimpleNamespace(key=key, device_type=device_type, self_device_time_total=us if on_device else 0,
+                               self_cpu_time_total=0 if on_device else us, count=count)
+
+    trace = [row("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", cuda, 60_000, 288),
+             row("nvjet_tst_128x256_64x4", cuda, 12_000, 96), row("_fwd_kernel", cuda, 9_000, 48),
+             row("_bwd_dkdv_kernel", cuda, 12_000, 48), row("_bwd_dq_kernel", cuda, 9_000, 48),
+             row("triton_per_fused_add_native_layer_norm_0", cuda, 18_000, 194),
+             row("void at::native::multi_tensor_apply_kernel<TensorListMetadata<4>>", cuda, 15_000, 30),
+             row("ncclDevKernel_AllReduce_Sum_f32_RING_LL", cuda, 0, 0),
+             row("aten::mm", cpu, 99_000, 288), row("cudaGraphLaunch", cpu, 500, 2)]
+    kept = kernel_profile.rows(trace, cuda=True)
+    assert [k for k, _, _ in kept] == [r.key for r in trace[:8]]
+    b = kernel_profile.summarise(kept, steps=3, cuda=True, top=1)
+    assert b["ms_per_step"] == pytest.approx({"gemm": 24.0, "attention": 10.0, "elementwise": 6.0,
+                                              "optimizer": 5.0, "communication": 0.0})
+    assert b["total_ms_per_step"] == pytest.approx(45.0) and sum(b["share"].values()) == pytest.approx(1.0)
+    assert b["kernels_per_step"] == pytest.approx((288 + 96 + 48 * 3 + 194 + 30) / 3)
+    assert b["top"]["gemm"] == [("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", pytest.approx(20.0))]
+    assert "communication" not in b["top"] and b["source"] == "CUDA kernels (CUPTI)"
+    assert kernel_profile.summarise([], 1, cuda=True)["note"] == "the profiler recorded no kernel time"
+
+    a, w = torch.randn(64, 64), torch.randn(64, 64)
+    recorded = kernel_profile.breakdown(lambda: [torch.relu(a @ w + 1) for _ in range(2)], 2, torch.device("cpu"))
+    assert recorded["ms_per_step"]["gemm"] > 0 and recorded["ms_per_step"]["elementwise"] > 0
+    assert recorded["ms_per_step"]["attention"] == recorded["ms_per_step"]["optimizer"] == 0
+    assert recorded["source"] == "aten ops' CPU self time" and recorded["kernels_per_step"] >= 3
+
+
 def test_gpu_script_foreach_adamw_is_not_the_fused_kernel():
     """The AdamW pair is built by bert.optim.build_optimizer: the foreach case's groups say
     foreach, and its step runs torch's multi-tensor path, not the fused kernel."""
-    args = argparse.Namespace(seed=0, device_type="cpu", seq_len=64, max_pred=10, cpu_smoke=True)
+    args = argparse.Namespace(seed=0, device_type="cpu", seq_len=64, max_pred=10, cpu_smoke=True,
+                              fast_attention="triton")
     flags = {}
     for impl in ("fused", "foreach"):
         case = gpu_bert_large.Case(impl, {"run.local_batch_size": "2", "optim.name": "adamw", "optim.impl": impl})
@@ -67,7 +121,47 @@ def test_gpu_script_foreach_adamw_is_not_the_fused_kernel():
     assert flags["foreach"]["foreach"] is True and not flags["foreach"]["fused"]
 
 
-def test_gpu_script_refuses_without_a_gpu_unless_smoke():
+def test_gpu_scripts_refuse_without_a_gpu_unless_smoke():
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
     assert gpu_bert_large.main(["--out", "/nonexistent/x.json"]) == 2
+    assert device_run.main(["--out", "/nonexistent/x.json"]) == 2
+
+def test_a_failed_task_is_recorded_without_losing_a_measured_throughput():
+    """gpu_bert_large.record_failure (both scripts' ``except``): an OOM or an error is the
+    status of a task that measured nothing; a case whose throughput is in stays ``ok``."""
+    recs = []
+    for rec, exc in (({}, torch.OutOfMemoryError("CUDA out of memory")), ({}, ValueError("bad shape")),
+                     ({"status": "ok", "seq_per_s": 5.0}, RuntimeError("late"))):
+        try:
+            raise exc
+        except Exception as e:  # noqa: BLE001 - as the scripts catch it
+            gpu_bert_large.record_failure(rec, e)
+        recs.append(rec)
+    assert [r["status"] for r in recs] == ["oom", "error: ValueError: bad shape", "ok"]
+    assert recs[2]["seq_per_s"] == 5.0 and all("Traceback" in r["traceback"] for r in recs)
+
+
+def test_device_run_skips_a_backend_that_failed_its_check_but_never_sdpa():
+    """bench/device_run.py's rule after the attention check: a case on a backend whose test
+    failed (or left no verdict) is skipped, saying why, but for sdpa, the last resort (the
+    baseline's backend): its cases run and carry the verdict; a case with another case's
+    overrides is skipped as a repeat."""
+    args = argparse.Namespace(fast_attention="triton")
+    baseline, fast_big, _ = gpu_bert_large.head_cases(16, 96)
+    nested = gpu_bert_large._case("fast_nested", 96, f=gpu_bert_large.without(gpu_bert_large.FAST,
+                                                                               model__attention_backend="nested"))
+    result = {"checks": {"attention": {"backends": {"triton": {"outcome": "failed"}, "nested": {"outcome": "error"},
+                                                    "sdpa": {"outcome": "error"}}}}, "cases": []}
+    assert device_run.blocked(fast_big, args, result) == "skipped: the attention check of triton failed"
+    assert device_run.blocked(nested, args, result) == "skipped: the attention check of nested error"
+    assert device_run.blocked(baseline, args, result) == ""
+    assert device_run.attention_verdict(baseline, args, result) == "error"
+    args.fast_attention = "sdpa"  # the check's choice when neither triton nor nested passed
+    assert device_run.blocked(fast_big, args, result) == ""
+    done = gpu_bert_large.resolved_overrides(fast_big, args)
+    result["cases"].append({"case": "fast_b96", "status": "ok", "overrides": done})
+    sdpa = gpu_bert_large._case("fast_sdpa", 96, f=gpu_bert_large.without(gpu_bert_large.FAST,
+                                                                           model__attention_backend="sdpa"))
+    assert device_run.blocked(sdpa, args, result) == "skipped: the same overrides as fast_b96"
+    assert device_run.attention_verdict(fast_big, args, {"checks": {}, "cases": []}) == ""
