@@ -14,7 +14,6 @@ no vocab-sized GEMM runs here).
 
 from __future__ import annotations
 
-import functools
 from typing import Mapping
 
 import torch
@@ -22,7 +21,7 @@ import torch.nn as nn
 
 from .attention import build_attention
 from .config import ModelConfig
-from .model import BertForPreTraining, BertModel, _attend_padded
+from .model import BertForPreTraining, BertModel, encode_padded
 
 ENCODER_PREFIX = "bert."
 
@@ -44,12 +43,7 @@ class BertForSequenceClassification(nn.Module):
 
     def forward(self, input_ids, token_type_ids, attention_mask):
         """[B, S] ids, segment ids and mask (nonzero = real) -> logits [B, num_labels]."""
-        key_mask = attention_mask.bool()
-        position_ids = torch.arange(input_ids.size(1), device=input_ids.device)
-        attend = functools.partial(_attend_padded, self.attn_backend, key_mask)
-        h = self.bert.embeddings(input_ids, token_type_ids, position_ids)
-        h = self.bert.encoder(h, attend)
-        pooled = self.bert.pooler(h[:, 0])
+        _, pooled = encode_padded(self.bert, self.attn_backend, input_ids, token_type_ids, attention_mask)
         return self.classifier(self.dropout(pooled))
 
     def load_encoder(self, state: Mapping[str, torch.Tensor]) -> None:

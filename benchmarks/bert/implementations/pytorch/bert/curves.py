@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 

@@ -243,6 +243,16 @@ def _attend_padded(backend: AttentionBackend, key_mask, q, k, v, dropout_p):
     return out.transpose(1, 2)
 
 
+def encode_padded(bert: BertModel, backend: AttentionBackend, input_ids, token_type_ids, attention_mask):
+    """The encoder on [B, S] ids, segment ids and mask (nonzero = real): hidden states
+    [B, S, hidden] and the pooled [CLS] [B, hidden] (pretraining's and fine-tuning's path)."""
+    key_mask = attention_mask.bool()
+    position_ids = torch.arange(input_ids.size(1), device=input_ids.device)
+    attend = functools.partial(_attend_padded, backend, key_mask)
+    h = bert.encoder(bert.embeddings(input_ids, token_type_ids, position_ids), attend)
+    return h, bert.pooler(h[:, 0])
+
+
 def _attend_packed(backend: AttentionBackend, real_index, cu_seqlens, max_seqlen, q, k, v, dropout_p):
     # Allocates one [R * S, H, D] output; the gathers copy the T real rows of q, k, v.
     out = backend.varlen(q.index_select(0, real_index), k.index_select(0, real_index),
@@ -307,12 +317,7 @@ class BertForPreTraining(nn.Module):
 
     def forward_padded(self, input_ids, token_type_ids, attention_mask):
         """[B, S] ids, segment ids and mask (nonzero = real) -> ([B, S, V], [B, 2])."""
-        key_mask = attention_mask.bool()
-        position_ids = torch.arange(input_ids.size(1), device=input_ids.device)
-        attend = functools.partial(_attend_padded, self.attn_backend, key_mask)
-        h = self.bert.embeddings(input_ids, token_type_ids, position_ids)
-        h = self.bert.encoder(h, attend)
-        pooled = self.bert.pooler(h[:, 0])
+        h, pooled = encode_padded(self.bert, self.attn_backend, input_ids, token_type_ids, attention_mask)
         return self.cls.predictions(h), self.cls.seq_relationship(pooled)
 
     def forward_packed(self, input_ids, token_type_ids, position_ids, real_index, cu_seqlens,

@@ -16,7 +16,6 @@ import json
 import random
 import shutil
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +23,7 @@ import pytest
 import torch
 
 from conftest import PKG
-from glue_helpers import HEADERS, _grid, as_examples, examples, row, tiny_model, write_task  # noqa: F401 - tiny_model: a fixture
+from glue_helpers import _grid, as_examples, examples, row, tiny_model, write_task  # noqa: F401 - tiny_model: a fixture
 
 sys.path.insert(0, str(PKG / "tools"))
 import glue  # noqa: E402  (tools/ holds scripts, not a package)
