@@ -1,5 +1,6 @@
 # make demo : tiny BERT, 2 CPU ranks, to 0.720 masked-LM accuracy; checks the MLPerf log
-# make pretrain-demo : a small BERT pretrained from scratch, both phases, on Python's docstrings (~3 min)
+# make pretrain-demo : a small BERT pretrained from scratch, both phases, on Python's docstrings, then
+#   fine-tuned on a downstream task against a randomly initialised twin (~20 min)
 # make test : the whole CPU test suite (tests/unit and tests/integration)
 # make test-fast : the unit tier alone (tests/unit: in-process, no launcher, cluster or image)
 # make lint : shellcheck / hadolint where installed
