@@ -30,6 +30,8 @@ out="${PD_OUT:-${root}/build/pretrain_demo}"
 : "${PD_SENTENCES:=400}" "${PD_RANKS:=2}" "${PD_DROPOUT:=0}"
 : "${PD_GLUE_PAIRS:=1}" "${PD_GLUE_EPOCHS:=3}" "${PD_GLUE_LRS:=[1.0e-4, 3.0e-4]}" "${PD_GLUE_SEEDS:=[1, 2, 3]}"
 : "${PD_GLUE_MARGIN:=0.02}"
+# Phase 2 must end this much masked-LM accuracy above phase 1's first evaluation.
+: "${PD_GAIN:=0.05}"
 rm -rf "${out}"
 mkdir -p "${out}"
 prep() { python -m input_preprocessing "$@" --workers 2 > /dev/null; }
@@ -78,7 +80,7 @@ echo "== 3b. phase 2: seq 512, from phase 1's final weights, fresh optimizer and
 run_phase 2 512 80 "${PD_STEPS2}" "${PD_BATCH2}" "${PD_ACCUM2}" "${PD_LR2}" "${PD_EVAL2}" "${out}/phase1/final.pt"
 
 echo "== 4. curves and the hand-over"
-python - "${out}" <<'EOF'
+python - "${out}" "${PD_GAIN}" <<'EOF'
 import json, sys
 from pathlib import Path
 from bert.pretrain import plot, read_curves
@@ -91,7 +93,7 @@ summary = {"phase1_first_mlm_accuracy": a[0]["mlm_accuracy"], "phase1_last_mlm_a
            "phase2_last_nsp_accuracy": b[-1]["nsp_accuracy"]}
 (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
 print(json.dumps(summary))
-ok = (summary["phase2_last_mlm_accuracy"] > summary["phase1_first_mlm_accuracy"] + 0.05
+ok = (summary["phase2_last_mlm_accuracy"] > summary["phase1_first_mlm_accuracy"] + float(sys.argv[2])
       and summary["phase2_first_mlm_accuracy"] > summary["phase1_last_mlm_accuracy"] - 0.1)
 sys.exit(0 if ok else "phase 2 did not end well above phase 1's start, or collapsed at the hand-over")
 EOF
