@@ -77,7 +77,7 @@ SMOKE_STAND_INS = {("model.attention_backend", "triton"): "math", ("run.cuda_gra
 # H200 before).
 FAST_BACKENDS = ("triton", "nested", "sdpa")
 CHOSEN = "chosen"  # FAST's attention value: replaced by --fast-attention when a case is built
-# The fast stack (keys from issue 14's parts A-E): static token budgets, the step replayed as
+# The fast stack: static token budgets, the step replayed as
 # CUDA graphs after a warm-up before run_start (LAMB capturable: its foreach kernels replay
 # from the graph without launch cost), inductor per encoder layer.
 FAST = {"model.attention_backend": CHOSEN, "data.token_budgets": "auto", "run.cuda_graphs": "true",
@@ -146,7 +146,7 @@ WHOLE_MODEL_COMPILE = ("bench.compile: the whole model compiles at its first (un
 
 
 def head_cases(small: int, big: int) -> list[Case]:
-    """What the device run measures first: this run's baseline (the 2026-11-29 stack) at
+    """What the device run measures first: the baseline stack (BASELINE: the defaults, SDPA attention) at
     ``small``, the fast stack at ``big`` (the headline; with the kernel-class profile) and
     at ``small``."""
     return [_case("baseline", small, EST_EAGER_SMALL, a=BASELINE),

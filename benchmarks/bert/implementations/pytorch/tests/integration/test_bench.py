@@ -35,7 +35,7 @@ def test_vs_hf_smoke_prints_the_interface_keys(capsys, tmp_path):
 
 # --cpu-smoke's batches are 2, 3 and 4. The fast stack in each variant (the default
 # backend, triton, runs as the math stand-in; CUDA graphs as eager steps), the old cases whose
-# keys every tree has, the whole-model compile of the 2026-11-29 stack, a trainer refusal, an
+# keys every tree has, the whole-model compile (bench.compile), a trainer refusal, an
 # unknown key.
 FAST_VARIANTS = ["fast_b4", "fast_b2", "fast_no_graphs_b4", "fast_nested_b4", "fast_sdpa_b4"]
 OLD_CASES = ["baseline_b2", "adamw_fused_b3", "adamw_foreach_b3", "default_b3", "padded_b3", "lamb_foreach_b3",
@@ -100,8 +100,8 @@ def test_throughput_script_cpu_smoke_every_fast_variant_compiles_only_in_its_war
         assert torch.isfinite(torch.tensor(c["final_loss"])) and c["step_kind"] == "eager"
     assert by["flash_b2"]["status"].startswith("skipped: refused at build"), by["flash_b2"]  # needs CUDA
     assert by["bogus_b2"]["status"].startswith("skipped: unknown config key 'model.no_such_key'")
-    # The 2026-11-29 run's AdamW pair both ran the fused kernel: the foreach optimizer was
-    # built from the fused one's param_groups, whose fused=True overrode foreach=True.
+    # Each AdamW case builds its own optimizer: a foreach one built from a fused one's
+    # param_groups would inherit fused=True, which overrides foreach=True.
     assert by["adamw_fused_b3"]["param_groups"]["fused"] is True
     assert by["adamw_foreach_b3"]["param_groups"]["fused"] in (None, False)
     assert by["adamw_foreach_b3"]["param_groups"]["foreach"] is True
