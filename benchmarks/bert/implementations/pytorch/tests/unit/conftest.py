@@ -10,6 +10,17 @@ import subprocess
 
 import pytest
 
+try:
+    # matplotlib builds its font cache on its first import on a machine (it runs fc-list): a
+    # process, started once per machine, not by the test that happens to plot first. Made here,
+    # before the guard below, so a fresh machine's unit tier does not blame that test.
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.font_manager  # noqa: F401
+except ImportError:  # the [prep]/[tools] extras absent: the plotting tests skip
+    pass
+
 
 def _refuse(what: str):
     def refuse(*args, **kwargs):
