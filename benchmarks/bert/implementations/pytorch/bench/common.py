@@ -31,17 +31,13 @@ def shape_of(cfg: ModelConfig) -> Shape:
 
 
 def hf_config(cfg: ModelConfig, attn_implementation: str | None = None):
-    """The Hugging Face BertConfig of the same model (imports transformers)."""
+    """The Hugging Face BertConfig of the same model, its activation included (imports transformers)."""
     import transformers
 
+    from bert.weights import hf_config as fields
+
     kw = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
-    return transformers.BertConfig(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
-        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
-        intermediate_size=cfg.intermediate_size, hidden_act="gelu",
-        hidden_dropout_prob=cfg.hidden_dropout, attention_probs_dropout_prob=cfg.attention_dropout,
-        max_position_embeddings=cfg.max_position_embeddings, type_vocab_size=cfg.type_vocab_size,
-        layer_norm_eps=cfg.layer_norm_eps, **kw)
+    return transformers.BertConfig(**fields(cfg), **kw)
 
 
 def make_batches(num_batches: int, batch_size: int, seq_len: int, max_pred: int, vocab: int,
