@@ -53,10 +53,10 @@ from bert.config import GradSyncConfig, ModelConfig, OptimConfig, PrecisionConfi
 from bert.model import BertForPreTraining, mlm_correct_and_count, pretraining_loss
 from bert.optim import build_optimizer, build_scheduler, param_groups
 from bert.precision import build_precision, build_scaler
-from bert.shards import Sample
 from bert.state import Learner
 from bert.trainer import train_step
 from conftest import PKG
+from pretraining_features import FEATURES, make_batches, samples
 
 TF_PYTHON = Path(sys.prefix) / "tf" / "bin" / "python"
 HOW = "make venv (it builds .venv/tf: tensorflow-cpu and tf-keras as constraints-tf.txt pins them)"
@@ -64,8 +64,6 @@ VOCABS = (61, 64)
 BATCH, SEQ, PREDICTIONS, STEPS = 4, 32, 6, 5
 LR, WARMUP, TOTAL = 2e-3, 3, 8  # create_optimizer's init_lr, num_warmup_steps, num_train_steps
 WD = 0.01  # create_optimizer's weight_decay_rate (fixed there)
-FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids", "masked_lm_weights",
-            "next_sentence_labels")
 
 # The tolerances of the comparisons (float32 on both sides, summed in different orders), each
 # a few times what it was seen to need (in brackets: the largest gap seen); the planted faults
@@ -79,38 +77,6 @@ WEIGHTS_ATOL = 5e-7  # weights after 5 steps, of order 1 (2.4e-7: 2 float32 step
 KEY_BIAS_ATOL = 1e-4
 LR_RTOL = 1.2e-7  # the learning rate, relative: TF computes it in float32 (0: both exact here)
 LOSS_ATOL = 2e-5  # the loss of each step; TF's MLM denominator carries + 1e-5 (4.8e-6)
-
-
-def make_batches(n: int, vocab: int, seed: int) -> dict[str, np.ndarray]:
-    """``n`` batches of run_pretraining's features, each [n, ...]: real lengths 8-32 in 32
-    (padding in most rows), up to 6 predictions a row (fewer in the short ones: padded
-    prediction slots with weight 0), a second segment, NSP labels of both kinds."""
-    rng = np.random.default_rng(seed)
-    out = {k: np.zeros((n, BATCH, PREDICTIONS if k.startswith("masked") else SEQ), np.int32) for k in FEATURES[:6]}
-    out["masked_lm_weights"] = out["masked_lm_weights"].astype(np.float32)
-    out["next_sentence_labels"] = rng.integers(0, 2, (n, BATCH)).astype(np.int32)
-    for i in range(n):
-        for b in range(BATCH):
-            length = int(rng.integers(8, SEQ + 1))
-            out["input_ids"][i, b, :length] = rng.integers(5, vocab, length)
-            out["input_mask"][i, b, :length] = 1
-            out["segment_ids"][i, b, length // 2:length] = 1
-            m = min(PREDICTIONS, max(1, round(0.15 * length)))
-            out["masked_lm_positions"][i, b, :m] = np.sort(rng.choice(np.arange(1, length), m, replace=False))
-            out["masked_lm_ids"][i, b, :m] = rng.integers(5, vocab, m)
-            out["masked_lm_weights"][i, b, :m] = 1.0
-    return out
-
-
-def samples(batch: dict[str, np.ndarray]) -> list[Sample]:
-    """One batch of run_pretraining's features ([B, ...]) as our samples (real tokens only)."""
-    out = []
-    for b in range(batch["input_ids"].shape[0]):
-        length, m = int(batch["input_mask"][b].sum()), int(batch["masked_lm_weights"][b].sum())
-        out.append(Sample(batch["input_ids"][b, :length], batch["segment_ids"][b, :length],
-                          batch["masked_lm_positions"][b, :m], batch["masked_lm_ids"][b, :m],
-                          int(batch["next_sentence_labels"][b])))
-    return out
 
 
 def _bert_config(vocab: int) -> dict:
@@ -142,7 +108,7 @@ def oracle(tmp_path_factory):
     root = tmp_path_factory.mktemp("tf_oracle")
     cases = []
     for vocab in VOCABS:
-        np.savez(root / f"batches_{vocab}.npz", **make_batches(STEPS + 1, vocab, seed=vocab))
+        np.savez(root / f"batches_{vocab}.npz", **make_batches(STEPS + 1, vocab, vocab, BATCH, SEQ, PREDICTIONS))
         cases.append({"name": f"vocab{vocab}", "bert_config": _bert_config(vocab), "seed": vocab,
                       "batches": str(root / f"batches_{vocab}.npz"), "lr": LR, "num_train_steps": TOTAL,
                       "num_warmup_steps": WARMUP, "steps": STEPS, "optimizers": ["adam", "lamb"]})

@@ -52,11 +52,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench import google_bert  # noqa: E402 - stdlib only: no torch, no bert of ours
+from pretraining_features import FEATURES  # noqa: E402 - numpy only
 
 import tensorflow.compat.v1 as tf  # noqa: E402
-
-FEATURES = {"input_ids": tf.int32, "input_mask": tf.int32, "segment_ids": tf.int32, "masked_lm_positions": tf.int32,
-            "masked_lm_ids": tf.int32, "masked_lm_weights": tf.float32, "next_sentence_labels": tf.int32}
 
 
 class _TF:
@@ -180,7 +178,7 @@ def _session(graph):
 def _graph(g: SimpleNamespace, case: dict, batches: dict, mode: str, optimizer: str = "adam"):
     """(features, spec) of run_pretraining's model_fn in ``mode`` on placeholders shaped
     like one batch; in TRAIN, create_optimizer builds ``optimizer``."""
-    features = {k: tf.placeholder(dtype, batches[k].shape[1:], name=k) for k, dtype in FEATURES.items()}
+    features = {k: tf.placeholder(tf.as_dtype(batches[k].dtype), batches[k].shape[1:], name=k) for k in FEATURES}
     chosen = g.optimizers[optimizer]
 
     class Recording(chosen):  # notes the learning-rate tensor create_optimizer computes
