@@ -11,9 +11,10 @@ on this machine's CPU, on every path the GELU runs through.
   GPU's, so its times say only whether the GELU's share moves). Steps are interleaved across
   the variants (who goes first rotates), from the same weights and batches; the first
   ``--warmup`` of each (the compiles) are not timed.
-- **ops**: the feed-forward layer's first half alone (``bert.model.Intermediate``: the
-  [tokens, hidden] x [hidden, 4 hidden] GEMM, its bias and the GELU), forward + backward,
-  eager and (with the compiled path) under torch.compile, ``--op-reps`` times each.
+- **ops**: forward + backward, eager and (with the compiled path) under torch.compile,
+  ``--op-reps`` times each, of the GELU alone on [tokens, 4 hidden] and of the feed-forward
+  layer's first half (``bert.model.Intermediate``: the [tokens, hidden] x [hidden, 4 hidden]
+  GEMM, its bias and the GELU).
 
 Every variant attends with the same backend (``--attention``, default ``math``: sdpa's
 varlen path raises an InductorError under compile_layers' dynamic shapes on a CPU with torch
@@ -22,8 +23,10 @@ varlen path raises an InductorError under compile_layers' dynamic shapes on a CP
 Times are the stepping thread's CPU time (``time.thread_time``; one torch thread by default,
 so the work and inductor's kernels run on that thread): on a busy shared machine another
 process's load stretches the wall clock but this much less. Reported: medians and minima,
-tanh / erf per path; every sample is in the JSON. Also the largest difference between the two
-activations' losses (they are different functions: they train alike, not identically).
+and tanh / erf as the median of the ratios of paired samples (the same batch, the same
+repetition), which the batches' sizes and the load move far less; every sample is in the
+JSON. Also the largest difference between the two activations' losses (they are different
+functions: they train alike, not identically).
 
     python bench/activation.py                       # the table
     python bench/activation.py --out results/activation.json
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import statistics
 import sys
@@ -42,6 +46,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -64,6 +69,12 @@ def _rotations(names: list, i: int) -> list:
     return names[i % len(names):] + names[: i % len(names)]
 
 
+def _paired(tanh: list[float], erf: list[float]) -> float:
+    """Median over the repetitions of tanh's time / erf's on the same batch or input: the
+    batches' sizes and the machine's load move both alike, the ratio far less."""
+    return statistics.median(t / e for t, e in zip(tanh, erf))
+
+
 def model_overrides(args) -> dict[str, str]:
     return {"model.vocab_size": str(args.vocab), "model.hidden_size": str(args.hidden),
             "model.num_layers": str(args.layers), "model.num_heads": str(args.heads),
@@ -82,7 +93,8 @@ def steps(args, paths: list[str]) -> dict:
     built = {}
     for path in paths:
         for act in ACTIVATIONS:
-            cfg = build_config({**base, **PATHS[path], "model.activation": act, "run.local_batch_size": str(args.batch)})
+            cfg = build_config({**base, **PATHS[path], "model.activation": act,
+                                "run.local_batch_size": str(args.batch)})
             learner, impl = build_learner(cfg, 1, torch.device("cpu"))
             learner.model.load_state_dict(weights)
             learner.model.train()
@@ -105,7 +117,7 @@ def steps(args, paths: list[str]) -> dict:
         tanh, erf = (path, "gelu_tanh"), (path, "gelu_erf")
         out[path] = {"gelu_tanh": {"step_cpu": _stats(cpu[tanh]), "step_wall": _stats(wall[tanh])},
                      "gelu_erf": {"step_cpu": _stats(cpu[erf]), "step_wall": _stats(wall[erf])},
-                     "tanh_over_erf": statistics.median(cpu[tanh]) / statistics.median(cpu[erf]),
+                     "tanh_over_erf": _paired(cpu[tanh], cpu[erf]),
                      "max_loss_diff": max(abs(a - c) for a, c in zip(losses[tanh], losses[erf])),
                      "losses": {"gelu_tanh": losses[tanh], "gelu_erf": losses[erf]}}
     tokens = [int(b["input_ids"].numel()) for b in batches[args.warmup:]]
@@ -113,41 +125,42 @@ def steps(args, paths: list[str]) -> dict:
 
 
 def ops(args, kinds: list[str]) -> dict:
-    """Intermediate (GEMM + bias + GELU), forward + backward, per activation, for each of
-    ``kinds`` ("eager", "compiled")."""
+    """Forward + backward, per activation, for each of ``kinds`` ("eager", "compiled"), of
+    two ops: ``gelu``, the activation alone on a [tokens, 4 hidden] input, and
+    ``intermediate``, the feed-forward layer's first half (bert.model.Intermediate: the GEMM,
+    its bias and the GELU) on [tokens, hidden]."""
     tokens = int(args.batch * args.seq * 0.5)  # about a batch's real tokens (the mean length is half of 512)
     base = build_config(model_overrides(args)).model
     g = torch.Generator().manual_seed(args.seed)
-    x = torch.randn(tokens, args.hidden, generator=g, requires_grad=True)
+    inputs = {"gelu": torch.randn(tokens, 4 * args.hidden, generator=g, requires_grad=True),
+              "intermediate": torch.randn(tokens, args.hidden, generator=g, requires_grad=True)}
     calls = {}
     for act in ACTIVATIONS:
         torch.manual_seed(args.seed)
         layer = Intermediate(dataclasses.replace(base, activation=act))
+        alone = functools.partial(F.gelu, approximate=layer.approximate)
         for kind in kinds:
-            calls[(kind, act)] = torch.compile(layer) if kind == "compiled" else layer
+            for op, fn in (("gelu", alone), ("intermediate", layer)):
+                calls[(op, kind, act)] = torch.compile(fn) if kind == "compiled" else fn
     names = list(calls)
     cpu = {n: [] for n in names}
     for i in range(args.op_reps + 2):
         for name in _rotations(names, i):
+            x = inputs[name[0]]
             c0 = time.thread_time()
             calls[name](x).sum().backward()
             if i >= 2:
                 cpu[name].append(time.thread_time() - c0)
-    return {kind: {**{act: _stats(cpu[(kind, act)]) for act in ACTIVATIONS},
-                   "tanh_over_erf": statistics.median(cpu[(kind, "gelu_tanh")]) / statistics.median(cpu[(kind, "gelu_erf")])}
-            for kind in kinds} | {"tokens": tokens}
+    return {op: {kind: {**{act: _stats(cpu[(op, kind, act)]) for act in ACTIVATIONS},
+                        "tanh_over_erf": _paired(cpu[(op, kind, "gelu_tanh")], cpu[(op, kind, "gelu_erf")])}
+                 for kind in kinds} for op in inputs} | {"tokens": tokens}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--vocab", type=int, default=30522)
+    common.add_model_args(ap)
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--max-pred", type=int, default=76)
-    ap.add_argument("--batch", type=int, default=4, help="samples per step")
-    ap.add_argument("--steps", type=int, default=8, help="timed steps per variant")
     ap.add_argument("--warmup", type=int, default=2, help="untimed first steps per variant (the compiles)")
     ap.add_argument("--op-reps", type=int, default=20, help="timed repetitions of the op per variant")
     ap.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated, of {', '.join(PATHS)}")
@@ -172,16 +185,18 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(doc, indent=1) + "\n")
     s = doc["steps"]
     print(f"CPU ms a step (median, min) over {args.steps} steps of {s['tokens_per_step']:.0f} tokens, "
-          f"{s['optimizer']}; load average {doc['machine']['loadavg']}")
+          f"{s['optimizer']}; tanh/erf: the median of the steps' paired ratios; load average "
+          f"{doc['machine']['loadavg']}")
     for path, r in s["paths"].items():
         cells = "  ".join(f"{act} {r[act]['step_cpu']['median_ms']:8.1f} ({r[act]['step_cpu']['min_ms']:8.1f})"
                           for act in ACTIVATIONS)
         print(f"{path:9s} {cells}  tanh/erf {r['tanh_over_erf']:.3f}  max |loss tanh - erf| {r['max_loss_diff']:.1e}")
     o = doc["ops"]
-    print(f"Intermediate (GEMM + bias + GELU) on {o['tokens']} tokens, forward + backward, CPU ms (median):")
-    for kind in kinds:
-        cells = "  ".join(f"{act} {o[kind][act]['median_ms']:7.2f}" for act in ACTIVATIONS)
-        print(f"{kind:9s} {cells}  tanh/erf {o[kind]['tanh_over_erf']:.3f}")
+    print(f"on {o['tokens']} tokens, forward + backward, CPU ms (median); tanh/erf: the median of paired ratios")
+    for op in ("gelu", "intermediate"):
+        for kind in kinds:
+            cells = "  ".join(f"{act} {o[op][kind][act]['median_ms']:7.2f}" for act in ACTIVATIONS)
+            print(f"{op:12s} {kind:9s} {cells}  tanh/erf {o[op][kind]['tanh_over_erf']:.3f}")
     return 0
 
 

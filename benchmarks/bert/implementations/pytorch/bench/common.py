@@ -40,6 +40,19 @@ def hf_config(cfg: ModelConfig, attn_implementation: str | None = None):
     return transformers.BertConfig(**fields(cfg), **kw)
 
 
+def add_model_args(ap) -> None:
+    """The CPU benchmarks' model and step on an argparse parser: ``--hidden`` (256; the
+    feed-forward layer 4x), ``--layers`` (2), ``--heads`` (4), ``--vocab`` (BERT's 30,522, so the
+    decoder GEMMs are the real ones), ``--batch`` (4 samples a step), ``--steps`` (8 timed
+    steps per variant)."""
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=30522)
+    ap.add_argument("--batch", type=int, default=4, help="samples per step")
+    ap.add_argument("--steps", type=int, default=8, help="timed steps per variant")
+
+
 def make_batches(num_batches: int, batch_size: int, seq_len: int, max_pred: int, vocab: int,
                  seed: int) -> list[list[Sample]]:
     """Batches of samples with real lengths drawn from the MLPerf Wikipedia histogram (scaled

@@ -47,8 +47,9 @@ class ModelConfig:
     # GELU of the feed-forward layers and the MLM head's transform. "gelu_tanh" =
     # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), the MLCommons reference's (Google's
     # modeling.gelu, what its "hidden_act": "gelu" means): the phase-1 checkpoint was trained
-    # with it. "gelu_erf" = x Phi(x), exact: NVIDIA's PyTorch submissions and Hugging Face's
-    # "gelu". They differ by up to 4.7e-4 an element; docs/model.md says who uses which.
+    # with it, and NVIDIA's MLPerf PyTorch code maps "gelu" to it too. "gelu_erf" = x Phi(x),
+    # exact: Hugging Face's "gelu". They differ by up to 4.7e-4 an element; docs/model.md says
+    # who uses which.
     # Either costs the same (bench/activation.py, BENCHMARKS.md).
     activation: Literal["gelu_tanh", "gelu_erf"] = "gelu_tanh"
     # Unpadded path: every op but attention runs on [real tokens, hidden] and the MLM head

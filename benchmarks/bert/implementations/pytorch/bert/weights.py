@@ -317,10 +317,11 @@ def config_from_bert_json(path: str | Path, base: ModelConfig | None = None) -> 
     missing = [k for k in keys if k not in j]
     if missing:
         raise CheckpointError(f"{p}: lacks {missing}")
-    table, whose = (HF_ACTIVATIONS, "Hugging Face's") if "model_type" in j else (TF_ACTIVATIONS, "Google's")
+    table, whose = ((HF_ACTIVATIONS, "Hugging Face's config.json") if "model_type" in j
+                    else (TF_ACTIVATIONS, "Google's bert_config.json"))
     act = j.get("hidden_act", "gelu")  # both BertConfigs default to "gelu" (each with its own meaning)
     if act not in table:
-        raise CheckpointError(f"{p}: hidden_act {act!r} (a {whose} config); this model implements "
+        raise CheckpointError(f"{p}: hidden_act {act!r} (read as in {whose}); this model implements "
                               + ", ".join(f"{k!r} ({v})" for k, v in table.items()) + " only")
     return dataclasses.replace(base or ModelConfig(), activation=table[act],
                                **{ours: int(j[k]) for k, ours in keys.items()})

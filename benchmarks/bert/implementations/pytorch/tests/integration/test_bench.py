@@ -43,13 +43,13 @@ def test_activation_bench_smoke_writes_every_variant(capsys, tmp_path):
                             "--max-pred", "10", "--batch", "2", "--steps", "2", "--warmup", "1", "--op-reps", "2",
                             "--paths", "eager,fp8", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert set(doc["steps"]["paths"]) == {"eager", "fp8"} and set(doc["ops"]) == {"eager", "tokens"}
+    assert set(doc["steps"]["paths"]) == {"eager", "fp8"} and set(doc["ops"]) == {"gelu", "intermediate", "tokens"}
     for path in ("eager", "fp8"):
         r = doc["steps"]["paths"][path]
         for act in ("gelu_tanh", "gelu_erf"):
             assert len(r[act]["step_cpu"]["all_ms"]) == 2 and len(r["losses"][act]) == 3
         assert r["tanh_over_erf"] > 0
-    assert len(doc["ops"]["eager"]["gelu_erf"]["all_ms"]) == 2
+    assert len(doc["ops"]["gelu"]["eager"]["gelu_erf"]["all_ms"]) == 2 and set(doc["ops"]["intermediate"]) == {"eager"}
     assert "tanh/erf" in capsys.readouterr().out
 
 

@@ -104,7 +104,8 @@ def test_hf_export_loads_in_transformers_and_back_exactly(tmp_path, activation, 
     with torch.no_grad():
         out = hf(input_ids=ids, token_type_ids=seg, attention_mask=mask)
         mlm, nsp = model.forward_padded(ids, seg, mask)
-        other = BertForPreTraining(dataclasses.replace(cfg, activation=({"gelu_tanh", "gelu_erf"} - {activation}).pop()))
+        other_act = ({"gelu_tanh", "gelu_erf"} - {activation}).pop()
+        other = BertForPreTraining(dataclasses.replace(cfg, activation=other_act))
         other.load_state_dict(model.state_dict())
         wrong = other.eval().forward_padded(ids, seg, mask)[0]
     torch.testing.assert_close(out.prediction_logits, mlm, rtol=1e-5, atol=1e-5)
@@ -192,11 +193,12 @@ def test_bert_config_hidden_act_is_read_in_its_writers_meaning(tmp_path, writer,
 
 
 @pytest.mark.parametrize("writer, hidden_act, says", [
-    ({}, "relu", r"hidden_act 'relu' \(a Google's config\); this model implements 'gelu' \(gelu_tanh\) only"),
-    ({}, "gelu_new", r"hidden_act 'gelu_new' \(a Google's config\)"),  # not a name Google's modeling.py knows
-    ({"model_type": "bert"}, "gelu_fast", r"hidden_act 'gelu_fast' \(a Hugging Face's config\); this model "
-                                          r"implements 'gelu_pytorch_tanh' \(gelu_tanh\), 'gelu_new' \(gelu_tanh\), "
-                                          r"'gelu' \(gelu_erf\) only"),
+    ({}, "relu", r"hidden_act 'relu' \(read as in Google's bert_config.json\); this model implements 'gelu' "
+                 r"\(gelu_tanh\) only"),
+    ({}, "gelu_new", r"hidden_act 'gelu_new' \(read as in Google's"),  # not a name Google's modeling.py knows
+    ({"model_type": "bert"}, "gelu_fast", r"hidden_act 'gelu_fast' \(read as in Hugging Face's config.json\); "
+                                          r"this model implements 'gelu_pytorch_tanh' \(gelu_tanh\), "
+                                          r"'gelu_new' \(gelu_tanh\), 'gelu' \(gelu_erf\) only"),
 ])
 def test_bert_config_with_another_activation_is_refused_naming_it(tmp_path, writer, hidden_act, says):
     import json
