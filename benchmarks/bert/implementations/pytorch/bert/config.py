@@ -49,8 +49,8 @@ class ModelConfig:
     # modeling.gelu, what its "hidden_act": "gelu" means): the phase-1 checkpoint was trained
     # with it, and NVIDIA's MLPerf PyTorch code maps "gelu" to it too. "gelu_erf" = x Phi(x),
     # exact: Hugging Face's "gelu". They differ by up to 4.7e-4 an element; docs/model.md says
-    # who uses which.
-    # Either costs the same (bench/activation.py, BENCHMARKS.md).
+    # who uses which. A CPU step costs the same either way, within its noise (bench/activation.py,
+    # BENCHMARKS.md section 13).
     activation: Literal["gelu_tanh", "gelu_erf"] = "gelu_tanh"
     # Unpadded path: every op but attention runs on [real tokens, hidden] and the MLM head
     # only on masked positions. Off = the padded path, HF's arithmetic (kept as the oracle).

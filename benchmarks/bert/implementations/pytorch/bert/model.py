@@ -134,8 +134,9 @@ class Attention(nn.Module):
         return self.output(self.self(x, attend), x)
 
 
-# model.activation -> F.gelu's ``approximate``: one elementwise kernel either way (and one
-# fused expression under torch.compile), so the choice costs nothing at run time.
+# model.activation -> F.gelu's ``approximate``: one elementwise kernel either way (one fused
+# expression under torch.compile). On a CPU the tanh form's kernel costs ~1.4x the erf one's,
+# a step's time moves by less than its noise (BENCHMARKS.md section 13).
 GELU_APPROXIMATE = {"gelu_tanh": "tanh", "gelu_erf": "none"}
 
 
