@@ -5,7 +5,8 @@ tests/integration/test_tf_oracle.py.
 
 Runs in the interpreter of the TensorFlow environment that ``make venv`` builds (.venv/tf:
 tensorflow-cpu and tf-keras, constraints-tf.txt), never in the main venv: it imports no torch
-and nothing of this project but bench/google_bert.py's loader. The code under test is
+and nothing of this project but bench/google_bert.py's loader and the feature names of
+pretraining_features.py (numpy). The code under test is
 bert-tensorflow 1.0.4's (the main venv's .venv/oracle): ``modeling.py`` (BertModel, its
 ``gelu``), ``run_pretraining.py`` (``model_fn_builder``: the pretraining heads, the loss,
 ``metric_fn``) and ``optimization.py`` (``create_optimizer``: global-norm clip 1.0, linear
