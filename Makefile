@@ -13,10 +13,15 @@ STAMP := $(VENV)/.installed-stamp
 # tests compare `create` with (bench/google_bert.py loads it by file path). Kept off sys.path in a
 # folder of its own: its top-level package is named `bert`, like ours, and would shadow it.
 ORACLE := $(VENV)/oracle
+# TensorFlow (tensorflow-cpu + tf-keras, pinned in constraints-tf.txt), the interpreter that runs
+# Google's BERT model and training code as the oracle of tests/integration/test_tf_oracle.py: a venv
+# of its own inside .venv (1.6 GB, ~1 min from pip's cache), never on the main venv's sys.path.
+TF_VENV  := $(VENV)/tf
+TF_STAMP := $(TF_VENV)/.installed-stamp
 
 .PHONY: demo pretrain-demo test test-fast lint venv prereqs clean
 
-venv: $(STAMP)
+venv: $(STAMP) $(TF_STAMP)
 
 # What the venv needs from the system, checked before it is built (Debian package names).
 # A C++ compiler is optional: without one, torch.compile's CPU kernels (model.compile_layers,
@@ -41,6 +46,14 @@ $(STAMP): $(PKG)/constraints.txt $(PKG)/pyproject.toml
 	$(PY) -m pip install --quiet --no-deps --upgrade --target $(ORACLE) -c $(PKG)/constraints.txt bert-tensorflow
 	touch $@
 
+# tf-keras --no-deps: its `tensorflow` requirement is met by tensorflow-cpu (constraints-tf.txt says why).
+$(TF_STAMP): $(PKG)/constraints-tf.txt
+	@$(MAKE) --no-print-directory prereqs
+	test -x $(TF_VENV)/bin/python || python3 -m venv $(TF_VENV)
+	$(TF_VENV)/bin/python -m pip install --quiet -c $(PKG)/constraints-tf.txt tensorflow-cpu
+	$(TF_VENV)/bin/python -m pip install --quiet --no-deps -c $(PKG)/constraints-tf.txt tf-keras
+	touch $@
+
 demo: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PKG)/demo.sh
 
@@ -51,7 +64,7 @@ pretrain-demo: $(STAMP)
 # fixtures, such as a SLURM cluster, made once), in the order conftest.py sorts the files;
 # TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= auto
-test: $(STAMP)
+test: $(STAMP) $(TF_STAMP)
 	cd $(PKG) && PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q --durations=15 \
 	  -n $(TEST_WORKERS) --maxprocesses=8 --dist loadfile --no-loadscope-reorder
 

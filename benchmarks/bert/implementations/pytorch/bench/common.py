@@ -31,17 +31,26 @@ def shape_of(cfg: ModelConfig) -> Shape:
 
 
 def hf_config(cfg: ModelConfig, attn_implementation: str | None = None):
-    """The Hugging Face BertConfig of the same model (imports transformers)."""
+    """The Hugging Face BertConfig of the same model, its activation included (imports transformers)."""
     import transformers
 
+    from bert.weights import hf_config as fields
+
     kw = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
-    return transformers.BertConfig(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
-        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
-        intermediate_size=cfg.intermediate_size, hidden_act="gelu",
-        hidden_dropout_prob=cfg.hidden_dropout, attention_probs_dropout_prob=cfg.attention_dropout,
-        max_position_embeddings=cfg.max_position_embeddings, type_vocab_size=cfg.type_vocab_size,
-        layer_norm_eps=cfg.layer_norm_eps, **kw)
+    return transformers.BertConfig(**fields(cfg), **kw)
+
+
+def add_model_args(ap) -> None:
+    """The CPU benchmarks' model and step on an argparse parser: ``--hidden`` (256; the
+    feed-forward layer 4x), ``--layers`` (2), ``--heads`` (4), ``--vocab`` (BERT's 30,522, so the
+    decoder GEMMs are the real ones), ``--batch`` (4 samples a step), ``--steps`` (8 timed
+    steps per variant)."""
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=30522)
+    ap.add_argument("--batch", type=int, default=4, help="samples per step")
+    ap.add_argument("--steps", type=int, default=8, help="timed steps per variant")
 
 
 def make_batches(num_batches: int, batch_size: int, seq_len: int, max_pred: int, vocab: int,

@@ -38,8 +38,8 @@ VERSION = "1.0.4"
 HOW = f"make venv (pip install --no-deps --target .venv/oracle bert-tensorflow=={VERSION})"
 
 
-class _Flags:
-    """absl.flags / tf.flags as the two scripts use them: definitions give defaults."""
+class Flags:
+    """absl.flags / tf.flags as Google's scripts use them: definitions give defaults."""
 
     def __init__(self) -> None:
         self.FLAGS = SimpleNamespace()
@@ -90,7 +90,7 @@ class _Example:
         return {k: f.int64_list.value or f.float_list.value for k, f in self.features.feature.items()}
 
 
-def _stand_ins(flags: _Flags, written: dict[str, list]) -> dict[str, object]:
+def _stand_ins(flags: Flags, written: dict[str, list]) -> dict[str, object]:
     class Writer:
         def __init__(self, path: str) -> None:
             self.records = written.setdefault(path, [])
@@ -111,7 +111,9 @@ def _stand_ins(flags: _Flags, written: dict[str, list]) -> dict[str, object]:
             "absl": SimpleNamespace(flags=flags), "six": SimpleNamespace(PY2=False, PY3=True)}
 
 
-def _load(path: Path, name: str, names: dict[str, object]) -> ModuleType:
+def load_module(path: Path, name: str, names: dict[str, object]) -> ModuleType:
+    """The module of file ``path`` under ``name``, its top-level ``import``s of the names in
+    ``names`` answered from there; nothing is added to ``sys.modules``."""
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
 
@@ -129,17 +131,24 @@ def load(directory: Path = ORACLE_DIR) -> SimpleNamespace:
     """``.tokenization``, ``.create_pretraining_data`` (fresh modules on every call) and
     ``.written`` (what their TFRecord writers were given, by path); ``FileNotFoundError`` naming
     how to install them when they are not there."""
+    files = installed(directory, ("tokenization", "create_pretraining_data"))
+    written: dict[str, list] = {}
+    names = _stand_ins(Flags(), written)
+    tok = load_module(files["tokenization"], "google_bert_tokenization", names)
+    cpd = load_module(files["create_pretraining_data"], "google_bert_create_pretraining_data",
+                      {**names, "bert": SimpleNamespace(tokenization=tok)})
+    return SimpleNamespace(tokenization=tok, create_pretraining_data=cpd, written=written)
+
+
+def installed(directory: Path, modules: tuple[str, ...]) -> dict[str, Path]:
+    """{module: its file} of bert-tensorflow's ``bert/<module>.py`` in ``directory``;
+    ``FileNotFoundError`` naming how to install them when a file or the version is not there."""
     root = Path(directory) / "bert"
-    files = {m: root / f"{m}.py" for m in ("tokenization", "create_pretraining_data")}
+    files = {m: root / f"{m}.py" for m in modules}
     missing = [str(p) for p in files.values() if not p.is_file()]
     if missing:
         raise FileNotFoundError(f"Google's bert-tensorflow is not installed ({', '.join(missing)}): {HOW}")
     meta = Path(directory) / f"bert_tensorflow-{VERSION}.dist-info"
     if not meta.is_dir():
         raise FileNotFoundError(f"{directory}: not bert-tensorflow {VERSION}: {HOW}")
-    written: dict[str, list] = {}
-    names = _stand_ins(_Flags(), written)
-    tok = _load(files["tokenization"], "google_bert_tokenization", names)
-    cpd = _load(files["create_pretraining_data"], "google_bert_create_pretraining_data",
-                {**names, "bert": SimpleNamespace(tokenization=tok)})
-    return SimpleNamespace(tokenization=tok, create_pretraining_data=cpd, written=written)
+    return files

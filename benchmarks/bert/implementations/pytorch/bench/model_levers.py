@@ -145,12 +145,7 @@ def run(cfg: ModelConfig, batch: int, steps: int, warmup: int, op_reps: int, see
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--vocab", type=int, default=30522)
-    ap.add_argument("--batch", type=int, default=4, help="samples per step")
-    ap.add_argument("--steps", type=int, default=8, help="timed steps per variant")
+    common.add_model_args(ap)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--op-reps", type=int, default=20, help="timed repetitions of each op per variant")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (0 = torch's choice)")

@@ -1,6 +1,7 @@
 """Train-step throughput, ours vs Hugging Face ``BertForPreTraining``, on the CPU.
 
     python bench/vs_hf.py [--reps 3] [--steps 2] [--batches 8] [--json] [--out FILE] [--setup smoke]
+                          [--activation gelu_tanh|gelu_erf]
 
 Both sides train the same model (hidden 256, 4 layers, 4 heads, intermediate 1024, vocab
 30522, dropout 0.1, float32) on the same batches of 16 samples whose real lengths are drawn
@@ -152,6 +153,14 @@ def timed(side, steps: int, tokens_of) -> tuple[float, float]:
     return time.perf_counter() - t, sum(tokens_of(k) for k in range(first, first + steps))
 
 
+def setup_of(args) -> Setup:
+    """``--setup`` with ``--activation`` (if given) on both sides."""
+    setup = SETUPS[args.setup]
+    if not args.activation:
+        return setup
+    return dataclasses.replace(setup, model=dataclasses.replace(setup.model, activation=args.activation))
+
+
 def memory_child(setup: Setup, which: str, num_batches: int, seed: int, steps: int) -> None:
     """Build one side in this fresh process, train ``steps`` steps, print its RSS as JSON."""
     before_build = common.proc_status_mb("VmRSS")
@@ -168,13 +177,14 @@ def memory_child(setup: Setup, which: str, num_batches: int, seed: int, steps: i
 def measure_memory(which: str, args) -> dict:
     cmd = [sys.executable, __file__, "--memory-child", which, "--batches", str(args.batches),
            "--seed", str(args.seed), "--mem-steps", str(args.mem_steps), "--setup", args.setup]
+    cmd += ["--activation", args.activation] if args.activation else []
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
 def run(args) -> dict:
     load_start = os.getloadavg()
-    setup = SETUPS[args.setup]
+    setup = setup_of(args)
     batches, unpadded, padded = data(setup, args.batches, args.seed)
     stats = [common.batch_stats(b) for b in batches]
     shape = common.shape_of(setup.model)
@@ -278,10 +288,12 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="", help="also write the JSON here")
     ap.add_argument("--setup", choices=sorted(SETUPS), default="default",
                     help="'smoke': a tiny model through the same code, for tests")
+    ap.add_argument("--activation", choices=("gelu_tanh", "gelu_erf"), default="",
+                    help="model.activation of both sides (HF's by its own name); default: the setup's")
     ap.add_argument("--memory-child", choices=("ours", "hf"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.memory_child:
-        memory_child(SETUPS[args.setup], args.memory_child, args.batches, args.seed, args.mem_steps)
+        memory_child(setup_of(args), args.memory_child, args.batches, args.seed, args.mem_steps)
         return 0
     r = run(args)
     text = json.dumps(r, indent=None if args.json else 2)

@@ -44,6 +44,14 @@ class ModelConfig:
     attention_dropout: float = 0.1
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02  # std of the normal init when no checkpoint is given
+    # GELU of the feed-forward layers and the MLM head's transform. "gelu_tanh" =
+    # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), the MLCommons reference's (Google's
+    # modeling.gelu, what its "hidden_act": "gelu" means): the phase-1 checkpoint was trained
+    # with it, and NVIDIA's MLPerf PyTorch code maps "gelu" to it too. "gelu_erf" = x Phi(x),
+    # exact: Hugging Face's "gelu". They differ by up to 4.7e-4 an element; docs/model.md says
+    # who uses which. A CPU step costs the same either way, within its noise (bench/activation.py,
+    # BENCHMARKS.md section 13).
+    activation: Literal["gelu_tanh", "gelu_erf"] = "gelu_tanh"
     # Unpadded path: every op but attention runs on [real tokens, hidden] and the MLM head
     # only on masked positions. Off = the padded path, HF's arithmetic (kept as the oracle).
     unpad: bool = True

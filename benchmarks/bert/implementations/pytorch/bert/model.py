@@ -134,13 +134,28 @@ class Attention(nn.Module):
         return self.output(self.self(x, attend), x)
 
 
+# model.activation -> F.gelu's ``approximate``: one elementwise kernel either way (one fused
+# expression under torch.compile). On a CPU the tanh form's kernel costs ~1.4x the erf one's,
+# a step's time moves by less than its noise (BENCHMARKS.md section 13).
+GELU_APPROXIMATE = {"gelu_tanh": "tanh", "gelu_erf": "none"}
+
+
+def gelu_approximate(cfg: ModelConfig) -> str:
+    """``approximate`` for F.gelu of ``cfg.activation``; ValueError naming the key if unknown."""
+    try:
+        return GELU_APPROXIMATE[cfg.activation]
+    except KeyError:
+        raise ValueError(f"model.activation: {cfg.activation!r} is not one of {list(GELU_APPROXIMATE)}") from None
+
+
 class Intermediate(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.dense = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+        self.approximate = gelu_approximate(cfg)
 
     def forward(self, x):
-        return F.gelu(self.dense(x))  # exact (erf) GELU, as BERT and HF's "gelu"
+        return F.gelu(self.dense(x), approximate=self.approximate)
 
 
 class Output(nn.Module):
@@ -204,9 +219,10 @@ class PredictionHeadTransform(nn.Module):
         super().__init__()
         self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.approximate = gelu_approximate(cfg)
 
     def forward(self, x):
-        return self.LayerNorm(F.gelu(self.dense(x)))
+        return self.LayerNorm(F.gelu(self.dense(x), approximate=self.approximate))
 
 
 class LMPredictionHead(nn.Module):

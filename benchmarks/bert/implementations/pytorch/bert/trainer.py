@@ -450,8 +450,9 @@ class Trainer:
             storage.check(failure or self._log_failure(), self.device)  # one small collective, before run_start
             log.info(f"bert: {denv.world_size} rank(s) via {denv.launcher} on {self.device}; optimizer "
                      f"{self.optimizer_impl}; precision {self.learner.precision.train} (eval "
-                     f"{self.learner.precision.eval}, loss scaling {prec_hp['loss_scaling']}); global batch "
-                     f"{self.global_batch}; eval every {self.eval_interval} samples; abort after {self.max_samples}")
+                     f"{self.learner.precision.eval}, loss scaling {prec_hp['loss_scaling']}); activation "
+                     f"{cfg.model.activation}; global batch {self.global_batch}; eval every {self.eval_interval} "
+                     f"samples; abort after {self.max_samples}")
             if dry_run:
                 self.open_data(timed=False)  # not timed: reading the data checks it
                 return ExitStatus.SUCCESS

@@ -91,14 +91,24 @@ def tf_tensor_names(cfg: ModelConfig) -> list[str]:
 TIED = {"cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
         "cls.predictions.decoder.bias": "cls.predictions.bias"}
 
-# TF variables that are not model weights: the optimizer's slots and step counter (the
-# phase-1 checkpoint holds LAMB's adam_m/adam_v for every weight). Ignored on import.
-_TF_NON_MODEL_SUFFIXES = ("/adam_m", "/adam_v", "/Momentum", "/LAMB", "/LAMB_1", "/Adam", "/Adam_1")
-_TF_NON_MODEL_NAMES = ("global_step", "good_steps", "current_loss_scale", "loss_scale")
+# TF variables that are not model weights, written by the optimizers and training loops of
+# Google's BERT and the MLCommons reference: ignored on import (and never read: the phase-1
+# checkpoint is 3x the model). Any other name that is not a model tensor is refused, by name.
+# Slots, one per weight ("<weight>/<slot>"): adam_m, adam_v (AdamWeightDecayOptimizer, Google's
+# and the reference's; the phase-1 checkpoint holds them); LAMB, LAMB_1 (lamb_optimizer_v1.py's
+# m and v: TF names a slot after its optimizer, "_1" for the second); Adam, Adam_1
+# (tf.train.AdamOptimizer); Momentum; GradientAccumulator (the reference's gradient
+# accumulation, deferred_grad_optimizer.py).
+_TF_SLOT_SUFFIXES = ("/adam_m", "/adam_v", "/LAMB", "/LAMB_1", "/Adam", "/Adam_1", "/Momentum",
+                     "/GradientAccumulator")
+# Counters: the step; LAMB's and Adam's bias-correction powers b^t; gradient accumulation's
+# update count; the dynamic loss scale of TF's mixed precision and its count of good steps.
+_TF_COUNTERS = ("global_step", "beta1_power", "beta2_power", "update_count", "current_loss_scale", "good_steps",
+                "loss_scale")
 
 
 def _is_tf_model_tensor(name: str) -> bool:
-    return not (name.endswith(_TF_NON_MODEL_SUFFIXES) or name in _TF_NON_MODEL_NAMES
+    return not (name.endswith(_TF_SLOT_SUFFIXES) or name in _TF_COUNTERS
                 or name.startswith("_CHECKPOINTABLE_OBJECT_GRAPH"))
 
 
@@ -197,13 +207,25 @@ def load_tf_checkpoint(prefix: str | Path, cfg: ModelConfig,
 
 HF_WEIGHTS = "model.safetensors"
 
+# ``hidden_act`` -> model.activation. One word, two functions: in Google's bert_config.json
+# (the reference's) "gelu" is modeling.gelu, the tanh form; in Hugging Face's config.json
+# "gelu" is the exact erf form and the tanh form is "gelu_new" (its formula written out) or
+# "gelu_pytorch_tanh" (torch's kernel, the one the model runs: what an export writes).
+TF_ACTIVATIONS = {"gelu": "gelu_tanh"}
+HF_ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "gelu": "gelu_erf"}
+
+
+def hf_activation(cfg: ModelConfig) -> str:
+    """Hugging Face's ``hidden_act`` for ``cfg.activation`` (the first of its names above)."""
+    return next(hf for hf, ours in HF_ACTIVATIONS.items() if ours == cfg.activation)
+
 
 def hf_config(cfg: ModelConfig) -> dict[str, Any]:
     """Hugging Face ``BertConfig`` fields of ``cfg`` (what ``config.json`` holds)."""
     return {"architectures": ["BertForPreTraining"], "model_type": "bert", "vocab_size": cfg.vocab_size,
             "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_layers,
             "num_attention_heads": cfg.num_heads, "intermediate_size": cfg.intermediate_size,
-            "hidden_act": "gelu", "hidden_dropout_prob": cfg.hidden_dropout,
+            "hidden_act": hf_activation(cfg), "hidden_dropout_prob": cfg.hidden_dropout,
             "attention_probs_dropout_prob": cfg.attention_dropout,
             "max_position_embeddings": cfg.max_position_embeddings, "type_vocab_size": cfg.type_vocab_size,
             "initializer_range": cfg.initializer_range, "layer_norm_eps": cfg.layer_norm_eps,
@@ -278,7 +300,10 @@ def load_weights(path: str | Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
 
 
 def config_from_bert_json(path: str | Path, base: ModelConfig | None = None) -> ModelConfig:
-    """``cfg`` with the architecture of a Google/HF ``bert_config.json``/``config.json``."""
+    """``cfg`` with the architecture and activation of a Google ``bert_config.json`` or a
+    Hugging Face ``config.json``; ``hidden_act`` is read with the meaning of whichever wrote
+    it (Hugging Face's has ``model_type``, which transformers writes into every config.json
+    and Google's never holds)."""
     import dataclasses
 
     p = Path(path)
@@ -292,6 +317,11 @@ def config_from_bert_json(path: str | Path, base: ModelConfig | None = None) -> 
     missing = [k for k in keys if k not in j]
     if missing:
         raise CheckpointError(f"{p}: lacks {missing}")
-    if j.get("hidden_act", "gelu") != "gelu":
-        raise CheckpointError(f"{p}: hidden_act {j['hidden_act']!r}; this model implements 'gelu' only")
-    return dataclasses.replace(base or ModelConfig(), **{ours: int(j[k]) for k, ours in keys.items()})
+    table, whose = ((HF_ACTIVATIONS, "Hugging Face's config.json") if "model_type" in j
+                    else (TF_ACTIVATIONS, "Google's bert_config.json"))
+    act = j.get("hidden_act", "gelu")  # both BertConfigs default to "gelu" (each with its own meaning)
+    if act not in table:
+        raise CheckpointError(f"{p}: hidden_act {act!r} (read as in {whose}); this model implements "
+                              + ", ".join(f"{k!r} ({v})" for k, v in table.items()) + " only")
+    return dataclasses.replace(base or ModelConfig(), activation=table[act],
+                               **{ours: int(j[k]) for k, ours in keys.items()})

@@ -11,6 +11,7 @@ import argparse
 import json
 import platform
 import sys
+import typing
 from pathlib import Path
 from typing import Callable
 
@@ -171,14 +172,25 @@ def _run_stats(a: argparse.Namespace) -> object:
 
 
 def _ckpt_args(p: argparse.ArgumentParser) -> None:
+    from bert.config import ModelConfig
+
     p.add_argument("--input", required=True, help="TF checkpoint prefix (model.ckpt-28252), "
                    "Hugging Face directory/file, or a state dict saved by this project")
     p.add_argument("--output", required=True, help="a .pt file (our state dict) or, with --to hf, a directory")
     p.add_argument("--to", choices=("pt", "hf"), default="pt")
-    p.add_argument("--bert-config", default="", help="bert_config.json of the checkpoint (default: BERT-Large)")
+    p.add_argument("--bert-config", default="", help="bert_config.json (Google's) or config.json (Hugging Face's) "
+                   "of the checkpoint (default: BERT-Large)")
+    activations = typing.get_args(typing.get_type_hints(ModelConfig)["activation"])
+    p.add_argument("--activation", default="", choices=activations,
+                   help="the GELU the weights were trained with (model.activation), written into a --to hf export's "
+                        "config.json so that it computes what was trained (default: the --bert-config's hidden_act "
+                        "in the meaning of whoever wrote it -- Google's 'gelu' is gelu_tanh, Hugging Face's 'gelu' "
+                        "gelu_erf -- else gelu_tanh, the reference's)")
 
 
 def _run_ckpt(a: argparse.Namespace) -> object:
+    import dataclasses
+
     import torch
 
     from bert.weights import CheckpointError, config_from_bert_json, export_hf, load_weights
@@ -188,6 +200,8 @@ def _run_ckpt(a: argparse.Namespace) -> object:
 
     try:
         cfg = config_from_bert_json(a.bert_config) if a.bert_config else ModelConfig()
+        if a.activation:
+            cfg = dataclasses.replace(cfg, activation=a.activation)
         state = load_weights(a.input, cfg)
     except CheckpointError as e:
         raise PrepError(str(e)) from None
@@ -197,7 +211,7 @@ def _run_ckpt(a: argparse.Namespace) -> object:
         atomic_write(Path(a.output), lambda t: torch.save(state, t))
     return {"tensors": len(state), "parameters": sum(v.numel() for k, v in state.items()
                                                      if not k.startswith("cls.predictions.decoder")),
-            "output": a.output}
+            "activation": cfg.activation, "output": a.output}
 
 
 def _check_args(p: argparse.ArgumentParser) -> None:

@@ -33,6 +33,26 @@ def test_vs_hf_smoke_prints_the_interface_keys(capsys, tmp_path):
     assert printed["impl"]["ours"] == "adamw:torch-fused"
 
 
+def test_activation_bench_smoke_writes_every_variant(capsys, tmp_path):
+    """bench/activation.py on a tiny model, eager and FP8 (emulated) paths (the compiled
+    path's inductor build takes minutes here; docs/model.md's numbers ran it)."""
+    from bench import activation
+
+    out = tmp_path / "activation.json"
+    assert activation.main(["--hidden", "32", "--layers", "1", "--heads", "2", "--vocab", "200", "--seq", "64",
+                            "--max-pred", "10", "--batch", "2", "--steps", "2", "--warmup", "1", "--op-reps", "2",
+                            "--paths", "eager,fp8", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert set(doc["steps"]["paths"]) == {"eager", "fp8"} and set(doc["ops"]) == {"gelu", "intermediate", "tokens"}
+    for path in ("eager", "fp8"):
+        r = doc["steps"]["paths"][path]
+        for act in ("gelu_tanh", "gelu_erf"):
+            assert len(r[act]["step_cpu"]["all_ms"]) == 2 and len(r["losses"][act]) == 3
+        assert r["tanh_over_erf"] > 0
+    assert len(doc["ops"]["gelu"]["eager"]["gelu_erf"]["all_ms"]) == 2 and set(doc["ops"]["intermediate"]) == {"eager"}
+    assert "tanh/erf" in capsys.readouterr().out
+
+
 # --cpu-smoke's batches are 2, 3 and 4. The fast stack in each variant (the default
 # backend, triton, runs as the math stand-in; CUDA graphs as eager steps), the old cases whose
 # keys every tree has, the whole-model compile (bench.compile), a trainer refusal, an

@@ -12,6 +12,7 @@ transformers = pytest.importorskip("transformers")
 
 from bert.config import ModelConfig  # noqa: E402
 from bert.model import BertForPreTraining  # noqa: E402
+from bert.weights import HF_ACTIVATIONS, hf_config  # noqa: E402
 
 
 TINY = ModelConfig(vocab_size=100, hidden_size=64, num_layers=2, num_heads=4,
@@ -20,13 +21,8 @@ TINY = ModelConfig(vocab_size=100, hidden_size=64, num_layers=2, num_heads=4,
 
 
 def hf_model(cfg: ModelConfig, seed: int = 0):
-    hf_cfg = transformers.BertConfig(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
-        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
-        intermediate_size=cfg.intermediate_size, hidden_act="gelu",
-        hidden_dropout_prob=cfg.hidden_dropout, attention_probs_dropout_prob=cfg.attention_dropout,
-        max_position_embeddings=cfg.max_position_embeddings, type_vocab_size=cfg.type_vocab_size,
-        layer_norm_eps=cfg.layer_norm_eps, attn_implementation="eager")
+    """HF's BertForPreTraining of ``cfg`` (its activation by HF's name: bert.weights.hf_config)."""
+    hf_cfg = transformers.BertConfig(**hf_config(cfg), attn_implementation="eager")
     torch.manual_seed(seed)
     model = transformers.BertForPreTraining(hf_cfg)
     # Perturb every parameter so zero biases and unit LayerNorm weights cannot hide a
@@ -38,7 +34,9 @@ def hf_model(cfg: ModelConfig, seed: int = 0):
 
 
 def ours_from(hf, cfg: ModelConfig) -> BertForPreTraining:
-    model = BertForPreTraining(cfg)
+    """Our model of ``cfg`` with ``hf``'s weights and activation (read from its config by
+    Hugging Face's names: bert.weights.HF_ACTIVATIONS)."""
+    model = BertForPreTraining(dataclasses.replace(cfg, activation=HF_ACTIVATIONS[hf.config.hidden_act]))
     model.load_state_dict(hf.state_dict(), strict=True)
     return model
 
@@ -85,6 +83,8 @@ def pack(padded: dict, labels: torch.Tensor):
     return inputs, labels.flatten()[is_masked]
 
 
-@pytest.fixture(scope="module")
-def hf():
-    return hf_model(dataclasses.replace(TINY, hidden_dropout=0.1, attention_dropout=0.1)).eval()
+@pytest.fixture(scope="module", params=["gelu_tanh", "gelu_erf"])
+def hf(request):
+    """HF's model (dropout 0.1) in each model.activation: the tests that use it run in both."""
+    return hf_model(dataclasses.replace(TINY, hidden_dropout=0.1, attention_dropout=0.1,
+                                        activation=request.param)).eval()

@@ -131,6 +131,9 @@ BLOCKS: dict[tuple[str, str, str], object] = {
     ("docs/tuning.md", "Tuning the optimizer: `tools/tune.py`, `tools/tune.sub`", "source config_CPU_1x2.sh"): Covered(
         "tests/integration/test_tune.py::test_study_on_slurm_prunes_tiny_rate_and_picks_a_setting_that_reaches_target",
         ("tune.sub", "worker", "report"), "DATADIR and EVALDIR are yours; the test runs the study on its SLURM cluster"),
+    ("docs/model.md", "The TensorFlow oracle in the suite (`tests/integration/test_tf_oracle.py`)", "make venv"): Covered(
+        "tests/integration/test_tf_oracle.py::oracle", ("tf_oracle.py", "TF_PYTHON", "make venv"),
+        "make test runs the test (and needs make venv first); the block is how to run it alone"),
     ("docs/study.md", "Running it", "python tools/study.py"): Covered(
         "tests/integration/test_study.py::test_quick_study_stops_continues_and_reports_what_the_logs_say",
         ("tools/study.py", "--quick", "--report-only", "--tune"),

@@ -12,6 +12,7 @@ import torch
 from bert.attention import AttentionBackend, build_attention  # noqa: E402
 from bert.config import ModelConfig  # noqa: E402
 from bert.model import BertForPreTraining, mlm_correct_and_count, pretraining_loss  # noqa: E402
+from bert.weights import HF_ACTIVATIONS  # noqa: E402
 from model_helpers import TINY, hf, hf_model, make_batch, ours_from, pack  # noqa: F401 - fixtures: hf
 
 
@@ -43,6 +44,48 @@ def test_matches_hf_in_eval(hf, backend, unpad):
     torch.testing.assert_close(nsp_logits, ref.seq_relationship_logits, **TOL)
     torch.testing.assert_close(loss, ref.loss, **TOL)
     assert ref_mlm.abs().max() > 0.1  # the comparison is not between near-zero tensors
+
+
+def test_gelu_tanh_is_googles_formula_and_erf_is_the_exact_one():
+    """model.activation's two GELUs, in float64 on [-10, 10]: gelu_tanh is modeling.gelu of
+    Google's BERT (the reference's) as it is written there, 0.5 x (1 + tanh(sqrt(2/pi) (x +
+    0.044715 x^3))); gelu_erf is x Phi(x); the two differ by up to 4.7e-4 (near |x| = 2.7)."""
+    from bert.model import Intermediate
+
+    x = torch.linspace(-10, 10, 200001, dtype=torch.float64)
+    google = 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3))))
+    exact = x * 0.5 * (1.0 + torch.erf(x / math.sqrt(2.0)))
+    out = {}
+    for act in ("gelu_tanh", "gelu_erf"):
+        layer = Intermediate(dataclasses.replace(TINY, activation=act, intermediate_size=1, hidden_size=1)).double()
+        with torch.no_grad():
+            layer.dense.weight.fill_(1.0)
+            layer.dense.bias.zero_()
+            out[act] = layer(x[:, None])[:, 0]
+    torch.testing.assert_close(out["gelu_tanh"], google, rtol=0, atol=1e-14)
+    torch.testing.assert_close(out["gelu_erf"], exact, rtol=0, atol=1e-14)
+    gap = (out["gelu_tanh"] - out["gelu_erf"]).abs()
+    assert 4.7e-4 < float(gap.max()) < 4.8e-4 and 2.6 < abs(float(x[gap.argmax()])) < 2.8
+    with pytest.raises(ValueError, match="model.activation: 'relu' is not one of"):
+        Intermediate(dataclasses.replace(TINY, activation="relu"))
+
+
+def test_the_hf_oracle_tells_the_two_gelus_apart(hf):
+    """Each setting of model.activation matches HF's model of that activation (the hf
+    fixture's two) and misses the other's by far more than the oracle's tolerance: the
+    comparisons above are not blind to the activation."""
+    padded, _, _ = make_batch()
+    real = padded["attention_mask"].bool()
+    with torch.no_grad():
+        ref = hf(**padded).prediction_logits[real]
+        gaps = {}
+        for act in ("gelu_tanh", "gelu_erf"):
+            ours = BertForPreTraining(dataclasses.replace(TINY, unpad=False, activation=act)).eval()
+            ours.load_state_dict(hf.state_dict())
+            gaps[act] = float((ours(**padded)[0][real] - ref).abs().max())
+    same = HF_ACTIVATIONS[hf.config.hidden_act]
+    other = ({"gelu_tanh", "gelu_erf"} - {same}).pop()
+    assert gaps[same] <= TOL["atol"] and gaps[other] > 20 * TOL["atol"], gaps
 
 
 def test_padded_logits_full_shape(hf):

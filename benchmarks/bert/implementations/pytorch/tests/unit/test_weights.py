@@ -3,8 +3,6 @@ Hugging Face round trip checked by transformers itself."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import pytest
 import torch
@@ -50,8 +48,12 @@ def test_tf_round_trip_is_exact_and_kernels_are_transposed():
     assert tf["bert/encoder/layer_1/intermediate/dense/kernel"].shape == (8, 12)  # [in, out]
     np.testing.assert_array_equal(tf["bert/encoder/layer_1/intermediate/dense/kernel"],
                                   state["bert.encoder.layer.1.intermediate.dense.weight"].numpy().T)
-    # The phase-1 checkpoint also holds optimizer slots and a step counter: ignored.
-    extra = {n + "/adam_m": v for n, v in tf.items()} | {"global_step": np.int64(28252)}
+    # The phase-1 checkpoint also holds optimizer slots and a step counter: ignored, as are
+    # the slots and counters of every optimizer the reference and Google's BERT train with.
+    extra = {f"{n}/{slot}": v for n, v in tf.items()
+             for slot in ("adam_m", "adam_v", "LAMB", "LAMB_1", "Adam", "Adam_1", "Momentum", "GradientAccumulator")}
+    extra |= {n: np.float32(0.5) for n in ("global_step", "beta1_power", "beta2_power", "update_count",
+                                           "current_loss_scale", "good_steps", "loss_scale")}
     back = wt.load_tf_checkpoint("fake.ckpt", TINY, reader=lambda _: tf | extra)
     for k, v in state.items():
         assert torch.equal(back[k], v), k
@@ -68,6 +70,10 @@ def test_tf_import_names_missing_extra_and_misshaped_tensors():
         wt.state_dict_from_tf(missing, TINY, "ckpt-1")
     with pytest.raises(wt.CheckpointError, match=r"ckpt-2: 1 unexpected tensors .*bert/encoder/layer_2"):
         wt.state_dict_from_tf(tf | {"bert/encoder/layer_2/output/dense/bias": np.zeros(8)}, TINY, "ckpt-2")
+    # A counter or slot of some other optimizer is not guessed at: named and refused.
+    for name in ("beta3_power", "bert/pooler/dense/kernel/RMSProp", "global_step_1"):
+        with pytest.raises(wt.CheckpointError, match=rf"ckpt-4: 1 unexpected tensors \(e.g. \[{name!r}\]\)"):
+            wt.state_dict_from_tf(tf | {name: np.zeros(1)}, TINY, "ckpt-4")
     bad = tf | {"bert/embeddings/word_embeddings": np.zeros((41, 8), np.float32)}
     with pytest.raises(wt.CheckpointError, match=r"ckpt-3: tensor 'bert/embeddings/word_embeddings' has shape"):
         wt.state_dict_from_tf(bad, TINY, "ckpt-3")
@@ -78,30 +84,19 @@ def test_tf_reader_names_the_file(tmp_path):
         wt.read_tf_checkpoint(tmp_path / "model.ckpt-5")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
-                    reason="TensorFlow is not installed (optional); tests/data/tf_tiny_ckpt, written by it, "
-                           "covers the reader without it")
-def test_tf_import_of_a_checkpoint_tensorflow_writes_now(tmp_path):  # pragma: no cover - needs TF
-    import tensorflow as tf
+@pytest.mark.parametrize("activation, hidden_act", [("gelu_tanh", "gelu_pytorch_tanh"), ("gelu_erf", "gelu")])
+def test_hf_export_loads_in_transformers_and_back_exactly(tmp_path, activation, hidden_act):
+    """The export's config.json names model.activation by Hugging Face's name, so that
+    transformers computes what the model computes; with the other GELU it would not."""
+    import dataclasses
+    import json
 
-    state = _model().state_dict()
-    arrays = wt.state_dict_to_tf(state, TINY)
-    tf.compat.v1.disable_eager_execution()
-    with tf.Graph().as_default():
-        variables = [tf.compat.v1.Variable(a, name=n) for n, a in arrays.items()]
-        saver = tf.compat.v1.train.Saver(variables)
-        with tf.compat.v1.Session() as sess:
-            sess.run(tf.compat.v1.global_variables_initializer())
-            prefix = saver.save(sess, str(tmp_path / "model.ckpt"), global_step=3, write_meta_graph=False)
-    back = wt.load_weights(prefix, TINY)
-    for k, v in state.items():
-        assert torch.equal(back[k], v), k
-
-
-def test_hf_export_loads_in_transformers_and_back_exactly(tmp_path):
     transformers = pytest.importorskip("transformers")
-    model = _model()
-    wt.export_hf(model.state_dict(), TINY, tmp_path / "hf")
+    cfg = dataclasses.replace(TINY, activation=activation)
+    model = BertForPreTraining(cfg).eval()
+    model.load_state_dict(_model().state_dict())
+    wt.export_hf(model.state_dict(), cfg, tmp_path / "hf")
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["hidden_act"] == hidden_act
     hf = transformers.BertForPreTraining.from_pretrained(tmp_path / "hf").eval()
     ids = torch.randint(0, TINY.vocab_size, (2, 7))
     seg = torch.randint(0, 2, (2, 7))
@@ -109,8 +104,13 @@ def test_hf_export_loads_in_transformers_and_back_exactly(tmp_path):
     with torch.no_grad():
         out = hf(input_ids=ids, token_type_ids=seg, attention_mask=mask)
         mlm, nsp = model.forward_padded(ids, seg, mask)
+        other_act = ({"gelu_tanh", "gelu_erf"} - {activation}).pop()
+        other = BertForPreTraining(dataclasses.replace(cfg, activation=other_act))
+        other.load_state_dict(model.state_dict())
+        wrong = other.eval().forward_padded(ids, seg, mask)[0]
     torch.testing.assert_close(out.prediction_logits, mlm, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out.seq_relationship_logits, nsp, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(out.prediction_logits, wrong, rtol=1e-5, atol=1e-5)  # the tolerance tells them apart
     # HF's own save -> our import: exact, tied keys filled in.
     hf.save_pretrained(tmp_path / "hf2")
     back = wt.load_hf(tmp_path / "hf2", TINY)
@@ -162,9 +162,52 @@ def test_checkpoint_cli_converts_both_ways_with_a_bert_config(tmp_path, capsys):
     assert main(["checkpoint", "--input", str(tmp_path / "hf"), "--output", str(tmp_path / "back.pt"), *cfg_args]) == 0
     back = torch.load(tmp_path / "back.pt", weights_only=True)
     assert all(torch.equal(back[k], v) for k, v in model.state_dict().items())
+    # Google's "gelu" (a bert_config.json) is the tanh GELU: an HF export says so in HF's words.
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["hidden_act"] == "gelu_pytorch_tanh"
     capsys.readouterr()
+    assert main(["checkpoint", "--input", str(tmp_path / "ours.pt"), "--output", str(tmp_path / "hf_erf"), "--to",
+                 "hf", "--activation", "gelu_erf", *cfg_args]) == 0
+    assert json.loads(capsys.readouterr().out)["activation"] == "gelu_erf"
+    assert json.loads((tmp_path / "hf_erf" / "config.json").read_text())["hidden_act"] == "gelu"
     assert main(["checkpoint", "--input", str(tmp_path / "ours.pt"), "--output", str(tmp_path / "x.pt")]) == 2
     assert "ours.pt: 352 missing tensors" in capsys.readouterr().err  # BERT-Large has 22 more layers
+
+
+@pytest.mark.parametrize("writer, hidden_act, activation", [
+    ({}, "gelu", "gelu_tanh"),  # Google's bert_config.json: modeling.gelu is the tanh form
+    ({}, None, "gelu_tanh"),  # Google's BertConfig default, "gelu"
+    ({"model_type": "bert"}, "gelu", "gelu_erf"),  # Hugging Face's config.json: "gelu" is erf
+    ({"model_type": "bert"}, None, "gelu_erf"),
+    ({"model_type": "bert"}, "gelu_new", "gelu_tanh"),
+    ({"model_type": "bert"}, "gelu_pytorch_tanh", "gelu_tanh"),
+])
+def test_bert_config_hidden_act_is_read_in_its_writers_meaning(tmp_path, writer, hidden_act, activation):
+    import json
+
+    arch = {"vocab_size": 40, "hidden_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2,
+            "intermediate_size": 12, "max_position_embeddings": 16, "type_vocab_size": 2}
+    act = {} if hidden_act is None else {"hidden_act": hidden_act}
+    (tmp_path / "config.json").write_text(json.dumps({**arch, **writer, **act}))
+    cfg = wt.config_from_bert_json(tmp_path / "config.json")
+    assert cfg.activation == activation and (cfg.num_layers, cfg.intermediate_size) == (2, 12)
+
+
+@pytest.mark.parametrize("writer, hidden_act, says", [
+    ({}, "relu", r"hidden_act 'relu' \(read as in Google's bert_config.json\); this model implements 'gelu' "
+                 r"\(gelu_tanh\) only"),
+    ({}, "gelu_new", r"hidden_act 'gelu_new' \(read as in Google's"),  # not a name Google's modeling.py knows
+    ({"model_type": "bert"}, "gelu_fast", r"hidden_act 'gelu_fast' \(read as in Hugging Face's config.json\); "
+                                          r"this model implements 'gelu_pytorch_tanh' \(gelu_tanh\), "
+                                          r"'gelu_new' \(gelu_tanh\), 'gelu' \(gelu_erf\) only"),
+])
+def test_bert_config_with_another_activation_is_refused_naming_it(tmp_path, writer, hidden_act, says):
+    import json
+
+    arch = {"vocab_size": 40, "hidden_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2,
+            "intermediate_size": 12, "max_position_embeddings": 16, "type_vocab_size": 2}
+    (tmp_path / "cfg.json").write_text(json.dumps({**arch, **writer, "hidden_act": hidden_act}))
+    with pytest.raises(wt.CheckpointError, match="cfg.json: " + says):
+        wt.config_from_bert_json(tmp_path / "cfg.json")
 
 
 # ---------------------------------------------------------------- TF bundle reader (no TensorFlow)
