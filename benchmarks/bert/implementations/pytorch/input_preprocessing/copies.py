@@ -6,27 +6,28 @@ label. The reference's dupe factor makes the same sentences ten times with other
 other pairings: those are other examples, not copies. Two equal examples are a copy when
 they hold at least ``MIN_COPY_TOKENS`` tokens; shorter ones are counted apart
 (``short_repeats``) and are not a defect: the reference makes the same short example twice
-by chance (a short document, the same split, the same few masked positions drawn again),
-a few in 100,000 samples of real text (BENCHMARKS.md), while at 32 tokens its five masked
-positions make a chance repeat about one in a hundred thousand even for the same text.
+by chance (a short document, the same split, the same few masked positions drawn again):
+0 to 2 in 13,000-73,000 samples of the texts measured (BENCHMARKS.md), while at 32 tokens its
+five masked positions, one of 118,755 choices, make a chance repeat rarer than one in a
+hundred thousand even for the same text and split.
 
 An eval sample is *in the training set* when a training sample holds exactly its text: its
 tokens with every masked position restored from its label, so the same text masked otherwise
 still matches; again from ``MIN_COPY_TOKENS`` tokens (shorter matches are counted apart:
-a pair of short sentences can occur in two documents, and the demo data's chains of 128
-tokens meet by chance up to 16 tokens long). Text cut into other samples is not found: held-out
-text must be kept apart by document, which is what this catches the failure of (the eval
-shard copied among the training shards, or the held-out text also given to ``create``).
+a pair of short sentences can occur in two documents, and the demo data's random chains of
+its 123 content tokens meet by chance in short samples). Text cut into other samples is not
+found: held-out text must be kept apart by document, and this catches where it was not (the
+eval shard copied among the training shards, or the held-out text also given to ``create``).
 
 Every sample is reduced to a 64-bit key (blake2b of its record; the lowest bit says whether it
 holds ``MIN_COPY_TOKENS`` tokens); two different samples share a key about once in 2^63 pairs,
-so over 10^8 samples a false repeat is about a one-in-a-thousand event.
+so over 10^8 samples a false repeat has about one chance in two thousand.
 
 Memory: ``KeyTable`` holds one key per training sample, 8 bytes, in shard order, and finds the
-repeats one 1/``PARTITIONS`` of the key range at a time (three more arrays of that part's
-size while it is sorted): 8 * (1 + 3 / PARTITIONS) bytes a sample, ~0.7 GB for the ~80 million
-samples of MLPerf's 4,320 shards (BENCHMARKS.md has the measurement). Counts per pair of
-shards are kept for pairs that share samples, with ``EXAMPLES_PER_PAIR`` sample rows each.
+repeats one 1/``PARTITIONS`` of the key range at a time (that part's keys, their positions and
+their sort order, and the repeats among them), scanning ``_CHUNK`` keys at a time: a little
+over 8 bytes a sample (BENCHMARKS.md measures it at MLPerf's size). Counts per pair of shards
+are kept for the pairs that share samples, with ``EXAMPLES_PER_PAIR`` sample rows each.
 """
 
 from __future__ import annotations
@@ -38,9 +39,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 MIN_COPY_TOKENS = 32
-PARTITIONS = 32
+PARTITIONS = 64
 EXAMPLES_PER_PAIR = 3
-_CHUNK = 1 << 22  # keys scanned at once while a partition is gathered
+_CHUNK = 1 << 20  # keys scanned at once while a partition is gathered (8 MiB of temporaries)
 
 
 def example_records(tokens: np.ndarray, segments: np.ndarray, offsets: np.ndarray, positions: np.ndarray,
