@@ -95,19 +95,20 @@ def test_repeats_are_counted_per_pair_of_shards_with_rows_and_short_ones_apart()
 
 
 def test_repeats_over_every_partition_of_the_key_range():
-    """Keys spread over the whole 64-bit range, so every partition holds some: each repeat is
+    """Keys spread over the whole 64-bit range, so every partition holds some repeats: each is
     found once, whichever partition sorts it."""
     rng = np.random.default_rng(1)
-    keys = rng.integers(0, 2**64 - 1, size=4000, dtype=np.uint64, endpoint=True) | np.uint64(1)
-    dup = rng.choice(2000, size=300, replace=False)
-    keys[2000 + dup] = keys[dup]  # the second shard repeats 300 samples of the first
-    table = copies.KeyTable([2000, 2000])
-    table.put(0, keys[:2000])
-    table.put(1, keys[2000:])
+    keys = rng.integers(0, 2**64 - 1, size=8000, dtype=np.uint64, endpoint=True) | np.uint64(1)
+    dup = rng.choice(4000, size=1500, replace=False)
+    keys[4000 + dup] = keys[dup]  # the second shard repeats 1,500 samples of the first
+    table = copies.KeyTable([4000, 4000])
+    table.put(0, keys[:4000])
+    table.put(1, keys[4000:])
     rep = table.repeats()
-    assert {int(k >> np.uint64(64 - 5)) for k in keys[dup]} == set(range(copies.PARTITIONS))
-    assert rep.copies == 300 and rep.pairs[(0, 1)].samples == 300 and rep.short == 0
-    assert all(r[0] == r[1] for r in rep.pairs[(0, 1)].rows)
+    bits = np.uint64(64 - int(np.log2(copies.PARTITIONS)))
+    assert {int(k >> bits) for k in keys[dup]} == set(range(copies.PARTITIONS))
+    assert rep.copies == 1500 and rep.pairs[(0, 1)].samples == 1500 and rep.short == 0
+    assert all(r[0] == r[1] for r in rep.pairs[(0, 1)].rows)  # shard 1 row i repeats shard 0 row i
 
 
 def test_same_digest_groups_keep_the_order_of_the_names():
