@@ -516,8 +516,7 @@ def diagnose(totals: dict[str, int], out: dict | None = None) -> list[str]:
             "that wrote some samples twice, or a shard copied in part; create itself repeats an example of 32 "
             "tokens or more only by chance, far less than once in a dataset. Rebuild the shards from create's "
             "output (python -m input_preprocessing shard) and check them again.")
-    ev = out.get("eval", {})
-    if ev.get("in_training"):
+    if out.get("defects", {}).get("eval_in_training"):  # not for the few a note reports
         lines.append(
             "eval samples inside the training set: the logged accuracy is then not a held-out measure. Known "
             "causes: the eval shard copied among the training shards, or the held-out text also given to create "

@@ -223,8 +223,9 @@ def test_real_text_made_into_shards_and_an_eval_set_raises_no_false_alarm(text, 
     vocab = Vocabulary.from_file(text.vocab)
     out = check(tmp_path / "train", vocab, eval_dir=tmp_path / "eval")
     assert out["exit_status"] == 0 and out["errors"] == [] and out["diagnosis"] == [], out["errors"]
-    assert out["copies"]["repeated_samples"] == 0 and out["eval"]["in_training"] == 0
-    assert out["unk_rate"] == 0.0 and out["samples"] > 3000
+    assert out["copies"]["repeated_samples"] == 0 and out["unk_rate"] == 0.0 and out["samples"] > 3000
+    # docstrings that share a passage put its text on both sides: a note, at most 1% of the set
+    assert out["eval"]["in_training"] <= 3 and len(out["notes"]) == (out["eval"]["in_training"] > 0)
 
 
 def test_held_out_text_also_given_as_a_training_part_is_found_under_other_masks(text, tmp_path):
@@ -287,6 +288,7 @@ def test_a_few_eval_samples_in_training_are_a_note_and_more_than_the_tolerance_a
     write_shard(target, Shard.concat([own, ev.subset(long[:15])]), "variable", 128, 20)
     out = check(d.train, DEMO_VOCAB, eval_dir=d.eval)
     assert out["exit_status"] == 0 and out["errors"] == [] and out["eval"]["in_training"] == 15
+    assert out["diagnosis"] == []  # no known cause to name for a note
     (note,) = out["notes"]
     assert note.startswith(f"15 of the 2000 eval samples in {d.eval} are in the training shards")
     assert "0.75% of the eval set, within --eval-tolerance 0.01" in note and "not a leak" in note
