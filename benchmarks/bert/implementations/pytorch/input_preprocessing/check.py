@@ -86,6 +86,7 @@ VOCAB_DEPENDENT = ("bad_segments", "mask_on_special")  # meaningless when the [C
 PAD_ID = 0
 UNK_NOTE = 0.01  # an [UNK] rate above this gets a diagnosis (create's own default refusal)
 LISTED = 5  # shards or pairs named in one line, the rest counted
+SHOWN_PAIRS = 20  # pairs of shards with their rows in the JSON, the rest counted
 # Eval samples whose text a training shard holds, as a share of the eval set, that a corpus
 # holding some passages twice gives without any leak (the standard library's docstrings have a
 # few: asyncio's protocol classes share their methods' docs); a copied eval shard gives ~all.
@@ -347,6 +348,73 @@ def _listed(items: list[str]) -> str:
     return ", ".join(items[:LISTED]) + (f" and {more} more" if more > 0 else "")
 
 
+def _shard_copies(per_shard: dict[str, dict], names: list[str], table: copies.KeyTable, found: dict[str, int],
+                  errors: list[str]) -> dict:
+    """Whole shards with the same examples, then samples repeated across shards or within one:
+    marks the shards, counts the defects, adds a line each; returns the JSON's ``copies``."""
+    groups = copies.same_digest_groups({n: c["examples_md5"] for n, c in per_shard.items() if c.get("samples")})
+    for g in groups:
+        for other in g[1:]:
+            per_shard[other]["copy_of"] = g[0]
+        md5 = per_shard[g[0]]["examples_md5"]
+        errors.append(f"{g[1]} holds the same examples as {g[0]} (examples_md5 {md5})" if len(g) == 2 else
+                      f"{len(g) - 1} shards hold the same examples as {g[0]} (examples_md5 {md5}): {_listed(g[1:])}")
+    rep = table.repeats()
+    for i in np.flatnonzero(rep.per_shard):
+        per_shard[names[i]]["repeated_samples"] = int(rep.per_shard[i])
+    pairs = sorted(rep.pairs.items(), key=lambda kv: (-kv[1].samples, kv[0]))
+    group_of = {n: k for k, g in enumerate(groups) for n in g}
+    partial = [(ab, pc) for ab, pc in pairs  # pairs that are not two whole copies of one shard
+               if group_of.get(names[ab[0]], -1) != group_of.get(names[ab[1]], -2)]
+    if partial:
+        def pair(a: int, b: int, pc: copies.PairCount) -> str:
+            where = f"within {names[a]}" if a == b else f"{names[b]} repeats {names[a]}"
+            return f"{where}: {pc.samples} (e.g. its sample {pc.rows[0][1]} = sample {pc.rows[0][0]})"
+        n = sum(pc.samples for _, pc in partial)
+        errors.append(f"{n} samples repeat an earlier sample beyond whole-shard copies ({len(partial)} pair(s) of "
+                      "shards): " + "; ".join(pair(a, b, pc) for (a, b), pc in partial[:LISTED])
+                      + (f"; and {len(partial) - LISTED} more pairs" if len(partial) > LISTED else ""))
+    if groups:
+        found["identical_shard"] = sum(len(g) - 1 for g in groups)
+    if rep.copies:
+        found["repeated_sample"] = rep.copies
+    return {"identical_shards": groups, "repeated_samples": rep.copies, "short_repeats": rep.short,
+            "pairs": [{"shards": [names[a], names[b]], "samples": pc.samples, "rows": [list(x) for x in pc.rows]}
+                      for (a, b), pc in pairs[:SHOWN_PAIRS]],
+            "pairs_total": len(pairs)}
+
+
+def _eval_findings(ev: _EvalSet, eval_dir: str, found_eval: dict[tuple[int, int], bool],
+                   per_training_shard: dict[str, int], examples: list[str], per_shard: dict[str, dict],
+                   tolerance: float, found: dict[str, int], errors: list[str], notes: list[str]) -> dict:
+    """The eval samples found in the training shards: a defect and a line above ``tolerance``
+    of the eval set or when a training shard is an eval shard, else a note; returns the JSON's
+    ``eval``."""
+    long_found = sum(found_eval.values())
+    held_by = dict(sorted(per_training_shard.items(), key=lambda kv: -kv[1]))
+    for name, k in held_by.items():
+        per_shard[name]["eval_samples"] = k
+    whole = [name for name, c in per_shard.items() if c.get("examples_md5") in ev.md5 and c.get("samples")]
+    for name in whole:
+        errors.append(f"{name} holds the same examples as the eval set's {ev.md5[per_shard[name]['examples_md5']]}: "
+                      "a copy of the eval set among the training shards")
+    short = len(found_eval) - long_found
+    if long_found:
+        line = (f"{long_found} of the {ev.samples} eval samples in {eval_dir} are in the training shards "
+                "(their text, masked positions restored"
+                + (f"; {short} shorter ones match too, which chance can do" if short else "")
+                + f"): held by {_listed([f'{n} ({k})' for n, k in held_by.items()])}; e.g. {examples[0]}")
+        if whole or long_found > tolerance * ev.samples:
+            found["eval_in_training"] = long_found
+            errors.append(line)
+        else:
+            notes.append(f"{line}. That is {long_found / ev.samples:.2%} of the eval set, within --eval-tolerance "
+                         f"{tolerance:g}: text the corpus holds twice (a boilerplate passage in two documents), "
+                         "not a leak")
+    return {"eval_dir": eval_dir, "eval_samples": ev.samples, "in_training": long_found, "short_matches": short,
+            "training_shards": held_by, "examples": examples}
+
+
 def check(input_dir: str | Path, vocab: Vocabulary = Vocabulary(), max_seq_length: int = 512,
           digests: str | Path = "", eval_dir: str | Path = "", workers: int = 1,
           eval_tolerance: float = EVAL_TOLERANCE) -> dict:
@@ -403,67 +471,12 @@ def check(input_dir: str | Path, vocab: Vocabulary = Vocabulary(), max_seq_lengt
     found = {k: v for k, v in totals.items() if v and k != WRAP_SIGNATURE and k not in hidden}
     errors: list[str] = []  # one line per finding that fails the check
     notes: list[str] = []  # one line per finding that does not
-
-    # copies: whole shards, then single samples
-    groups = copies.same_digest_groups({n: c["examples_md5"] for n, c in per_shard.items() if c.get("samples")})
-    for g in groups:
-        for other in g[1:]:
-            per_shard[other]["copy_of"] = g[0]
-        md5 = per_shard[g[0]]["examples_md5"]
-        errors.append(f"{g[1]} holds the same examples as {g[0]} (examples_md5 {md5})" if len(g) == 2 else
-                      f"{len(g) - 1} shards hold the same examples as {g[0]} (examples_md5 {md5}): {_listed(g[1:])}")
-    rep = table.repeats()
-    for i in np.flatnonzero(rep.per_shard):
-        per_shard[names[i]]["repeated_samples"] = int(rep.per_shard[i])
-    pairs = sorted(rep.pairs.items(), key=lambda kv: (-kv[1].samples, kv[0]))
-    copied = {"identical_shards": groups, "repeated_samples": rep.copies, "short_repeats": rep.short,
-              "pairs": [{"shards": [names[a], names[b]], "samples": pc.samples, "rows": [list(x) for x in pc.rows]}
-                        for (a, b), pc in pairs[:20]],
-              "pairs_total": len(pairs)}
-    group_of = {n: k for k, g in enumerate(groups) for n in g}
-    partial = [(ab, pc) for ab, pc in pairs  # pairs that are not two whole copies of one shard
-               if group_of.get(names[ab[0]], -1) != group_of.get(names[ab[1]], -2)]
-    if partial:
-        def pair(a: int, b: int, pc: copies.PairCount) -> str:
-            where = f"within {names[a]}" if a == b else f"{names[b]} repeats {names[a]}"
-            return f"{where}: {pc.samples} (e.g. its sample {pc.rows[0][1]} = sample {pc.rows[0][0]})"
-        n = sum(pc.samples for _, pc in partial)
-        errors.append(f"{n} samples repeat an earlier sample beyond whole-shard copies ({len(partial)} pair(s) of "
-                      "shards): " + "; ".join(pair(a, b, pc) for (a, b), pc in partial[:LISTED])
-                      + (f"; and {len(partial) - LISTED} more pairs" if len(partial) > LISTED else ""))
-    if groups:
-        found["identical_shard"] = sum(len(g) - 1 for g in groups)
-    if rep.copies:
-        found["repeated_sample"] = rep.copies
-
     out = {"shards": len(paths), "samples": samples, "defects": found,
-           "unk_rate": round(unk / tokens, 6) if tokens and not other_vocab else None, "copies": copied}
+           "unk_rate": round(unk / tokens, 6) if tokens and not other_vocab else None,
+           "copies": _shard_copies(per_shard, names, table, found, errors)}
     if ev:
-        long_found = sum(found_eval.values())
-        out["eval"] = {"eval_dir": str(eval_dir), "eval_samples": ev.samples, "in_training": long_found,
-                       "short_matches": len(found_eval) - long_found,
-                       "training_shards": dict(sorted(eval_per_shard.items(), key=lambda kv: -kv[1])),
-                       "examples": eval_examples}
-        for name, k in eval_per_shard.items():
-            per_shard[name]["eval_samples"] = k
-        whole = [name for name, c in per_shard.items() if c.get("examples_md5") in ev.md5 and c.get("samples")]
-        for name in whole:
-            errors.append(f"{name} holds the same examples as the eval set's {ev.md5[per_shard[name]['examples_md5']]}: "
-                          "a copy of the eval set among the training shards")
-        if long_found:
-            held = [f"{n} ({k})" for n, k in out["eval"]["training_shards"].items()]
-            short = out["eval"]["short_matches"]
-            line = (f"{long_found} of the {ev.samples} eval samples in {eval_dir} are in the training shards "
-                    f"(their text, masked positions restored"
-                    + (f"; {short} shorter ones match too, which chance can do" if short else "")
-                    + f"): held by {_listed(held)}; e.g. {eval_examples[0]}")
-            if whole or long_found > eval_tolerance * ev.samples:
-                found["eval_in_training"] = long_found
-                errors.append(line)
-            else:
-                notes.append(f"{line}. That is {long_found / ev.samples:.2%} of the eval set, within --eval-tolerance "
-                             f"{eval_tolerance:g}: text the corpus holds twice (a boilerplate passage in two "
-                             "documents), not a leak")
+        out["eval"] = _eval_findings(ev, str(eval_dir), found_eval, eval_per_shard, eval_examples, per_shard,
+                                     eval_tolerance, found, errors, notes)
     for k in DEFECTS:
         if k in found:
             bad = [n for n, c in per_shard.items() if c.get(k)]

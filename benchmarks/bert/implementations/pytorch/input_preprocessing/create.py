@@ -416,7 +416,6 @@ def _create_one(job: _Job) -> _Done:
         _claim(job.claims, md5, job.path)
     _judge_unk(str(job.path), text.unk, text.tokens, job.max_unk_rate, job.vocab, o.lowercase)
     shard = examples_of_part(job.path, text.docs, job.vocab, o)
-
     write_shard_atomic(target, shard, o.layout, o.max_seq_length, o.max_predictions_per_seq)
     write_text(_source(target), md5 + "\n")
     return _Done(len(shard), int(len(shard.tokens)), time.perf_counter() - t0, text.dropped, text.tokens, text.unk)

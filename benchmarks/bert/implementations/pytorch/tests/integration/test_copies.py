@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -46,7 +45,7 @@ def test_the_demo_data_passes_check_with_its_eval_set(demo):
 
 
 def test_a_shard_replaced_by_a_copy_with_its_md5_list_made_after_is_named(demo, tmp_path):
-    """The issue's first case: part_00001 replaced by a copy of part_00000, md5sums.txt
+    """part_00001 replaced by a copy of part_00000, md5sums.txt
     written after the copy (so the md5 list cannot tell)."""
     d = demo.copy(tmp_path / "d")
     shutil.copy(d.train / "part_00000_of_00008.hdf5", d.train / "part_00001_of_00008.hdf5")
