@@ -25,6 +25,12 @@ Over worker counts (``--workers``): ``create`` on the synthetic corpus of about 
 (parts of ``--part-mb`` each); samples, seconds, samples/s overall and per core (samples over
 the summed per-part compute time), text MB/s per core.
 
+The guards (``guards``): what ``create`` does beside the reference's algorithm, each piece timed
+alone on every part of that corpus (CPU seconds, fastest of 5): reading and hashing a part
+(md5), looking up the md5 its shard was made from, registering the text's md5 (the same-text
+refusal), recording it beside the shard, and once the [UNK] pre-flight over the first 64 KiB;
+their sum against the CPU of the one-worker run, which includes them.
+
     flock /tmp/bench.lock python bench/preprocessing.py --mb 4 --workers 1 2 --out /tmp/prep_bench.json
 
 Run from benchmarks/bert/implementations/pytorch with the venv active. Prints and writes JSON.
@@ -110,6 +116,39 @@ def side_by_side(part: Path, vocab: Path, o: CreateOptions, reps: int, work: Pat
             "speedup": round(min(ref_s) / min(ours_s), 2)}
 
 
+def guards(files: list[Path], vocab: Path, work: Path, create_cpu_s: float) -> dict:
+    """CPU seconds of each guard create adds, over every part of the corpus (see the docstring)."""
+    from input_preprocessing import create as c
+    from input_preprocessing.common import write_text
+
+    v = load_vocab(vocab)
+    claims = work / "claims"
+    claims.mkdir()
+
+    def best(f, reps: int = 5) -> float:
+        out = []
+        for _ in range(reps):
+            t = time.process_time()
+            f()
+            out.append(time.process_time() - t)
+        return min(out)
+
+    per = {"read_and_md5": 0.0, "made_from": 0.0, "claim": 0.0, "record": 0.0}
+    read_only = 0.0
+    for i, f in enumerate(files):
+        read_only += best(lambda: f.read_bytes())
+        per["read_and_md5"] += best(lambda: c.read_part(f))
+        per["made_from"] += best(lambda: c._made_from(work / "none.hdf5"))
+        per["claim"] += best(lambda: c._claim(claims, f"{i:032x}", f), reps=1)
+        per["record"] += best(lambda: write_text(work / ".sources" / f"{i}.md5", "0" * 32 + "\n"))
+    per["md5_only"] = per.pop("read_and_md5") - read_only  # the read itself the reference does too
+    preflight = best(lambda: c._preflight(files, v, CreateOptions(), 1.0))
+    total = sum(per.values()) + preflight
+    return {"parts": len(files), "cpu_s": {k: round(x, 5) for k, x in per.items()}, "preflight_cpu_s": round(preflight, 5),
+            "guards_cpu_s": round(total, 4), "create_cpu_s_one_worker": round(create_cpu_s, 3),
+            "share": round(total / create_cpu_s, 4)}
+
+
 def commit() -> str:
     r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                        cwd=Path(__file__).resolve().parent)
@@ -159,13 +198,20 @@ def main() -> None:
         runs = []
         for w in args.workers:
             out = work / f"out_w{w}"
+            cpu0 = time.process_time()
             s = create(work / "text", vocab, out, opts, workers=w)
+            cpu = time.process_time() - cpu0  # all of it with one worker (in this process)
             busy_s = s["samples_written_now"] / s["samples_per_s_per_core"]
             runs.append({"workers": w, "samples": s["samples_written_now"], "tokens": s["tokens_written_now"],
                          "wall_s": s["wall_s"], "samples_per_s": s["samples_per_s"],
                          "samples_per_s_per_core": s["samples_per_s_per_core"],
-                         "text_mb_per_s_per_core": round(mb / busy_s, 3)})
+                         "text_mb_per_s_per_core": round(mb / busy_s, 3),
+                         **({"cpu_s": round(cpu, 3)} if w == 1 else {})})
             print(json.dumps(runs[-1]), flush=True)
+        one = [r for r in runs if r["workers"] == 1]
+        if one:
+            result["guards"] = guards(files, vocab, work, one[0]["cpu_s"])
+            print(json.dumps(result["guards"]), flush=True)
         result.update({"corpus_mb": round(mb, 2), "parts": parts, "vocab_size": args.vocab_size, "runs": runs,
                        "load_average_after": os.getloadavg()})
         print(json.dumps(result, indent=1))

@@ -3,19 +3,28 @@
 Each step writes into its own output directory through temp-file-then-rename and records
 its parameters there, so rerunning an interrupted step with the same arguments resumes it
 and an output directory holding a different run is refused.
+
+Exit statuses: 0 done; 1 ``check`` found a defect or a copy; 2 bad input (one line naming it);
+130 interrupted (Ctrl-C: one line, what is complete stays, the same command resumes); 141 the
+reader of the JSON on stdout went away (a closed pipe, as ``| head`` closes it): quietly.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import signal
 import sys
 import typing
 from pathlib import Path
 from typing import Callable
 
-from .common import PrepError, default_workers
+# Every import that takes time (numpy, h5py, torch) happens inside main(), where Ctrl-C is
+# answered with one line: an interrupt during the start-up imports would print a traceback.
+
+SHOWN = 20  # check's shard entries printed without --per-shard
 
 # name -> (one-line help, adds its arguments, runs it and returns a JSON-able summary)
 STEPS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], object]]] = {}
@@ -29,6 +38,8 @@ def _ints(text: str) -> list[int]:
 
 
 def _workers(p: argparse.ArgumentParser) -> None:
+    from .common import default_workers
+
     p.add_argument("--workers", type=int, default=default_workers(),
                    help="processes working in parallel, one input file each (default: the usable cores); "
                         "the output does not depend on it")
@@ -42,11 +53,12 @@ def _run_create(a: argparse.Namespace) -> object:
 
     opts = CreateOptions(a.max_seq_length, a.max_predictions_per_seq, a.masked_lm_prob, a.short_seq_prob,
                          a.dupe_factor, a.seed, not a.cased, a.layout, a.strict_documents)
-    return create(a.input, a.vocab, a.output, opts, a.workers, a.pattern)
+    return create(a.input, a.vocab, a.output, opts, a.workers, a.pattern, max_unk_rate=a.max_unk_rate,
+                  allow_same_text=a.allow_same_text)
 
 
 def _create_args(p: argparse.ArgumentParser) -> None:
-    from .create import CreateOptions
+    from .create import MAX_UNK_RATE, MIN_UNK_TOKENS, CreateOptions
     from .wordpiece import UNICODE_VERSION
 
     p.description = (
@@ -74,6 +86,13 @@ def _create_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strict-documents", action="store_true",
                    help="stop at the first empty document (two blank lines in a row, or lines without "
                         "tokens) instead of dropping and counting it as the reference does")
+    p.add_argument("--max-unk-rate", type=float, default=MAX_UNK_RATE,
+                   help=f"refuse text whose tokens are more than this share [UNK] (default {MAX_UNK_RATE:g}; judged on "
+                        f"{MIN_UNK_TOKENS} tokens or more): the sign of a vocab that does not fit the text, usually "
+                        "an uncased vocab with --cased")
+    p.add_argument("--allow-same-text", action="store_true",
+                   help="make parts with the same text anyway (refused by default: every part is seeded alike, so "
+                        "two copies of a text give the same examples twice)")
     _workers(p)
 
 
@@ -130,6 +149,9 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", required=True, help="hdf5 file or directory of the eval examples (create's output)")
     p.add_argument("--output", required=True, help="new directory for eval_10k.hdf5")
     p.add_argument("--num-samples", type=int, default=10000)
+    p.add_argument("--or-fewer", action="store_true",
+                   help="with fewer eval examples than --num-samples, take them all (the summary says how many) "
+                        "instead of refusing: for a held-out text of your own that is too small")
     p.add_argument("--layout", choices=("", "fixed", "variable"), default="", help="default: the input's")
     p.add_argument("--max-seq-length", type=int, default=512, help="for a fixed output from variable input")
     p.add_argument("--max-predictions", type=int, default=76, help="for a fixed output from variable input")
@@ -138,7 +160,8 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
 def _run_eval(a: argparse.Namespace) -> object:
     from .pick_eval import pick_eval
 
-    return pick_eval(a.input, a.output, a.num_samples, a.layout, a.max_seq_length, a.max_predictions)
+    return pick_eval(a.input, a.output, a.num_samples, a.layout, a.max_seq_length, a.max_predictions,
+                     or_fewer=a.or_fewer)
 
 
 def _sum_args(p: argparse.ArgumentParser) -> None:
@@ -163,12 +186,16 @@ def _stats_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", required=True, help="directory of shards (searched recursively)")
     p.add_argument("--output", required=True, help="directory for stats.json and length_histogram.png")
     p.add_argument("--max-seq-length", type=int, default=512)
+    p.add_argument("--vocab", default="", help="vocab.txt the shards were made with, for its [UNK] id (default: "
+                   "--unk-id)")
+    p.add_argument("--unk-id", type=int, default=100, help="id of [UNK] (default: the MLPerf uncased vocab's, 100)")
 
 
 def _run_stats(a: argparse.Namespace) -> object:
+    from .create import load_vocab
     from .stats import stats
 
-    return stats(a.input, a.output, a.max_seq_length)
+    return stats(a.input, a.output, a.max_seq_length, load_vocab(a.vocab).unk if a.vocab else a.unk_id)
 
 
 def _ckpt_args(p: argparse.ArgumentParser) -> None:
@@ -196,7 +223,7 @@ def _run_ckpt(a: argparse.Namespace) -> object:
     from bert.weights import CheckpointError, config_from_bert_json, export_hf, load_weights
     from bert.config import ModelConfig
 
-    from .common import atomic_write
+    from .common import PrepError, atomic_write
 
     try:
         cfg = config_from_bert_json(a.bert_config) if a.bert_config else ModelConfig()
@@ -215,29 +242,51 @@ def _run_ckpt(a: argparse.Namespace) -> object:
 
 
 def _check_args(p: argparse.ArgumentParser) -> None:
+    from .check import EVAL_TOLERANCE
+
     p.add_argument("--input", required=True, help="directory of shards, fixed or variable layout (searched recursively)")
     p.add_argument("--vocab", default="", help="vocab.txt the shards were made with (default: the MLPerf uncased "
-                   "vocab's facts, or the three options below)")
+                   "vocab's facts, or the options below)")
     p.add_argument("--vocab-size", type=int, default=30522)
     p.add_argument("--cls-id", type=int, default=101)
     p.add_argument("--sep-id", type=int, default=102)
+    p.add_argument("--unk-id", type=int, default=100)
     p.add_argument("--max-seq-length", type=int, default=512)
+    p.add_argument("--eval", default="", metavar="EVAL_DIR",
+                   help="the eval set (eval's output directory or file): count its samples whose text (masked "
+                        "positions restored) a training shard holds, name those shards, exit 1 on any")
+    p.add_argument("--eval-tolerance", type=float, default=EVAL_TOLERANCE, metavar="FRACTION",
+                   help="eval samples found in training that only make a note, as a share of the eval set (default "
+                        f"{EVAL_TOLERANCE:g}: passages a corpus holds twice; a leak is most of the set)")
+    p.add_argument("--per-shard", action="store_true",
+                   help="print every shard's entry (samples, examples_md5, counts); by default only the shards "
+                        f"with a finding, at most {SHOWN}")
     p.add_argument("--digests", default="", help="also write each shard's examples_md5 (the md5 of its examples, "
                    "the same in either layout) to this file, '<md5>  <shard>' a line: compare it with the same "
                    "file made from shards made elsewhere, part by part")
+    p.add_argument("--workers", type=int, default=1,
+                   help="shards checked at once, in as many processes (default 1: each holds a shard in memory)")
 
 
 def _run_check(a: argparse.Namespace) -> object:
     from .check import Vocabulary, check
 
-    vocab = Vocabulary.from_file(a.vocab) if a.vocab else Vocabulary(a.vocab_size, a.cls_id, a.sep_id)
-    out = check(a.input, vocab, a.max_seq_length, a.digests)
-    for line in out["diagnosis"]:
-        print(f"diagnosis: {line}", file=sys.stderr)
+    vocab = Vocabulary.from_file(a.vocab) if a.vocab else Vocabulary(a.vocab_size, a.cls_id, a.sep_id, a.unk_id)
+    out = check(a.input, vocab, a.max_seq_length, a.digests, a.eval, a.workers, a.eval_tolerance)
     if "other_vocabulary" in out:
         print(f"error: {a.input}: {out['other_vocabulary']}", file=sys.stderr)
-    if out["defects"]:
-        print(f"error: defects in {a.input}: {out['defects']} (per shard: see 'per_shard')", file=sys.stderr)
+    for line in out.pop("errors"):
+        print(f"error: {a.input}: {line}", file=sys.stderr)
+    for line in out.pop("notes"):
+        print(f"note: {a.input}: {line}", file=sys.stderr)
+    for line in out.pop("diagnosis"):
+        print(f"diagnosis: {line}", file=sys.stderr)
+    if not a.per_shard:
+        flagged = {n: c for n, c in out["per_shard"].items() if set(c) - {"samples", "examples_md5"}}
+        out["per_shard"] = dict(list(flagged.items())[:SHOWN])
+        out["shards_with_findings"] = len(flagged)
+        if len(flagged) > SHOWN:
+            out["per_shard_not_shown"] = len(flagged) - SHOWN  # --per-shard prints them all
     return out
 
 
@@ -250,6 +299,7 @@ def _vocab_args(p: argparse.ArgumentParser) -> None:
 
 
 def _run_vocab(a: argparse.Namespace) -> object:
+    from .common import PrepError
     from .toy_corpus import train_vocab
 
     files = sorted(f for f in Path(a.input).glob(a.pattern) if f.is_file() and not f.name.startswith("."))
@@ -267,27 +317,40 @@ STEPS["checksum"] = ("write an md5 manifest of every shard", _sum_args, _run_che
 STEPS["verify"] = ("check shards against their md5 manifest (exit 2 on any difference)", _sum_args, _run_verify)
 STEPS["checkpoint"] = ("convert model weights: TF phase-1 checkpoint / HF / ours -> ours (.pt) or HF",
                        _ckpt_args, _run_ckpt)
-STEPS["check"] = ("scan every sample of every shard for defects; per-shard counts, exit 1 on any",
+STEPS["check"] = ("scan every sample of every shard for defects and copies (and, with --eval, the eval set inside "
+                   "the training set); exit 1 on any, 2 when it cannot check",
                   _check_args, _run_check)
 STEPS["stats"] = ("length histogram, tokens, padding fraction: stats.json + length_histogram.png",
                   _stats_args, _run_stats)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m input_preprocessing", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="step", required=True, metavar="<" + "|".join(STEPS) + ">")
-    for name, (help_, add_args, _) in STEPS.items():
-        add_args(sub.add_parser(name, help=help_, description=help_))
-    args = parser.parse_args(argv)
     try:
-        summary = STEPS[args.step][2](args)
-    except PrepError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    rc = summary.pop("exit_status", 0) if isinstance(summary, dict) else 0
-    print(json.dumps(summary, indent=1))
-    return rc
+        parser = argparse.ArgumentParser(prog="python -m input_preprocessing", description=__doc__,
+                                         formatter_class=argparse.RawDescriptionHelpFormatter)
+        sub = parser.add_subparsers(dest="step", required=True, metavar="<" + "|".join(STEPS) + ">")
+        for name, (help_, add_args, _) in STEPS.items():
+            add_args(sub.add_parser(name, help=help_, description=help_))
+        args = parser.parse_args(argv)
+        from .common import PrepError
+
+        try:
+            summary = STEPS[args.step][2](args)
+        except PrepError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        rc = summary.pop("exit_status", 0) if isinstance(summary, dict) else 0
+        print(json.dumps(summary, indent=1), flush=True)
+        return rc
+    except KeyboardInterrupt:
+        print("interrupted (Ctrl-C): the files written so far are complete; the same command resumes",
+              file=sys.stderr)
+        return 128 + signal.SIGINT
+    except BrokenPipeError:
+        # The reader of stdout went away (`| head`): nothing more to say to it. Point stdout at
+        # /dev/null so the interpreter's flush at exit does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

@@ -27,15 +27,41 @@ the id-dependent counts (``bad_segments``, ``mask_on_special``) are then not rep
 the check says to pass ``--vocab`` (exit 2: the scan's premise, not the data, is wrong).
 
 Each readable shard also gets ``examples_md5``: the md5 of its examples, the same in either
-layout (``examples_md5()`` says what it hashes), so that shards made elsewhere (NVIDIA's
+layout (``copies.example_records`` says what it hashes), so that shards made elsewhere (NVIDIA's
 scripts, the reference's output converted to hdf5) can be compared with ours part by part;
 ``--digests FILE`` writes them as ``<md5>  <shard>`` lines.
 
-Known cause recognised: NVIDIA's ``convert_fixed2variable.py`` computes each length as
-Python ``sum()`` over the int8 ``input_mask`` row; under NumPy >= 2 the sum stays int8 and
-wraps modulo 256, so samples of real length 128-255 gain 256 padding tokens, 256-383 are
-cut to L-256 and 512 are emptied. Its signature here: variable rows that end in exactly 256
-padding ids after a [SEP] at a real length of 128-255.
+Copies (``copies.py`` says what counts as one and what it costs in memory), counted beside the
+defects and making the check fail like them:
+
+identical_shard     a shard whose examples are exactly an earlier shard's (the same
+                    ``examples_md5``): counted once per copy
+repeated_sample     a sample of at least 32 tokens whose example (tokens, masks, labels,
+                    segments, next-sentence label) occurs earlier, in its shard or another;
+                    counted per pair of shards with a few rows
+eval_in_training    with ``--eval DIR``: an eval sample of at least 32 tokens whose text
+                    (masked positions restored from their labels) a training sample holds,
+                    when they are more than ``--eval-tolerance`` (1%) of the eval set or a
+                    training shard holds a whole eval shard; fewer are a note (a corpus that
+                    holds a passage twice, in a held-out and a training document)
+
+The [UNK] rate (the share of [UNK] among the samples' tokens, masked positions counted as
+their labels) is reported, not judged: above 1% the diagnosis names the likely cause.
+
+Exit status: 0 clean; 1 a defect or a copy; 2 the check's premise is wrong (an input that is
+not a directory of shards, an eval set that cannot be read, or shards of another vocabulary).
+
+Known causes recognised:
+
+- NVIDIA's ``convert_fixed2variable.py`` computes each length as Python ``sum()`` over the
+  int8 ``input_mask`` row; under NumPy >= 2 the sum stays int8 and wraps modulo 256, so
+  samples of real length 128-255 gain 256 padding tokens, 256-383 are cut to L-256 and 512
+  are emptied. Its signature here: variable rows that end in exactly 256 padding ids after a
+  [SEP] at a real length of 128-255.
+- Whole shards that repeat: a shuffle or re-chop script that wrote the same samples into
+  several shards (NVIDIA's ``shuffle_samples.py`` never advanced its sample index, and every
+  shard came out the same; runs on such data stalled at 0.62-0.63 masked-LM accuracy, and
+  ``diagnose`` names the public reports).
 """
 
 from __future__ import annotations
@@ -47,7 +73,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from bert.shards import SHARD_SUFFIXES
+from bert.shards import SHARD_SUFFIXES, shard_size
+
+from . import copies
+from .common import PrepError, input_directory, parallel_map, write_text
 
 DEFECTS = ("empty_sample", "too_long", "pad_inside", "mask_not_prefix", "mask_outside", "mask_on_special",
            "mask_duplicate", "no_predictions", "id_out_of_vocab", "bad_segments", "bad_nsp_label", "unreadable")
@@ -55,22 +84,30 @@ WRAP_SIGNATURE = "wrap256_padded"  # counted beside the defects: samples carryin
 SPECIALS_IN_PLACE = "cls_or_sep_in_place"  # counted beside them: samples starting [CLS] or ending [SEP]
 VOCAB_DEPENDENT = ("bad_segments", "mask_on_special")  # meaningless when the [CLS]/[SEP] ids are not the shards'
 PAD_ID = 0
+UNK_NOTE = 0.01  # an [UNK] rate above this gets a diagnosis (create's own default refusal)
+LISTED = 5  # shards or pairs named in one line, the rest counted
+SHOWN_PAIRS = 20  # pairs of shards with their rows in the JSON, the rest counted
+# Eval samples whose text a training shard holds, as a share of the eval set, that a corpus
+# holding some passages twice gives without any leak (the standard library's docstrings have a
+# few: asyncio's protocol classes share their methods' docs); a copied eval shard gives ~all.
+EVAL_TOLERANCE = 0.01
 
 
 @dataclass(frozen=True)
 class Vocabulary:
-    """What the scan needs of the vocab: its size and the [CLS]/[SEP] ids."""
+    """What the scan needs of the vocab: its size and the [CLS]/[SEP]/[UNK] ids."""
 
     size: int = 30522  # the MLPerf uncased WordPiece vocab
     cls: int = 101
     sep: int = 102
+    unk: int = 100
 
     @staticmethod
     def from_file(path: str | Path) -> Vocabulary:
         from .create import load_vocab
 
         v = load_vocab(path)
-        return Vocabulary(v.size, v.cls, v.sep)
+        return Vocabulary(v.size, v.cls, v.sep, v.unk)
 
 
 @dataclass
@@ -144,28 +181,13 @@ def _read(path: Path) -> Ragged:
                   _offsets(np.bincount(row_of[real], minlength=n)), nsp, mismatch, np.zeros(n, bool))
 
 
+def _records(r: Ragged) -> tuple[np.ndarray, np.ndarray]:
+    return copies.example_records(r.tokens, r.segments, r.offsets, r.positions, r.labels, r.poffsets, r.nsp)
+
+
 def examples_md5(r: Ragged) -> str:
-    """md5 of a shard's examples, the same for both layouts: for each example in order, as
-    little-endian int32: its length L, its L token ids, its L segment ids, its number P of
-    predictions, their P positions (ascending, padding slots left out), their P label ids, its
-    next-sentence label."""
-    n = len(r.nsp)
-    lengths, preds = np.diff(r.offsets), np.diff(r.poffsets)
-    start = np.zeros(n + 1, np.int64)
-    np.cumsum(3 + 2 * lengths + 2 * preds, out=start[1:])
-    out = np.empty(int(start[-1]), "<i4")
-    head = start[:-1]
-    out[head] = lengths
-    tok = np.repeat(head + 1, lengths) + (np.arange(len(r.tokens)) - np.repeat(r.offsets[:-1], lengths))
-    out[tok] = r.tokens
-    out[tok + np.repeat(lengths, lengths)] = r.segments
-    mid = head + 1 + 2 * lengths
-    out[mid] = preds
-    pred = np.repeat(mid + 1, preds) + (np.arange(len(r.positions)) - np.repeat(r.poffsets[:-1], preds))
-    out[pred] = r.positions
-    out[pred + np.repeat(preds, preds)] = r.labels
-    out[mid + 1 + 2 * preds] = r.nsp
-    return hashlib.md5(out.tobytes()).hexdigest()
+    """md5 of a shard's examples (``copies.example_records``), the same for both layouts."""
+    return hashlib.md5(memoryview(_records(r)[0]).cast("B")).hexdigest()
 
 
 def scan(r: Ragged, vocab: Vocabulary, max_seq_length: int) -> dict[str, int]:
@@ -253,34 +275,189 @@ def shard_paths(directory: Path) -> list[Path]:
     return sorted(p for p in directory.rglob("*") if p.suffix in SHARD_SUFFIXES and p.is_file())
 
 
-def check(input_dir: str | Path, vocab: Vocabulary = Vocabulary(), max_seq_length: int = 512,
-          digests: str | Path = "") -> dict:
-    """Scan every shard under ``input_dir`` (recursively); return per-shard counts and
-    ``examples_md5``, the totals, the diagnosis, and ``exit_status`` 1 when anything was found
-    (0 when clean). ``digests``: also write the examples' md5 of each shard there."""
-    from .common import PrepError, write_text
+@dataclass(frozen=True)
+class _Job:
+    path: Path
+    vocab: Vocabulary
+    max_seq_length: int
+    eval_keys: np.ndarray | None  # sorted text keys of the eval set, or None without --eval
 
-    d = Path(input_dir)
-    if not d.is_dir():
-        raise PrepError(f"{d}: no such input directory")
+
+def _scan_one(job: _Job) -> dict:
+    """One shard: its defect counts, examples_md5, example keys, [UNK] count and the rows whose
+    text is an eval sample's; or the error that made it unreadable."""
+    try:
+        r = _read(job.path)
+    except (OSError, KeyError, ValueError) as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+    records, starts = _records(r)
+    lengths = np.diff(r.offsets)
+    text = copies.restored_tokens(r.tokens, r.offsets, r.positions, r.labels, r.poffsets)
+    out = {"samples": len(r.nsp), "examples_md5": hashlib.md5(memoryview(records).cast("B")).hexdigest(),
+           "counts": scan(r, job.vocab, job.max_seq_length), "keys": copies.example_keys(records, starts, lengths),
+           "unk": int((text == job.vocab.unk).sum()), "tokens": len(text)}
+    if job.eval_keys is not None:
+        keys = copies.text_keys(text, r.offsets)
+        rows = np.flatnonzero(np.isin(keys, job.eval_keys))
+        out["eval_rows"], out["eval_keys"] = rows, keys[rows]
+    return out
+
+
+@dataclass
+class _EvalSet:
+    files: list[str]
+    samples: int
+    where: dict[int, list[tuple[int, int]]]  # text key -> (file, row) of every eval sample with that text
+    md5: dict[str, str]  # examples_md5 -> file
+
+
+def _read_eval(path: Path) -> _EvalSet:
+    p = Path(path)
+    if not p.exists():
+        raise PrepError(f"{p}: no such eval set (--eval takes the directory or file that eval wrote)")
+    paths = [p] if p.is_file() else shard_paths(p)
+    if not paths:
+        raise PrepError(f"{p}: holds no eval shard ({', '.join('*' + s for s in SHARD_SUFFIXES)})")
+    where: dict[int, list[tuple[int, int]]] = {}
+    md5: dict[str, str] = {}
+    samples = 0
+    root = p.parent if p.is_file() else p
+    for i, f in enumerate(paths):
+        try:
+            r = _read(f)
+        except (OSError, KeyError, ValueError) as e:
+            raise PrepError(f"{f}: cannot read the eval set: {type(e).__name__}: {e}") from None
+        keys = copies.text_keys(copies.restored_tokens(r.tokens, r.offsets, r.positions, r.labels, r.poffsets),
+                                r.offsets)
+        for row, k in enumerate(keys.tolist()):
+            where.setdefault(k, []).append((i, row))
+        samples += len(keys)
+        md5.setdefault(examples_md5(r), str(f.relative_to(root)))
+    return _EvalSet([str(f.relative_to(root)) for f in paths], samples, where, md5)
+
+
+def _size(p: Path) -> int:
+    try:
+        return shard_size(p)
+    except (OSError, KeyError, ValueError):
+        return 0  # unreadable: its scan says why
+
+
+def _listed(items: list[str]) -> str:
+    more = len(items) - LISTED
+    return ", ".join(items[:LISTED]) + (f" and {more} more" if more > 0 else "")
+
+
+def _shard_copies(per_shard: dict[str, dict], names: list[str], table: copies.KeyTable, found: dict[str, int],
+                  errors: list[str]) -> dict:
+    """Whole shards with the same examples, then samples repeated across shards or within one:
+    marks the shards, counts the defects, adds a line each; returns the JSON's ``copies``."""
+    groups = copies.same_digest_groups({n: c["examples_md5"] for n, c in per_shard.items() if c.get("samples")})
+    for g in groups:
+        for other in g[1:]:
+            per_shard[other]["copy_of"] = g[0]
+        md5 = per_shard[g[0]]["examples_md5"]
+        errors.append(f"{g[1]} holds the same examples as {g[0]} (examples_md5 {md5})" if len(g) == 2 else
+                      f"{len(g) - 1} shards hold the same examples as {g[0]} (examples_md5 {md5}): {_listed(g[1:])}")
+    rep = table.repeats()
+    for i in np.flatnonzero(rep.per_shard):
+        per_shard[names[i]]["repeated_samples"] = int(rep.per_shard[i])
+    pairs = sorted(rep.pairs.items(), key=lambda kv: (-kv[1].samples, kv[0]))
+    group_of = {n: k for k, g in enumerate(groups) for n in g}
+    partial = [(ab, pc) for ab, pc in pairs  # pairs that are not two whole copies of one shard
+               if group_of.get(names[ab[0]], -1) != group_of.get(names[ab[1]], -2)]
+    if partial:
+        def pair(a: int, b: int, pc: copies.PairCount) -> str:
+            where = f"within {names[a]}" if a == b else f"{names[b]} repeats {names[a]}"
+            return f"{where}: {pc.samples} (e.g. its sample {pc.rows[0][1]} = sample {pc.rows[0][0]})"
+        n = sum(pc.samples for _, pc in partial)
+        errors.append(f"{n} samples repeat an earlier sample beyond whole-shard copies ({len(partial)} pair(s) of "
+                      "shards): " + "; ".join(pair(a, b, pc) for (a, b), pc in partial[:LISTED])
+                      + (f"; and {len(partial) - LISTED} more pairs" if len(partial) > LISTED else ""))
+    if groups:
+        found["identical_shard"] = sum(len(g) - 1 for g in groups)
+    if rep.copies:
+        found["repeated_sample"] = rep.copies
+    return {"identical_shards": groups, "repeated_samples": rep.copies, "short_repeats": rep.short,
+            "pairs": [{"shards": [names[a], names[b]], "samples": pc.samples, "rows": [list(x) for x in pc.rows]}
+                      for (a, b), pc in pairs[:SHOWN_PAIRS]],
+            "pairs_total": len(pairs)}
+
+
+def _eval_findings(ev: _EvalSet, eval_dir: str, found_eval: dict[tuple[int, int], bool],
+                   per_training_shard: dict[str, int], examples: list[str], per_shard: dict[str, dict],
+                   tolerance: float, found: dict[str, int], errors: list[str], notes: list[str]) -> dict:
+    """The eval samples found in the training shards: a defect and a line above ``tolerance``
+    of the eval set or when a training shard is an eval shard, else a note; returns the JSON's
+    ``eval``."""
+    long_found = sum(found_eval.values())
+    held_by = dict(sorted(per_training_shard.items(), key=lambda kv: -kv[1]))
+    for name, k in held_by.items():
+        per_shard[name]["eval_samples"] = k
+    whole = [name for name, c in per_shard.items() if c.get("examples_md5") in ev.md5 and c.get("samples")]
+    for name in whole:
+        errors.append(f"{name} holds the same examples as the eval set's {ev.md5[per_shard[name]['examples_md5']]}: "
+                      "a copy of the eval set among the training shards")
+    short = len(found_eval) - long_found
+    if long_found:
+        line = (f"{long_found} of the {ev.samples} eval samples in {eval_dir} are in the training shards "
+                "(their text, masked positions restored"
+                + (f"; {short} shorter ones match too, which chance can do" if short else "")
+                + f"): held by {_listed([f'{n} ({k})' for n, k in held_by.items()])}; e.g. {examples[0]}")
+        if whole or long_found > tolerance * ev.samples:
+            found["eval_in_training"] = long_found
+            errors.append(line)
+        else:
+            notes.append(f"{line}. That is {long_found / ev.samples:.2%} of the eval set, within --eval-tolerance "
+                         f"{tolerance:g}: text the corpus holds twice (a boilerplate passage in two documents), "
+                         "not a leak")
+    return {"eval_dir": eval_dir, "eval_samples": ev.samples, "in_training": long_found, "short_matches": short,
+            "training_shards": held_by, "examples": examples}
+
+
+def check(input_dir: str | Path, vocab: Vocabulary = Vocabulary(), max_seq_length: int = 512,
+          digests: str | Path = "", eval_dir: str | Path = "", workers: int = 1,
+          eval_tolerance: float = EVAL_TOLERANCE) -> dict:
+    """Scan every shard under ``input_dir`` (recursively); return per-shard counts and
+    ``examples_md5``, the totals, the copies (and, with ``eval_dir``, the eval samples found in
+    the training shards: a defect above ``eval_tolerance`` of the eval set or when a whole eval
+    shard is there), the [UNK] rate, the diagnosis, one line per finding that fails the check
+    (``errors``) or does not (``notes``), and ``exit_status`` (0 clean, 1 a defect or a copy, 2
+    shards of another vocabulary). ``digests``: also write the examples' md5 of each shard there."""
+    d = input_directory(input_dir, "shards")
     paths = shard_paths(d)
     if not paths:
         raise PrepError(f"{d}: holds no shard files ({', '.join('*' + s for s in SHARD_SUFFIXES)})")
-    per_shard: dict[str, dict] = {}  # a shard's counts, filtered below once the totals are known
+    ev = _read_eval(Path(eval_dir)) if eval_dir else None
+    eval_keys = np.array(sorted(ev.where), np.uint64) if ev else None
+    names = [str(p.relative_to(d)) for p in paths]
+    table = copies.KeyTable([_size(p) for p in paths])
     counters = (*DEFECTS, WRAP_SIGNATURE, SPECIALS_IN_PLACE, "nonempty")
     totals = dict.fromkeys(counters, 0)
-    samples = 0
-    for p in paths:
-        name = str(p.relative_to(d))
-        try:
-            r = _read(p)
-        except (OSError, KeyError, ValueError) as e:
+    per_shard: dict[str, dict] = {}  # a shard's counts, filtered below once the totals are known
+    samples = unk = tokens = 0
+    found_eval: dict[tuple[int, int], bool] = {}  # eval sample -> long enough to count
+    eval_per_shard: dict[str, int] = {}
+    eval_examples: list[str] = []
+    jobs = [_Job(p, vocab, max_seq_length, eval_keys) for p in paths]
+    for i, (name, res) in enumerate(zip(names, parallel_map(_scan_one, jobs, workers, "check"))):
+        if "error" in res:
             counts = {**dict.fromkeys(counters, 0), "unreadable": 1}
-            per_shard[name] = {"unreadable": 1, "error": f"{type(e).__name__}: {e}"}
+            per_shard[name] = {"unreadable": 1, "error": res["error"]}
         else:
-            counts = scan(r, vocab, max_seq_length)
-            samples += len(r.nsp)
-            per_shard[name] = {"samples": len(r.nsp), "examples_md5": examples_md5(r), **counts}
+            counts = res["counts"]
+            samples, unk, tokens = samples + res["samples"], unk + res["unk"], tokens + res["tokens"]
+            table.put(i, res["keys"])
+            per_shard[name] = {"samples": res["samples"], "examples_md5": res["examples_md5"], **counts}
+            for row, key in zip(res.get("eval_rows", ()), res.get("eval_keys", ())):
+                hits = ev.where[int(key)]
+                for h in hits:
+                    found_eval[h] = bool(key & 1)
+                if key & 1:
+                    eval_per_shard[name] = eval_per_shard.get(name, 0) + 1
+                    if len(eval_examples) < LISTED:
+                        f, r = hits[0]
+                        eval_examples.append(f"{ev.files[f]} sample {r} = {name} sample {int(row)}")
         for k, v in counts.items():
             totals[k] += v
     # No sample where [CLS]/[SEP] must stand holds them: another vocabulary, not broken data.
@@ -292,8 +469,23 @@ def check(input_dir: str | Path, vocab: Vocabulary = Vocabulary(), max_seq_lengt
         write_text(Path(digests), "".join(f"{c['examples_md5']}  {name}\n" for name, c in per_shard.items()
                                           if "examples_md5" in c))
     found = {k: v for k, v in totals.items() if v and k != WRAP_SIGNATURE and k not in hidden}
-    out = {"shards": len(paths), "samples": samples, "defects": found, "per_shard": per_shard,
-           "diagnosis": diagnose(totals), "exit_status": 1 if found else 0}
+    errors: list[str] = []  # one line per finding that fails the check
+    notes: list[str] = []  # one line per finding that does not
+    out = {"shards": len(paths), "samples": samples, "defects": found,
+           "unk_rate": round(unk / tokens, 6) if tokens and not other_vocab else None,
+           "copies": _shard_copies(per_shard, names, table, found, errors)}
+    if ev:
+        out["eval"] = _eval_findings(ev, str(eval_dir), found_eval, eval_per_shard, eval_examples, per_shard,
+                                     eval_tolerance, found, errors, notes)
+    for k in DEFECTS:
+        if k in found:
+            bad = [n for n, c in per_shard.items() if c.get(k)]
+            errors.append(f"{found[k]} samples with {k} in {len(bad)} shards: {_listed(bad)}"
+                          if k != "unreadable" else f"{found[k]} unreadable shards: {_listed(bad)}")
+    out["per_shard"] = per_shard
+    out["diagnosis"] = diagnose(totals, out)
+    out["errors"], out["notes"] = errors, notes
+    out["exit_status"] = 1 if found else 0
     if other_vocab:
         out["other_vocabulary"] = (
             f"no sample begins with [CLS] (id {vocab.cls}) or ends with [SEP] (id {vocab.sep}): the shards seem to "
@@ -303,11 +495,12 @@ def check(input_dir: str | Path, vocab: Vocabulary = Vocabulary(), max_seq_lengt
     return out
 
 
-def diagnose(totals: dict[str, int]) -> list[str]:
+def diagnose(totals: dict[str, int], out: dict | None = None) -> list[str]:
     """Known causes the counts point to, each with what to do."""
-    out = []
+    out = out or {}
+    lines = []
     if totals.get(WRAP_SIGNATURE, 0):
-        out.append(
+        lines.append(
             f"{totals[WRAP_SIGNATURE]} samples end in exactly 256 padding tokens after their last [SEP]: the "
             "signature of NVIDIA's convert_fixed2variable.py run under NumPy >= 2. It sums the int8 input_mask "
             "with Python's sum(), which wraps modulo 256: samples of real length 128-255 gain 256 padding "
@@ -316,6 +509,36 @@ def diagnose(totals: dict[str, int]) -> list[str]:
             "output): python -m input_preprocessing shard --input FIXED_DIR --output NEW_DIR "
             "--num-shards N --layout variable, then check NEW_DIR again.")
     if totals.get("id_out_of_vocab", 0):
-        out.append("ids outside the vocab: the shards were made with another vocab (pass it with --vocab) "
-                   "or ids above 32767 overflowed int16")
-    return out
+        lines.append("ids outside the vocab: the shards were made with another vocab (pass it with --vocab) "
+                     "or ids above 32767 overflowed int16")
+    cp = out.get("copies", {})
+    if cp.get("identical_shards"):
+        every = len(cp["identical_shards"]) == 1 and len(cp["identical_shards"][0]) == out.get("shards")
+        lines.append(
+            ("every shard holds the same examples" if every else "whole shards repeat") + ": the signature of a "
+            "shuffle or re-chop script that wrote the same samples into several shards. NVIDIA's "
+            "shuffle_samples.py (mlcommons/training_results_v2.1, pytorch-22.09) never advanced its sample index, "
+            "so every shard came out the same; runs on such data stalled at 0.62-0.63 masked-LM accuracy instead "
+            "of reaching 0.720, with nothing saying why (mlcommons/training_results_v2.1 issue 10, "
+            "mlcommons/training issue 659). Re-chop create's output with this project's tools: python -m "
+            "input_preprocessing shard --input PARTS_DIR --output NEW_DIR --num-shards N, then check NEW_DIR "
+            "again (and remove the copies from any directory a run reads).")
+    elif cp.get("repeated_samples"):
+        lines.append(
+            "samples repeat across shards (or within one): copies made after create, by a shuffle or re-chop "
+            "that wrote some samples twice, or a shard copied in part; create itself repeats an example of 32 "
+            "tokens or more only by chance, far less than once in a dataset. Rebuild the shards from create's "
+            "output (python -m input_preprocessing shard) and check them again.")
+    if out.get("defects", {}).get("eval_in_training"):  # not for the few a note reports
+        lines.append(
+            "eval samples inside the training set: the logged accuracy is then not a held-out measure. Known "
+            "causes: the eval shard copied among the training shards, or the held-out text also given to create "
+            "as a training part. Make the eval set from text no training part holds (whole documents apart), "
+            "and keep it out of the training directory.")
+    rate = out.get("unk_rate")
+    if rate is not None and rate > UNK_NOTE:
+        lines.append(
+            f"{rate:.2%} of the tokens are [UNK]: the vocab does not fit the text the shards were made from; the "
+            "usual cause is a cased/uncased mismatch (an uncased vocab with create --cased), or --vocab names "
+            "another vocab than the shards'")
+    return lines

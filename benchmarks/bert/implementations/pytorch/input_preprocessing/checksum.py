@@ -12,12 +12,11 @@ from pathlib import Path
 from bert.integrity import MANIFEST, md5_file, parse_manifest
 from bert.shards import SHARD_SUFFIXES
 
-from .common import PrepError, parallel_map, write_text
+from .common import PrepError, input_directory, parallel_map, write_text
 
 
 def find_shards(directory: Path) -> list[Path]:
-    if not directory.is_dir():
-        raise PrepError(f"{directory}: no such directory")
+    input_directory(directory, "shards")
     found = sorted(p for p in directory.rglob("*") if p.suffix in SHARD_SUFFIXES and p.is_file()
                    and not any(part.startswith(".") for part in p.relative_to(directory).parts))
     if not found:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from pathlib import Path
 from typing import Any, Callable
 
@@ -21,6 +22,17 @@ RUN_RECORD = ".run.json"  # in every output directory: which step, with which pa
 
 class PrepError(ValueError):
     """Bad input or output for a preprocessing step; the message names the file and the problem."""
+
+
+def input_directory(path: str | Path, holding: str) -> Path:
+    """``path`` as the input directory of a step (``holding``: what it should hold); a
+    ``PrepError`` that says whether it is missing or a file."""
+    d = Path(path)
+    if d.is_dir():
+        return d
+    if d.exists():
+        raise PrepError(f"{d}: is a file, not a directory; --input takes the directory of the {holding}")
+    raise PrepError(f"{d}: no such input directory")
 
 
 def reference_lines(path: Path, raw: bytes, what: str = "") -> list[str]:
@@ -122,6 +134,13 @@ def shard_geometry(path: Path) -> tuple[str, int, int]:
         raise PrepError(f"{path}: cannot open as hdf5: {e}") from None
 
 
+def _worker_start() -> None:
+    # Ctrl-C reaches every process of the terminal's process group: the workers leave it to
+    # the main process, which stops the pool and says so once (no traceback per worker).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def parallel_map(fn: Callable[[Any], Any], items: list[Any], workers: int, desc: str) -> list[Any]:
     """``[fn(x) for x in items]`` over ``workers`` processes, in order, with a progress bar.
 
@@ -140,7 +159,14 @@ def parallel_map(fn: Callable[[Any], Any], items: list[Any], workers: int, desc:
             return out
         import multiprocessing as mp
 
-        with mp.get_context("fork").Pool(min(workers, len(items))) as pool:
+        # SIGINT blocked while the workers start, so none is born with Python's handler; one
+        # that comes meanwhile reaches this process when it is unblocked.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            pool = mp.get_context("fork").Pool(min(workers, len(items)), initializer=_worker_start)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        with pool:
             out = []
             for r in pool.imap(fn, items):
                 out.append(r)

@@ -22,26 +22,46 @@ Every random draw is ``random.Random(seed)``'s, one generator per part, in the r
 order (``draws.py`` makes them faster), so a part's output depends only on its text, the vocab
 and the flags: never on which worker ran it or how many there were. The character classes are
 Python's ``unicodedata`` on the running interpreter, as the reference's are.
+
+Guards around it, none of which changes an example:
+
+- each part's bytes are hashed (md5) as they are read and the digest recorded beside its shard
+  (``OUT/.sources/<shard>.md5``, written after the shard), so a rerun skips a part only when
+  its text is the one the shard was made from, whatever its size; and two parts with the same
+  text are refused, naming both (every part is seeded alike, so both would give the same
+  examples), unless ``allow_same_text``;
+- the [UNK] rate of the tokenized text: above ``max_unk_rate`` create refuses, naming the
+  likely cause (a cased/uncased mismatch between the vocab and ``--cased``). A sample of the
+  first parts' text is judged before the output directory is made, every part again before
+  its shard is written; fewer than ``MIN_UNK_TOKENS`` tokens are too few to judge.
 """
 
 from __future__ import annotations
 
 import array
 import hashlib
+import os
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 from bert.shards import Shard
 
-from .common import PrepError, file_fingerprint, parallel_map, prepare_output, reference_lines, write_shard_atomic
+from .common import (PrepError, input_directory, parallel_map, prepare_output, reference_lines, write_shard_atomic,
+                     write_text)
 from .draws import MASK, reference_random
-from .wordpiece import UNICODE_VERSION, Tokenizer, vocab_tokens
+from .wordpiece import UNICODE_VERSION, UNK, Tokenizer, vocab_tokens
 
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 MAX_TOKEN_ID = 32767  # shards store token ids as int16
+MAX_UNK_RATE = 0.01  # real text with a vocab made for it: under 0.1%; an uncased vocab with --cased: 7-15%
+MIN_UNK_TOKENS = 5000  # fewer tokens than this are not judged: a few [UNK]s in a short text are not a rate
+PREFLIGHT_BYTES = 1 << 16  # of the first parts' text, tokenized before the output directory is made
+SOURCES = ".sources"  # OUT/.sources/<shard>.md5: the md5 of the text part each shard was made from
 
 
 @dataclass(frozen=True)
@@ -82,6 +102,7 @@ class Vocab:
     cls: int
     sep: int
     mask: int
+    unk: int
     md5: str
     tokens: tuple[str, ...] = field(default=(), repr=False, compare=False)  # id = position
 
@@ -105,7 +126,27 @@ def load_vocab(path: str | Path) -> Vocab:
         raise PrepError(f"{p}: vocab lacks the special token(s) {missing}")
     if len(words) - 1 > MAX_TOKEN_ID:
         raise PrepError(f"{p}: {len(words)} tokens; ids above {MAX_TOKEN_ID} do not fit the int16 shard format")
-    return Vocab(p, len(words), ids["[CLS]"], ids["[SEP]"], ids["[MASK]"], hashlib.md5(raw).hexdigest(), tuple(words))
+    return Vocab(p, len(words), ids["[CLS]"], ids["[SEP]"], ids["[MASK]"], ids[UNK], hashlib.md5(raw).hexdigest(),
+                 tuple(words))
+
+
+def unk_cause(tokens: tuple[str, ...], lowercase: bool) -> str:
+    """The likely reason a text is full of [UNK]: the vocab's case against create's."""
+    cased = sum(1 for t in tokens if t != t.lower() and not (t.startswith("[") and t.endswith("]")))
+    if not lowercase and not cased:
+        return ("the vocab is uncased (no token holds a capital letter) and --cased keeps the text's capitals: "
+                "drop --cased")
+    if lowercase and cased:
+        return f"the vocab is cased ({cased} tokens hold capital letters) and create lowercases the text: add --cased"
+    return ("the vocab was not made for this text (another language or script?): train one on it with "
+            "python -m input_preprocessing vocab")
+
+
+def _judge_unk(where: str, unk: int, tokens: int, max_rate: float, vocab: Vocab, lowercase: bool) -> None:
+    if tokens >= MIN_UNK_TOKENS and unk > max_rate * tokens:
+        raise PrepError(f"{where}: {unk / tokens:.1%} of its {tokens} tokens are [UNK] (more than --max-unk-rate "
+                        f"{max_rate:g}): {unk_cause(vocab.tokens, lowercase)}; or raise --max-unk-rate if this text "
+                        "is meant to hold them")
 
 
 # ---------------------------------------------------------------- reading a part
@@ -114,20 +155,24 @@ def load_vocab(path: str | Path) -> Vocab:
 STRICT_HINT = "drop and count them as the reference does: rerun without --strict-documents"
 
 
-def read_documents(path: Path, tokenizer: Tokenizer, strict: bool) -> tuple[list[list[list[int]]], int]:
-    """Documents of a part as lists of sentences of token ids (before shuffling), and how
-    many empty documents were dropped (``strict``: a ``PrepError`` at the first instead)."""
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise PrepError(f"{path}: cannot read: {e.strerror}") from None
+class PartText(NamedTuple):
+    docs: list[list[list[int]]]  # documents of sentences of token ids, before shuffling
+    dropped: int  # empty documents dropped
+    tokens: int  # tokens of the text
+    unk: int  # of them [UNK]
+
+
+def read_documents(path: Path, raw: bytes, tokenizer: Tokenizer, strict: bool) -> PartText:
+    """The documents of a part's bytes ``raw``, and how many empty documents were dropped
+    (``strict``: a ``PrepError`` at the first instead)."""
     lines = reference_lines(path, raw)
     if not any(lines):
         raise PrepError(f"{path}: empty part (no text)")
 
     docs: list[list[list[int]]] = []
     current: list[list[int]] = []
-    start, blank_run, dropped = 0, 0, 0
+    start, blank_run, dropped, tokens, unk = 0, 0, 0, 0, 0
+    unk_id = tokenizer.unk
 
     def close(line_no: int) -> None:
         nonlocal current, dropped
@@ -147,6 +192,8 @@ def read_documents(path: Path, tokenizer: Tokenizer, strict: bool) -> tuple[list
             ids = tokenizer.ids(ln)
             if ids:
                 current.append(ids)
+                tokens += len(ids)
+                unk += ids.count(unk_id)
         else:
             blank_run += 1
             if blank_run == 1 and i > 0:
@@ -159,7 +206,16 @@ def read_documents(path: Path, tokenizer: Tokenizer, strict: bool) -> tuple[list
         close(start + 1)
     if not docs:
         raise PrepError(f"{path}: no document with tokens")
-    return docs, dropped
+    return PartText(docs, dropped, tokens, unk)
+
+
+def read_part(path: Path) -> tuple[bytes, str]:
+    """A part's bytes and their md5, hashed as they are read."""
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise PrepError(f"{path}: cannot read: {e.strerror}") from None
+    return raw, hashlib.md5(raw).hexdigest()
 
 
 # ---------------------------------------------------------------- the reference algorithm
@@ -271,10 +327,9 @@ def _pack(path: Path, inst: list, v: Vocab) -> Shard:
     return Shard(str(path), tokens, segments, offs, pos[order], labels[order], poffs, nsp)
 
 
-def examples_of_part(path: Path, vocab: Vocab, o: CreateOptions) -> tuple[Shard, int]:
-    """All examples of one text part, shuffled, as a Shard (the unit of parallel work), and
-    the number of empty documents dropped from it."""
-    docs, dropped = read_documents(path, Tokenizer(vocab.tokens, o.lowercase), o.strict_documents)
+def examples_of_part(path: Path, docs: list[list[list[int]]], vocab: Vocab, o: CreateOptions) -> Shard:
+    """All examples of one text part's documents (``read_documents``), shuffled, as a Shard
+    (the unit of parallel work)."""
     rng = reference_random(o.seed)
     rng.shuffle(docs)
     inst: list = []
@@ -285,7 +340,7 @@ def examples_of_part(path: Path, vocab: Vocab, o: CreateOptions) -> tuple[Shard,
     rng.shuffle(inst)
     if not inst:
         raise PrepError(f"{path}: produced no examples (documents too short?)")
-    return _pack(path, inst, vocab), dropped
+    return _pack(path, inst, vocab)
 
 
 # ---------------------------------------------------------------- the step
@@ -297,56 +352,144 @@ class _Job:
     out: Path
     vocab: Vocab
     opts: CreateOptions
+    max_unk_rate: float
+    claims: Path | None  # where parts register their text's md5; None: the same text twice is allowed
+
+
+class _Done(NamedTuple):
+    samples: int  # -1: written by an earlier run from the same text
+    tokens: int
+    seconds: float
+    dropped: int
+    text_tokens: int
+    unk: int
 
 
 def output_name(part: Path) -> str:
     return part.name[:-len(part.suffix)] + ".hdf5" if part.suffix == ".txt" else part.name + ".hdf5"
 
 
-def _create_one(job: _Job) -> tuple[int, int, float, int]:
-    """(samples, tokens, seconds, empty documents dropped) of one part; (-1, 0, 0, 0) when
-    an earlier run wrote it."""
-    target = job.out / output_name(job.path)
-    if target.is_file():
-        return -1, 0, 0.0, 0
+def _source(shard: Path) -> Path:
+    return shard.parent / SOURCES / (shard.name + ".md5")
+
+
+def _made_from(shard: Path) -> str | None:
+    """The md5 of the text a complete shard was made from, or None. The record is written
+    after the shard's rename: a shard without one (killed in between) is made again."""
+    try:
+        return _source(shard).read_text(encoding="utf-8").strip() if shard.is_file() else None
+    except OSError:
+        return None
+
+
+def _claim(claims: Path, md5: str, part: Path) -> None:
+    """Register ``part``'s text; a ``PrepError`` naming both parts when another part of this
+    run has the same text. A hard link is made or refused atomically, so two workers reading
+    copies at the same moment cannot both pass."""
+    mark = claims / md5
+    tmp = claims / f".{md5}.{os.getpid()}"
+    tmp.write_text(str(part), encoding="utf-8")
+    try:
+        os.link(tmp, mark)
+    except FileExistsError:
+        other = mark.read_text(encoding="utf-8")
+        if other != str(part):
+            a, b = sorted((other, str(part)))
+            raise PrepError(f"{a} and {b} hold the same text (md5 {md5}): a part given twice makes the same "
+                            "examples twice (every part is seeded alike); remove one, or pass --allow-same-text "
+                            "if you mean it") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _create_one(job: _Job) -> _Done:
     t0 = time.perf_counter()
-    shard, dropped = examples_of_part(job.path, job.vocab, job.opts)
+    raw, md5 = read_part(job.path)
+    target = job.out / output_name(job.path)
+    if _made_from(target) == md5:
+        if job.claims:
+            _claim(job.claims, md5, job.path)
+        return _Done(-1, 0, 0.0, 0, 0, 0)
     o = job.opts
+    text = read_documents(job.path, raw, Tokenizer(job.vocab.tokens, o.lowercase), o.strict_documents)
+    if job.claims:
+        _claim(job.claims, md5, job.path)
+    _judge_unk(str(job.path), text.unk, text.tokens, job.max_unk_rate, job.vocab, o.lowercase)
+    shard = examples_of_part(job.path, text.docs, job.vocab, o)
     write_shard_atomic(target, shard, o.layout, o.max_seq_length, o.max_predictions_per_seq)
-    return len(shard), int(len(shard.tokens)), time.perf_counter() - t0, dropped
+    write_text(_source(target), md5 + "\n")
+    return _Done(len(shard), int(len(shard.tokens)), time.perf_counter() - t0, text.dropped, text.tokens, text.unk)
 
 
 def list_parts(input_dir: str | Path, pattern: str = "*") -> list[Path]:
     d = Path(input_dir)
-    if not d.is_dir():
-        raise PrepError(f"{d}: no such input directory")
+    if d.is_file():
+        raise PrepError(f"{d}: is a file, not a directory; --input takes the directory of the text parts "
+                        f"(this part alone: --input {d.parent} --pattern {d.name})")
+    input_directory(d, "text parts")
     parts = sorted(p for p in d.glob(pattern) if p.is_file() and not p.name.startswith("."))
     if not parts:
         raise PrepError(f"{d}: no text parts matching {pattern!r}")
     return parts
 
 
+def _preflight(parts: list[Path], vocab: Vocab, opts: CreateOptions, max_unk_rate: float) -> None:
+    """The [UNK] rate of the first ``PREFLIGHT_BYTES`` of text, judged before anything is
+    written (a vocab that does not fit fails in a fraction of a second, not after a part)."""
+    tok = Tokenizer(vocab.tokens, opts.lowercase)
+    left, tokens, unk, read = PREFLIGHT_BYTES, 0, 0, []
+    for p in parts:
+        try:
+            with p.open("rb") as f:
+                head = f.read(left + 1)
+        except OSError:
+            continue  # the part's own read names it
+        read.append(p.name)
+        if len(head) > left:
+            head = head[:head.rfind(b"\n", 0, left) + 1]  # whole lines only
+        left -= len(head)
+        for line in head.decode("utf-8", "ignore").split("\n"):
+            ids = tok.ids(line.strip())
+            tokens += len(ids)
+            unk += ids.count(tok.unk)
+        if left <= 0 or len(head) < p.stat().st_size:
+            break
+    if read:
+        _judge_unk(f"{parts[0].parent}: the first {PREFLIGHT_BYTES - left} bytes of text ({', '.join(read)})",
+                   unk, tokens, max_unk_rate, vocab, opts.lowercase)
+
+
 def create(input_dir: str | Path, vocab_path: str | Path, output_dir: str | Path, opts: CreateOptions = CreateOptions(),
-           workers: int = 1, pattern: str = "*") -> dict:
+           workers: int = 1, pattern: str = "*", *, max_unk_rate: float = MAX_UNK_RATE,
+           allow_same_text: bool = False) -> dict:
     """Every part of ``input_dir`` -> ``output_dir/<part>.hdf5``; returns a summary with throughput."""
     opts.check()
-    vocab = load_vocab(vocab_path)
+    if not 0 <= max_unk_rate <= 1:
+        raise PrepError(f"max_unk_rate must be in [0, 1], got {max_unk_rate}")
     parts = list_parts(input_dir, pattern)
+    vocab = load_vocab(vocab_path)
+    _preflight(parts, vocab, opts, max_unk_rate)
     # The tokenizer and its Unicode tables decide the examples as much as the flags: a run is
     # not resumed by a create that tokenizes otherwise (an older one, another Python's tables).
+    # Each part's text is told apart by the md5 its shard records, not here.
     out = prepare_output(output_dir, "create", {**asdict(opts), "vocab_md5": vocab.md5,
                                                 "tokenizer": f"reference, Unicode {UNICODE_VERSION}",
-                                                "inputs": file_fingerprint(parts, Path(input_dir))})
+                                                "inputs": [str(p.relative_to(input_dir)) for p in parts]})
     t0 = time.perf_counter()
-    results = parallel_map(_create_one, [_Job(p, out, vocab, opts) for p in parts], workers, "create")
+    with tempfile.TemporaryDirectory(prefix="create_claims_") as claims:
+        jobs = [_Job(p, out, vocab, opts, max_unk_rate, None if allow_same_text else Path(claims)) for p in parts]
+        results = parallel_map(_create_one, jobs, workers, "create")
     wall = time.perf_counter() - t0
-    done = [r for r in results if r[0] >= 0]
-    samples, busy = sum(r[0] for r in done), sum(r[2] for r in done)
-    dropped = {job_part.name: r[3] for job_part, r in zip(parts, results) if r[3]}
+    done = [r for r in results if r.samples >= 0]
+    samples, busy = sum(r.samples for r in done), sum(r.seconds for r in done)
+    dropped = {job_part.name: r.dropped for job_part, r in zip(parts, results) if r.dropped}
+    text_tokens, unk = sum(r.text_tokens for r in done), sum(r.unk for r in done)
     return {"parts": len(parts), "parts_written_now": len(done), "samples_written_now": samples,
             # what the reference drops silently; a part written by an earlier run is not recounted
             "empty_documents_dropped_now": sum(dropped.values()), "empty_documents_by_part": dropped,
-            "tokens_written_now": sum(r[1] for r in done), "wall_s": round(wall, 3),
+            "tokens_written_now": sum(r.tokens for r in done),
+            "unk_rate_now": round(unk / text_tokens, 6) if text_tokens else None,
+            "wall_s": round(wall, 3),
             # per core: samples over the summed per-part compute time of all workers
             "samples_per_s_per_core": round(samples / busy, 1) if busy else None,
             "samples_per_s": round(samples / wall, 1) if done else None}

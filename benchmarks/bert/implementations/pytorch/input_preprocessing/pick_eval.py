@@ -25,14 +25,17 @@ def eval_file_name(num_samples: int) -> str:
 
 def pick_indices(total: int, num_samples: int) -> np.ndarray:
     if not 1 <= num_samples <= total:
-        raise PrepError(f"cannot pick {num_samples} samples out of {total}")
+        raise PrepError(f"cannot pick {num_samples} samples out of {total}"
+                        + (": give more held-out text (docs/pretraining.md says how much), or take all there are "
+                           "with --or-fewer" if 1 <= total < num_samples else ""))
     # float64 products of exact integers (i < 2**53), as Python's float makes them; truncated
     return (np.arange(num_samples, dtype=np.float64) * (total / num_samples)).astype(np.int64)
 
 
 def pick_eval(input_path: str | Path, output_dir: str | Path, num_samples: int = 10000, layout: str = "",
-              max_seq_length: int = 512, max_predictions: int = 76) -> dict:
-    """Write ``output_dir/eval_10k.hdf5`` (``eval_<n>.hdf5`` for another count); ``layout`` '' keeps the input's."""
+              max_seq_length: int = 512, max_predictions: int = 76, *, or_fewer: bool = False) -> dict:
+    """Write ``output_dir/eval_10k.hdf5`` (``eval_<n>.hdf5`` for another count); ``layout`` '' keeps the
+    input's. ``or_fewer``: with fewer than ``num_samples`` eval examples, take every one."""
     p = Path(input_path)
     try:
         paths = [p] if p.is_file() else list_shards(p)
@@ -43,16 +46,22 @@ def pick_eval(input_path: str | Path, output_dir: str | Path, num_samples: int =
     layout = layout or in_layout
     if in_layout == "fixed" and layout == "fixed":
         max_seq_length, max_predictions = s, pp
+    wanted = num_samples
+    if or_fewer and 1 <= len(data) < num_samples:
+        num_samples = len(data)
     idx = pick_indices(len(data), num_samples)
     root = p.parent if p.is_file() else p
-    out = prepare_output(output_dir, "eval", {"num_samples": num_samples, "layout": layout,
-                                              "max_seq_length": max_seq_length, "max_predictions": max_predictions,
-                                              "inputs": file_fingerprint(paths, root)})
+    params = {"num_samples": wanted, "layout": layout, "max_seq_length": max_seq_length,
+              "max_predictions": max_predictions, "inputs": file_fingerprint(paths, root)}
+    out = prepare_output(output_dir, "eval", {**params, "or_fewer": True} if or_fewer else params)
     picked = data.subset(idx)
     target = out / eval_file_name(num_samples)
     try:
         write_shard_atomic(target, picked, layout, max_seq_length, max_predictions)
     except ValueError as e:
         raise PrepError(f"{target}: {e}") from None
-    return {"eval_examples": len(data), "picked": len(picked), "file": str(target),
-            "tokens": int(len(picked.tokens))}
+    summary = {"eval_examples": len(data), "picked": len(picked), "file": str(target),
+               "tokens": int(len(picked.tokens))}
+    if num_samples < wanted:
+        summary["fewer_than_asked"] = f"{wanted} asked, {num_samples} there: every eval example taken (--or-fewer)"
+    return summary

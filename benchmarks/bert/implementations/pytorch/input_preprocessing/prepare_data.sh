@@ -22,6 +22,8 @@
 #   hdf5/training_<N>_strata/ the same by length stratum (stratify) -> the stratified sampler
 #   hdf5/eval_all/            all eval examples (create on eval.txt)
 #   hdf5/eval_varlength/      eval_10k.hdf5 (eval)                 -> EVALDIR of the configs
+#   check.json                check of the training shards: defects, copies, and the eval set
+#                             kept out of them (the script stops, exit 1, on any finding)
 #   phase1/model.ckpt-28252.pt  the phase-1 weights in our format  -> INIT_CHECKPOINT
 #   stats/                    length histogram and padding numbers of the training shards
 # and md5sums.txt in every hdf5 directory (check later with `... verify --input DIR`).
@@ -82,6 +84,11 @@ say "re-chop into $NUM_SHARDS variable-length shards"
 prep shard --input "$OUT/hdf5/training" --output "$OUT/hdf5/training_$NUM_SHARDS" \
     --num-shards "$NUM_SHARDS" --layout variable --workers "$WORKERS"
 
+say "check: every training sample's bytes, copies, and no eval sample among the training shards"
+prep check --input "$OUT/hdf5/training_$NUM_SHARDS" --vocab "$DOWNLOAD/vocab.txt" --eval "$OUT/hdf5/eval_varlength" \
+    --workers "$WORKERS" > "$OUT/check.json"
+echo "check: clean ($OUT/check.json)"
+
 say "length strata (1-128, 129-256, 257-384, 385-512)"
 prep stratify --input "$OUT/hdf5/training_$NUM_SHARDS" --output "$OUT/hdf5/training_${NUM_SHARDS}_strata" \
     --workers "$WORKERS"
@@ -90,7 +97,7 @@ say "checksums and statistics"
 for d in training "training_$NUM_SHARDS" "training_${NUM_SHARDS}_strata" eval_varlength; do
     prep checksum --input "$OUT/hdf5/$d" --workers "$WORKERS" >/dev/null
 done
-prep stats --input "$OUT/hdf5/training_$NUM_SHARDS" --output "$OUT/stats"
+prep stats --input "$OUT/hdf5/training_$NUM_SHARDS" --vocab "$DOWNLOAD/vocab.txt" --output "$OUT/stats"
 
 if [[ "${SKIP_CHECKPOINT:-0}" != 1 ]]; then
     say "phase-1 checkpoint -> our state dict"

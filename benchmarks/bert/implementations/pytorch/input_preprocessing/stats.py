@@ -2,7 +2,8 @@
 
 Reads every shard under the directory (recursively: a stratified directory works too).
 The padding fraction is the share of padding when every sample is padded to
-``max_seq_length``: the work the unpadded model path saves.
+``max_seq_length``: the work the unpadded model path saves. The [UNK] rate is the share of
+[UNK] among the samples' tokens, masked positions counted as their labels.
 """
 
 from __future__ import annotations
@@ -15,12 +16,16 @@ from bert.shards import DataError, read_shard
 
 from .checksum import find_shards
 from .common import PrepError, atomic_write, write_json
+from .copies import restored_tokens
+
+MLPERF_UNK_ID = 100  # [UNK] in the MLPerf uncased vocab
 
 
-def dataset_stats(directory: str | Path, max_seq_length: int = 512) -> tuple[dict, np.ndarray]:
+def dataset_stats(directory: str | Path, max_seq_length: int = 512,
+                  unk_id: int = MLPERF_UNK_ID) -> tuple[dict, np.ndarray]:
     """(summary, histogram) where histogram[L] = samples of real length L."""
     hist = np.zeros(max_seq_length + 1, dtype=np.int64)
-    preds = nsp_random = 0
+    preds = nsp_random = unk = 0
     d = Path(directory)
     for p in find_shards(d):
         try:
@@ -30,6 +35,7 @@ def dataset_stats(directory: str | Path, max_seq_length: int = 512) -> tuple[dic
         hist += np.bincount(s.lengths, minlength=max_seq_length + 1)
         preds += len(s.mlm_ids)
         nsp_random += int(s.nsp.sum())
+        unk += int((restored_tokens(s.tokens, s.offsets, s.mlm_positions, s.mlm_ids, s.mlm_offsets) == unk_id).sum())
     n = int(hist.sum())
     lengths = np.arange(max_seq_length + 1)
     tokens = int((hist * lengths).sum())
@@ -41,6 +47,7 @@ def dataset_stats(directory: str | Path, max_seq_length: int = 512) -> tuple[dic
         "fraction_at_max_length": round(int(hist[max_seq_length]) / n, 4),
         "padding_fraction": round(1 - tokens / (n * max_seq_length), 4),
         "predictions_per_sample": round(preds / n, 2), "nsp_random_fraction": round(nsp_random / n, 4),
+        "unk_rate": round(unk / tokens, 6), "unk_id": unk_id,
     }
     return summary, hist
 
@@ -62,9 +69,10 @@ def _plot(path: Path, hist: np.ndarray, summary: dict) -> None:
     plt.close(fig)
 
 
-def stats(directory: str | Path, output_dir: str | Path, max_seq_length: int = 512) -> dict:
+def stats(directory: str | Path, output_dir: str | Path, max_seq_length: int = 512,
+          unk_id: int = MLPERF_UNK_ID) -> dict:
     """Write ``stats.json`` (summary + histogram) and ``length_histogram.png`` to ``output_dir``."""
-    summary, hist = dataset_stats(directory, max_seq_length)
+    summary, hist = dataset_stats(directory, max_seq_length, unk_id)
     out = Path(output_dir)
     write_json(out / "stats.json", {**summary, "length_histogram": hist.tolist()})
     _plot(out / "length_histogram.png", hist, summary)

@@ -13,13 +13,13 @@ import sys
 import pytest
 
 
-def run_block(block, subs: dict[str, str]) -> subprocess.CompletedProcess:
-    """A bash block with ``subs`` applied (each must occur), run in PKG."""
+def run_block(block, subs: dict[str, str], cwd=PKG) -> subprocess.CompletedProcess:
+    """A bash block with ``subs`` applied (each must occur), run in ``cwd`` (PKG)."""
     text = block.text
     for old, new in subs.items():
         assert old in text, f"{block.page}:{block.line} no longer says {old!r}"
         text = text.replace(old, new)
-    return subprocess.run(["bash", "-euo", "pipefail", "-c", text], cwd=PKG, capture_output=True, text=True,
+    return subprocess.run(["bash", "-euo", "pipefail", "-c", text], cwd=cwd, capture_output=True, text=True,
                           timeout=300)
 
 
@@ -51,6 +51,32 @@ def test_digests_block_runs_and_says_two_layouts_hold_the_same_examples(tmp_path
     assert r.returncode == 0, r.stderr[-2000:]
     assert "the same examples, part for part" in r.stdout
     assert len((tmp_path / "ours.md5").read_text().splitlines()) == 2
+
+
+def test_pretraining_data_script_runs_as_written_and_stops_on_held_out_text_in_training(tmp_path):
+    """docs/pretraining.md's data script on real text (the standard library's docstrings, a
+    few hundred KB: fewer held-out examples than 10,000, so --or-fewer takes them all), as
+    written but for its line of paths and 16 shards; then with the held-out text the training
+    text, where its last check stops it (set -e) before phase 2."""
+    from copies_helpers import real_text
+
+    text = real_text(tmp_path / "corpus")
+    block = the_block("docs/pretraining.md", "set -euo pipefail")
+    yours = "TEXT=corpus/train HELD_OUT_TEXT=corpus/held_out VOCAB=corpus/vocab.txt SHARDS=2048"
+    ok = tmp_path / "ok"
+    ok.mkdir()
+    r = run_block(block, {yours: f"TEXT={text.text} HELD_OUT_TEXT={text.held_out} VOCAB={text.vocab} SHARDS=16"}, ok)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for n in (1, 2):
+        assert len(list((ok / f"p{n}" / "train").glob("*.hdf5"))) == 16
+        (picked,) = (ok / f"p{n}" / "eval").glob("eval_*.hdf5")
+        assert 0 < int(picked.stem.split("_")[1]) < 10000  # every example of the held-out text
+    assert "fewer_than_asked" in r.stdout
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    r = run_block(block, {yours: f"TEXT={text.text} HELD_OUT_TEXT={text.text} VOCAB={text.vocab} SHARDS=16"}, bad)
+    assert r.returncode == 1 and "are in the training shards" in r.stderr
+    assert not (bad / "p2").exists()
 
 
 def test_plan_block_runs():

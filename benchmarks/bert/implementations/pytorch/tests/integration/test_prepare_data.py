@@ -15,14 +15,18 @@ from input_preprocessing.toy_corpus import make_corpus, train_vocab
 PKG = Path(__file__).resolve().parents[2]
 
 
-def _download(root: Path) -> Path:
+def _download(root: Path, eval_text: Path | None = None) -> Path:
+    """A toy download; ``eval_text``: a copy of this file as eval.txt (default: text of its own)."""
     dl = root / "download"
     r4 = dl / "results4"
     parts = make_corpus(root / "tmp", parts=3, docs_per_part=12, seed=2)
     r4.mkdir(parents=True)
     for p in parts:  # MLCommons' parts have no extension
         p.rename(r4 / p.name.replace(".txt", ""))
-    make_corpus(root / "tmp_eval", parts=1, docs_per_part=12, seed=3)[0].rename(r4 / "eval.txt")
+    if eval_text is None:
+        make_corpus(root / "tmp_eval", parts=1, docs_per_part=12, seed=3)[0].rename(r4 / "eval.txt")
+    else:
+        (r4 / "eval.txt").write_bytes((r4 / eval_text).read_bytes())
     train_vocab(sorted(r4.iterdir()), dl / "vocab.txt", size=800)
     (dl / "bert_config.json").write_text(json.dumps({"vocab_size": 800}))
     (dl / "bert_reference_results_text_md5.txt").write_text(
@@ -52,6 +56,8 @@ def test_prepare_data_chain(tmp_path):
     assert manifest["total_samples"] == total and len(manifest["strata"]) == 4
     assert len(read_shard(h / "eval_varlength" / "eval_50.hdf5")) == 50
     assert json.loads((out / "stats" / "stats.json").read_text())["samples"] == total
+    assert f"check: clean ({out}/check.json)" in r.stdout
+    assert json.loads((out / "check.json").read_text())["eval"]["in_training"] == 0
     for d in ("training", "training_4", "training_4_strata", "eval_varlength"):
         assert (h / d / "md5sums.txt").is_file()
     # (each step's resumption is tested with the step; a rerun here would double the cost)
@@ -61,3 +67,15 @@ def test_prepare_data_chain(tmp_path):
     bad = _run(dl, tmp_path / "out2")
     assert bad.returncode != 0 and "eval.txt: FAILED" in bad.stdout + bad.stderr
     assert not (tmp_path / "out2").exists()
+
+
+def test_prepare_data_stops_when_the_eval_text_is_a_training_part(tmp_path):
+    """eval.txt the same text as a training part (the held-out text not held out): the check
+    after the eval set is made names the training shards that hold it and stops the chain."""
+    dl = _download(tmp_path, eval_text=Path("part-00001-of-00003"))
+    out = tmp_path / "out"
+    r = _run(dl, out)
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f"error: {out}/hdf5/training_4: " in r.stderr and "eval samples in" in r.stderr
+    assert "are in the training shards" in r.stderr and "held by part_0000" in r.stderr
+    assert "check: clean" not in r.stdout and not (out / "hdf5" / "training_4_strata").exists()

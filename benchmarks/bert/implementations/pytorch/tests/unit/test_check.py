@@ -121,6 +121,13 @@ def test_each_planted_defect_is_counted_in_its_shard(tmp_path, layout):
     (d / "unreadable.hdf5").write_bytes(b"not hdf5")
     out = check(d, VOCAB)
     assert out["exit_status"] == 1
+    # every planted shard is clean.hdf5 with sample 7 changed: its other samples of 32 tokens
+    # or more are copies of the first shard's (in name order) that holds them
+    long = int((np.delete(_clean(0).lengths, 7) >= 32).sum())
+    readable = sorted(n for n in out["per_shard"] if n != "unreadable.hdf5")
+    assert {n: c.pop("repeated_samples", 0) for n, c in out["per_shard"].items()} == \
+        {n: 0 if n in (readable[0], "unreadable.hdf5") else long for n in out["per_shard"]}
+    assert out["copies"]["repeated_samples"] == long * (len(readable) - 1) == out["defects"]["repeated_sample"]
     assert set(out["per_shard"]["clean.hdf5"]) == {"samples", "examples_md5"}
     for defect in DEFECTS:
         name = f"{defect}.hdf5"
@@ -197,7 +204,7 @@ def test_shards_of_another_vocabulary_are_named_not_counted_as_defects(tmp_path,
     d = tmp_path / "other"
     d.mkdir()
     write_shard(d / "part_0.hdf5", _clean(5), "variable", S, P)
-    assert main(["check", "--input", str(d)]) == 2
+    assert main(["check", "--input", str(d), "--per-shard"]) == 2
     cap = capsys.readouterr()
     out = json.loads(cap.out)
     assert "bad_segments" not in out["defects"] and "mask_on_special" not in out["defects"]

@@ -3,6 +3,10 @@ across worker counts, resumption, and the errors on bad input."""
 
 from __future__ import annotations
 
+import hashlib
+import re
+import shutil
+
 import h5py
 import numpy as np
 import pytest
@@ -172,3 +176,108 @@ def test_empty_documents_dropped_and_counted_as_the_reference_does(corpus, tmp_p
             "--max-predictions-per-seq", "20", "--dupe-factor", "1", "--workers", "1"]
     assert main([*args, "--output", str(tmp_path / "c"), "--strict-documents"]) == 2
     assert main([*args, "--output", str(tmp_path / "d")]) == 0
+
+
+def test_two_parts_with_the_same_text_are_refused_naming_both(corpus, tmp_path):
+    """The same text under two names: every part is seeded alike, so both would give the same
+    examples. Refused in one line naming both, before the second part's shard is written;
+    --allow-same-text makes both (identical examples); two empty parts are still empty parts."""
+    _, parts, vocab = corpus
+    text = tmp_path / "text"
+    text.mkdir()
+    for p in parts[:2]:
+        shutil.copy(p, text / p.name)
+    shutil.copy(parts[0], text / "again.txt")
+    with pytest.raises(PrepError) as e:
+        create(text, vocab, tmp_path / "out", OPTS, workers=1)
+    md5 = hashlib.md5(parts[0].read_bytes()).hexdigest()
+    assert str(e.value) == (f"{text / 'again.txt'} and {text / parts[0].name} hold the same text (md5 {md5}): a part "
+                            "given twice makes the same examples twice (every part is seeded alike); remove one, or "
+                            "pass --allow-same-text if you mean it")
+    assert [p.name for p in list_shards(tmp_path / "out")] == ["again.hdf5"]  # the first; not the second
+    s = create(text, vocab, tmp_path / "both", OPTS, workers=1, allow_same_text=True)
+    assert s["parts_written_now"] == 3
+    assert _examples(tmp_path / "both" / "again.hdf5") == _examples(tmp_path / "both" / parts[0].with_suffix(".hdf5").name)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "a.txt").write_text("\n")
+    (empty / "b.txt").write_text("\n")
+    with pytest.raises(PrepError, match=r"a.txt: empty part \(no text\)"):
+        create(empty, vocab, tmp_path / "o_empty", OPTS, workers=1)
+
+
+def _examples(p) -> str:
+    from input_preprocessing.check import _read, examples_md5
+
+    return examples_md5(_read(p))
+
+
+def test_a_part_edited_in_place_to_the_same_size_is_made_again(corpus, tmp_path):
+    _, parts, vocab = corpus
+    text = tmp_path / "text"
+    shutil.copytree(parts[0].parent, text)
+    out = tmp_path / "out"
+    assert create(text, vocab, out, OPTS, workers=1)["parts_written_now"] == 3
+    victim = text / parts[1].name
+    before = victim.read_bytes()
+    i = before.index(b" ") + 1
+    after = before[:i] + (b"x" if before[i:i + 1] != b"x" else b"y") + before[i + 1:]  # one letter, same size
+    victim.write_bytes(after)
+    again = create(text, vocab, out, OPTS, workers=1)
+    assert again["parts_written_now"] == 1 and again["samples_written_now"] > 0
+    fresh = tmp_path / "fresh"
+    create(text, vocab, fresh, OPTS, workers=1)
+    assert _digests(out) == _digests(fresh)  # the shard of the edited text, not the old one
+    assert create(text, vocab, out, OPTS, workers=1)["parts_written_now"] == 0
+    # a shard whose source record is lost (killed between the two writes) is made again
+    (out / ".sources" / f"{victim.stem}.hdf5.md5").unlink()
+    assert create(text, vocab, out, OPTS, workers=1)["parts_written_now"] == 1
+
+
+def test_text_full_of_unk_is_refused_naming_the_likely_cause(corpus, tmp_path):
+    """An uncased vocab with --cased: capitalised words are [UNK]. Refused from the first 64 KiB
+    before the output directory exists; a part that only later turns foreign is refused before
+    its shard is written; --max-unk-rate raises the bar."""
+    root, parts, vocab = corpus
+    cased = CreateOptions(**{**OPTS.__dict__, "lowercase": False})
+    with pytest.raises(PrepError) as e:
+        create(root / "text", vocab, tmp_path / "o", cased, workers=1)
+    assert re.fullmatch(rf"{root / 'text'}: the first 6\d{{4}} bytes of text \({parts[0].name}\): "
+                        r"\d+\.\d% of its \d+ tokens are \[UNK\] \(more than --max-unk-rate 0.01\): the vocab is uncased "
+                        r"\(no token holds a capital letter\) and --cased keeps the text's capitals: drop --cased; or "
+                        r"raise --max-unk-rate if this text is meant to hold them", str(e.value)), str(e.value)
+    assert not (tmp_path / "o").exists()
+    text = tmp_path / "text"
+    text.mkdir()
+    shutil.copy(parts[0], text / "a.txt")
+    (text / "b.txt").write_text("Ωμέγα ψυχή ξένος λόγος.\n" * 3000, encoding="utf-8")  # no Greek in the vocab
+    with pytest.raises(PrepError, match=r"b.txt: 80.0% of its 15000 tokens are \[UNK\].*not made for this text"):
+        create(text, vocab, tmp_path / "o2", OPTS, workers=1)
+    assert [p.name for p in list_shards(tmp_path / "o2")] == ["a.hdf5"]
+    s = create(text, vocab, tmp_path / "o3", OPTS, workers=1, max_unk_rate=1.0)
+    assert s["parts_written_now"] == 2 and 0.3 < s["unk_rate_now"] < 0.9
+
+
+def test_the_likely_cause_of_unk_from_the_vocab_s_case():
+    from input_preprocessing.create import unk_cause
+
+    uncased = ("[PAD]", "[UNK]", "[CLS]", "the", "##s", "[unused0]")
+    cased = ("[PAD]", "[UNK]", "The", "the", "Paris")
+    assert "drop --cased" in unk_cause(uncased, lowercase=False)
+    assert "cased (2 tokens hold capital letters)" in unk_cause(cased, lowercase=True) and "add --cased" in \
+        unk_cause(cased, lowercase=True)
+    assert "not made for this text" in unk_cause(uncased, lowercase=True)
+    assert "not made for this text" in unk_cause(cased, lowercase=False)
+
+
+def test_input_given_a_file_says_so(corpus, tmp_path):
+    _, parts, vocab = corpus
+    with pytest.raises(PrepError) as e:
+        create(parts[0], vocab, tmp_path / "o", OPTS)
+    assert str(e.value) == (f"{parts[0]}: is a file, not a directory; --input takes the directory of the text parts "
+                            f"(this part alone: --input {parts[0].parent} --pattern {parts[0].name})")
+    from input_preprocessing.check import check
+
+    with pytest.raises(PrepError, match=r"x.hdf5: is a file, not a directory; --input takes the directory of the shards"):
+        (tmp_path / "x.hdf5").write_bytes(b"")
+        check(tmp_path / "x.hdf5")

@@ -98,9 +98,7 @@ BLOCKS: dict[tuple[str, str, str], object] = {
      "flock /tmp/bench.lock python bench/grad_sync.py"): Covered(
         "tests/integration/test_bench.py::test_grad_sync_bench_smoke_prints_the_interface_keys", ("grad_sync",),
         "minutes of BERT-base steps on two cores; the test runs it at smoke size"),
-    ("docs/pretraining.md", "Pretraining from scratch (outside MLPerf's rules)", "for p in"): Covered(
-        "tests/integration/test_pretrain.py::test_pretrain_demo_small_both_phases_and_transformers", ("pretrain_demo.sh",),
-        "TEXT and HELD_OUT_TEXT are your corpus; pretrain_demo.sh runs these steps for both phases on docstrings"),
+    ("docs/pretraining.md", "Pretraining from scratch (outside MLPerf's rules)", "set -euo pipefail"): RUN,
     ("docs/pretraining.md", "Pretraining from scratch (outside MLPerf's rules)", "DATADIR1=..."): Covered(
         "tests/integration/test_pretrain.py::test_submit_pretrain_chains_phases_and_survives_a_preemption",
         ("submit_pretrain.sh",), "the paths are yours, and the configs want 32 GPUs"),
