@@ -45,8 +45,10 @@ def test_every_kernel_and_swept_block_size_compiles_for_h200_without_spills_by_d
     every kernel (the mask kernel too) for sm_90, the H200, through Triton's whole pipeline
     to the cubin (triton's wheel carries ptxas; no GPU needed), bound from a training
     call's arguments as the device's launcher binds them, for every block configuration the
-    device run sweeps, with and without dropout. A fresh process, without TRITON_INTERPRET.
-    The default blocks must not spill (ptxas's own report)."""
+    device run sweeps, with and without dropout, and the speed levers' (the stored dropout
+    mask at each forward tile, and read by the backward). A fresh process, without
+    TRITON_INTERPRET. The default blocks must not spill (ptxas's own report), nor the levers'
+    kernels: the mask-bits variants and the 128x64 8-warp forward tile."""
     from bench.attention_blocks import BLOCK_CONFIGS
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -58,8 +60,9 @@ def test_every_kernel_and_swept_block_size_compiles_for_h200_without_spills_by_d
     rows = json.loads(out.read_text())["kernels"]
     assert {row["kernel"] for row in rows} == {k.__name__ for k in ta.KERNELS}
 
-    def compiled(kernel, blocks, dropout):
+    def compiled(kernel, blocks, dropout, bits=False):
         return [row for row in rows if row["kernel"] == kernel and row.get("DROPOUT") == dropout
+                and row.get("MASK_BITS", False) == bits
                 and (row["BLOCK_M"], row["BLOCK_N"], row["num_warps"], row["num_stages"]) == blocks]
 
     for fwd, bwd in BLOCK_CONFIGS:
@@ -72,6 +75,12 @@ def test_every_kernel_and_swept_block_size_compiles_for_h200_without_spills_by_d
     assert len(defaults) == 6
     for row in rows:
         assert 0 < row["n_regs"] <= 255 and row["cubin_bytes"] > 0, row
-    for row in defaults:
+    levers = compiled("_fwd_kernel", ta.FWD_TILES["128x64"], True)
+    for tile in ta.FWD_TILES.values():
+        levers += compiled("_fwd_kernel", tile, True, bits=True)
+    for kernel in ("_bwd_dkdv_kernel", "_bwd_dq_kernel"):
+        levers += compiled(kernel, ta.BWD_BLOCKS, True, bits=True)
+    assert len(levers) == 5
+    for row in defaults + levers:
         assert row["spill_stores_bytes"] == 0 and row["spill_loads_bytes"] == 0, row
     assert "| _mask_kernel | 32 |" in r.stdout
