@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from bert import triton_attention as ta
+import layer_compile_helpers
 import triton_interpret
 from conftest import PKG
 
@@ -84,3 +85,16 @@ def test_every_kernel_and_swept_block_size_compiles_for_h200_without_spills_by_d
     for row in defaults + levers:
         assert row["spill_stores_bytes"] == 0 and row["spill_loads_bytes"] == 0, row
     assert "| _mask_kernel | 32 |" in r.stdout
+
+
+@pytest.mark.skipif(not triton_interpret.is_interpreted(), reason=triton_interpret.why_not_interpreted())
+@pytest.mark.parametrize("levers", [{}, {"fwd_tile": "128x64", "mask_bits": True}], ids=["plain", "levers"])
+def test_one_inductor_compile_serves_every_layer_and_rung_with_the_triton_op(monkeypatch, levers):
+    """tests/unit/test_triton_attention.py's one-compile check with inductor (C++ on the CPU:
+    its passes over the op, the dynamic shapes and the partition into forward and backward,
+    which the GPU's inductor shares), the Triton op plain and with its levers: one training
+    compile for the 4 layers and every rung, one for evaluation, none after."""
+    got = layer_compile_helpers.compiles_per_phase(monkeypatch, "inductor", levers)
+    assert got == {"train_warmup": 1, "eval_warmup": 1, "after": 0, "rungs": got["rungs"],
+                   "compiled_layers": layer_compile_helpers.LAYERS}, got
+    assert got["rungs"] > 1

@@ -12,9 +12,9 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from bench import common, device_run, gpu_bert_large, kernel_profile
-from bert import flops
-from bert.config import ModelConfig
-from bert.model import BertForPreTraining
+from bert import flops, optim
+from bert.config import ModelConfig, OptimConfig
+from bert.model import BertForPreTraining, pretraining_loss
 
 TINY = ModelConfig(vocab_size=200, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
                    max_position_embeddings=64, hidden_dropout=0.0, attention_dropout=0.0,
@@ -71,31 +71,37 @@ def test_kernel_classes_of_known_kernel_names():
 
 
 def test_kernel_breakdown_of_a_handmade_cuda_trace_and_a_recorded_cpu_one():
-    """bench/kernel_profile.py's sums, on what the device's profiler returns (``key_averages``
-    rows: the CPU-side ops of a CUDA run left out, the device kernels counted, a row without
-    time dropped) and on a profile recorded here on the CPU (aten ops' self time)."""
+    """bench/kernel_profile.py's sums, on what the device's profiler returns (``events()``:
+    the device kernels counted, the CPU-side ops of a CUDA run not, a kernel without time
+    dropped; the kernels a CPU op inside the optimizer's range launched -- LAMB's per-tensor
+    divisions, elementwise by name -- counted as the optimizer's) and on a profile recorded
+    here on the CPU (aten ops' self time)."""
     cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+    div = "void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<float, DivFunctor>>"
 
-    def row(key, device_type, us, count):
-        on_device = device_type == cuda
-        return SimpleNamespace(key=key, device_type=device_type, self_device_time_total=us if on_device else 0,
-                               self_cpu_time_total=0 if on_device else us, count=count)
+    def event(name, device_type=cuda, us=0.0, parent=None, kernels=()):
+        return SimpleNamespace(name=name, device_type=device_type, cpu_parent=parent, self_cpu_time_total=us,
+                               time_range=SimpleNamespace(elapsed_us=lambda: us),
+                               kernels=[SimpleNamespace(name=n, device=0, duration=d) for n, d in kernels])
 
-    trace = [row("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", cuda, 60_000, 288),
-             row("nvjet_tst_128x256_64x4", cuda, 12_000, 96), row("_fwd_kernel", cuda, 9_000, 48),
-             row("_bwd_dkdv_kernel", cuda, 12_000, 48), row("_bwd_dq_kernel", cuda, 9_000, 48),
-             row("triton_per_fused_add_native_layer_norm_0", cuda, 18_000, 194),
-             row("void at::native::multi_tensor_apply_kernel<TensorListMetadata<4>>", cuda, 15_000, 30),
-             row("ncclDevKernel_AllReduce_Sum_f32_RING_LL", cuda, 0, 0),
-             row("aten::mm", cpu, 99_000, 288), row("cudaGraphLaunch", cpu, 500, 2)]
-    kept = kernel_profile.rows(trace, cuda=True)
-    assert [k for k, _, _ in kept] == [r.key for r in trace[:8]]
-    b = kernel_profile.summarise(kept, steps=3, cuda=True, top=1)
-    assert b["ms_per_step"] == pytest.approx({"gemm": 24.0, "attention": 10.0, "elementwise": 6.0,
+    step = event("Optimizer.step#Lamb.step", cpu, 900.0)
+    foreach = event("aten::_foreach_div", cpu, 50.0, parent=step, kernels=[(div, 1_000.0)] * 3)
+    trace = [event("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", us=60_000 / 288)] * 288 + \
+        [event("nvjet_tst_128x256_64x4", us=12_000 / 96)] * 96 + [event("_fwd_kernel", us=9_000 / 48)] * 48 + \
+        [event("_bwd_dkdv_kernel", us=12_000 / 48)] * 48 + [event("_bwd_dq_kernel", us=9_000 / 48)] * 48 + \
+        [event("triton_per_fused_add_native_layer_norm_0", us=18_000 / 194)] * 194 + \
+        [event("void at::native::multi_tensor_apply_kernel<TensorListMetadata<4>>", us=12_000 / 30)] * 30 + \
+        [event(div, us=1_000.0)] * 9 + [event("ncclDevKernel_AllReduce_Sum_f32_RING_LL")] + \
+        [event("aten::mm", cpu, 99_000.0), event("cudaGraphLaunch", cpu, 500.0), step, foreach,
+         event("aten::div", cpu, 10.0, kernels=[(div, 1_000.0)] * 6)]
+    b = kernel_profile.summarise(kernel_profile.rows(trace, cuda=True), steps=3, cuda=True, top=1)
+    assert b["ms_per_step"] == pytest.approx({"gemm": 24.0, "attention": 10.0, "elementwise": 8.0,
                                               "optimizer": 5.0, "communication": 0.0})
-    assert b["total_ms_per_step"] == pytest.approx(45.0) and sum(b["share"].values()) == pytest.approx(1.0)
-    assert b["kernels_per_step"] == pytest.approx((288 + 96 + 48 * 3 + 194 + 30) / 3)
+    assert b["total_ms_per_step"] == pytest.approx(47.0) and sum(b["share"].values()) == pytest.approx(1.0)
+    assert b["kernels_per_step"] == pytest.approx((288 + 96 + 48 * 3 + 194 + 30 + 9) / 3)
     assert b["top"]["gemm"] == [("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", pytest.approx(20.0))]
+    assert b["top"]["optimizer"] == [("void at::native::multi_tensor_apply_kernel<TensorListMetadata<4>>",
+                                      pytest.approx(4.0))]
     assert "communication" not in b["top"] and b["source"] == "CUDA kernels (CUPTI)"
     assert kernel_profile.summarise([], 1, cuda=True)["note"] == "the profiler recorded no kernel time"
 
@@ -104,6 +110,31 @@ def test_kernel_breakdown_of_a_handmade_cuda_trace_and_a_recorded_cpu_one():
     assert recorded["ms_per_step"]["gemm"] > 0 and recorded["ms_per_step"]["elementwise"] > 0
     assert recorded["ms_per_step"]["attention"] == recorded["ms_per_step"]["optimizer"] == 0
     assert recorded["source"] == "aten ops' CPU self time" and recorded["kernels_per_step"] >= 3
+
+
+def test_kernel_breakdown_counts_what_lamb_runs_as_the_optimizer():
+    """A recorded CPU profile of BERT steps with the capturable LAMB (the graphed step's):
+    its bias corrections' aten::pow and aten::stack, elementwise by name, are the
+    optimizer's class (aten::pow, which only LAMB runs here, is not elementwise's), as is
+    everything inside its step."""
+    model = BertForPreTraining(TINY)
+    opt, _ = optim.build_optimizer(model, OptimConfig(), "cpu", capturable=True)
+    (samples,) = common.make_batches(1, 3, 64, 8, TINY.vocab_size, seed=2)
+    unpadded, _ = common.collate_both([samples], 64)
+    batch = unpadded[0]
+    inputs = {k: v for k, v in batch.items() if k not in ("mlm_labels", "nsp_labels")}
+
+    def step():
+        pretraining_loss(*model(**inputs), batch["mlm_labels"], batch["nsp_labels"]).backward()
+        opt.step()
+        opt.zero_grad()
+
+    step()
+    b = kernel_profile.breakdown(lambda: [step() for _ in range(2)], 2, torch.device("cpu"), top=100)
+    mine = {name for name, _ in b["top"]["optimizer"]}
+    assert {"aten::pow", "aten::stack", "aten::_foreach_div"} <= mine, sorted(mine)
+    assert "aten::pow" not in {name for name, _ in b["top"]["elementwise"]}
+    assert kernel_profile.classify("aten::pow") == "elementwise" and b["ms_per_step"]["gemm"] > 0
 
 
 def test_gpu_script_foreach_adamw_is_not_the_fused_kernel():
