@@ -4,6 +4,8 @@
 # make test : the whole CPU test suite (tests/unit and tests/integration)
 # make test-fast : the unit tier alone (tests/unit: in-process, no launcher, cluster or image)
 # make lint : shellcheck / hadolint where installed
+# make preflight : the GPU device run on the device's Python, torch and Triton, on this CPU (its own
+#   environment in .preflight, ~5 GB; bench/preflight.sh): run before any device call
 SHELL := /bin/bash
 PKG   := benchmarks/bert/implementations/pytorch
 VENV  := .venv
@@ -14,7 +16,7 @@ STAMP := $(VENV)/.installed-stamp
 # folder of its own: its top-level package is named `bert`, like ours, and would shadow it.
 ORACLE := $(VENV)/oracle
 
-.PHONY: demo pretrain-demo test test-fast lint venv prereqs clean
+.PHONY: demo pretrain-demo test test-fast lint venv prereqs clean preflight
 
 venv: $(STAMP)
 
@@ -65,3 +67,7 @@ lint: $(STAMP)
 
 clean:
 	rm -rf results build
+
+# Before a device call: the device run on the device's versions, here (bench/preflight.sh).
+preflight:
+	$(PKG)/bench/h200.sh preflight

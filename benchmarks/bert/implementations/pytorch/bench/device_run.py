@@ -112,7 +112,7 @@ def plan(args) -> list[Task]:
     baseline, fast_big, fast_small = gbl.head_cases(args.small, args.big)
     tasks = [Check("attention", (45.0, 25.0)), baseline, Headline("headline", fast_big.est_s), fast_small,
              Check("gpu", (45.0, 35.0)), gbl.fp8_case(args.big), *gbl.levers(args.big),
-             HeadlineExtras("headline_extras", (45.0, 20.0)), Check("attention_blocks", (30.0, 12.0)),
+             HeadlineExtras("headline_extras", (60.0, 20.0)), Check("attention_blocks", (30.0, 12.0)),
              *gbl.ablations(args.big), Check("demo", (60.0, 50.0)),
              *gbl.other_cases(args.big, args.old, args.fast_sweep, args.default_sweep), *args.case]
     out, seen = [], set()
