@@ -258,6 +258,28 @@ def test_h200_sh_fails_fast_when_the_run_cannot_import_and_runs_without_mlperf_l
     assert json.loads(json_file.read_text())["status"] == "error: the run's modules do not import: ImportError: no torch here"
 
 
+def test_the_gpu_state_is_logged_first_and_kept_in_the_json(tmp_path):
+    """h200.sh's first lines are nvidia-smi's reading of the GPU (driver, compute mode, clocks)
+    and the run keeps the same reading in ``gpu_state`` (a stand-in nvidia-smi on PATH that
+    answers the queries as the driver's does, here an Exclusive_Process GPU)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/usr/bin/env bash\n"
+                   'if [[ "$*" != *noheader* ]]; then echo "name, driver_version, compute_mode, clocks.sm [MHz]"; fi\n'
+                   'echo "NVIDIA H200, 580.159.04, Exclusive_Process, 345 MHz, 1980 MHz, 3201 MHz, 3201 MHz, 75.1 W, '
+                   '700.00 W, 31, Enabled"\n')
+    smi.chmod(0o755)
+    r = _h200(tmp_path, "--cpu-smoke", "--only", "baseline_b2", PATH=f"{bin_dir}:{os.environ['PATH']}")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    log = (tmp_path / "out" / "gpu_bert_large.log").read_text().splitlines()
+    assert log[0] == "name, driver_version, compute_mode, clocks.sm [MHz]" and "Exclusive_Process" in log[1]
+    (json_file,) = (tmp_path / "out").glob("gpu_bert_large_*.json")
+    state = json.loads(json_file.read_text())["gpu_state"]
+    assert state["driver_version"] == "580.159.04" and state["compute_mode"] == "Exclusive_Process"
+    assert state["clocks.max.sm"] == "1980 MHz" and state["persistence_mode"] == "Enabled"
+
+
 def test_h200_sh_prepare_refuses_to_finish_without_both_wheels(tmp_path):
     """``prepare`` with a pip that fetches mlperf-logging's wheel but not torchao's (a stand-in
     python: no registry reached) fails, naming the wheel missing; with both, it writes the

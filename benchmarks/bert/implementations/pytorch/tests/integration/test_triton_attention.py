@@ -88,13 +88,18 @@ def test_every_kernel_and_swept_block_size_compiles_for_h200_without_spills_by_d
 
 
 @pytest.mark.skipif(not triton_interpret.is_interpreted(), reason=triton_interpret.why_not_interpreted())
-@pytest.mark.parametrize("levers", [{}, {"fwd_tile": "128x64", "mask_bits": True}], ids=["plain", "levers"])
-def test_one_inductor_compile_serves_every_layer_and_rung_with_the_triton_op(monkeypatch, levers):
-    """tests/unit/test_triton_attention.py's one-compile check with inductor (C++ on the CPU:
-    its passes over the op, the dynamic shapes and the partition into forward and backward,
-    which the GPU's inductor shares), the Triton op plain and with its levers: one training
-    compile for the 4 layers and every rung, one for evaluation, none after."""
-    got = layer_compile_helpers.compiles_per_phase(monkeypatch, "inductor", levers)
+@pytest.mark.parametrize("backend, levers", [("aot_eager", {}), ("inductor", {}),
+                                             ("inductor", {"fwd_tile": "128x64", "mask_bits": True})],
+                         ids=["aot_eager", "inductor", "inductor-levers"])
+def test_one_compile_serves_every_layer_and_rung_with_the_triton_op(monkeypatch, backend, levers):
+    """model.compile_layers on a 4-layer model with the Triton op in Triton's interpreter (plain,
+    and with its levers), the trainer's own build and warm-ups: one training compile for the 4
+    layers and every budget rung, one no-grad compile for evaluation, none after (dynamo
+    raising on a recompile). ``aot_eager``: AOT autograd over forward and backward through the
+    op's fake implementation; ``inductor``: C++ on the CPU, its passes over the op, the dynamic
+    shapes and the partition that the GPU's inductor shares. bench/preflight.sh runs these on
+    the device's torch and Triton."""
+    got = layer_compile_helpers.compiles_per_phase(monkeypatch, backend, levers)
     assert got == {"train_warmup": 1, "eval_warmup": 1, "after": 0, "rungs": got["rungs"],
                    "compiled_layers": layer_compile_helpers.LAYERS}, got
     assert got["rungs"] > 1

@@ -4,10 +4,10 @@ all 24 of BERT-Large's layers and every token-budget rung, and never again after
 warm-ups, checked on a model of more than one layer (the device run raises dynamo's
 recompile limit to 64, which would hide a recompile per layer).
 
-Used by tests/unit/test_triton_attention.py (dynamo's ``aot_eager`` backend: AOT autograd
-traces forward and backward through the op's fake implementation, nothing is generated) and
-tests/integration/test_triton_attention.py (inductor, C++ on the CPU); bench/preflight.sh runs
-both on the device's torch and Triton.
+Used by tests/integration/test_triton_attention.py (dynamo's ``aot_eager`` backend: AOT
+autograd traces forward and backward through the op's fake implementation, nothing is
+generated; and inductor, C++ on the CPU); bench/preflight.sh runs it on the device's torch
+and Triton.
 """
 
 from __future__ import annotations

@@ -196,3 +196,31 @@ def test_device_run_skips_a_backend_that_failed_its_check_but_never_sdpa():
                                                                            model__attention_backend="sdpa"))
     assert device_run.blocked(sdpa, args, result) == "skipped: the same overrides as fast_b96"
     assert device_run.attention_verdict(fast_big, args, {"checks": {}, "cases": []}) == ""
+
+
+def test_fast_stack_changes_apply_where_a_case_has_the_fast_stacks_value():
+    """An attempt's changes from the fast stack (``fast_stack_changes``, the backend resolved)
+    and ``--fast-stack``'s parse; ``resolved_overrides`` applies them to a case only where it
+    keeps the fast stack's value: a case that sets the key itself keeps its own, a case not
+    built on the fast stack is untouched."""
+    g = gpu_bert_large
+    args = argparse.Namespace(fast_attention="triton", fast_stack={})
+    attempts = {c.name: c for c in g.headline_attempts(96, "triton")}
+    assert list(attempts) == ["fast_b96", "fast_no_graphs_b96", "fast_no_compile_layers_b96", "fast_eager_b96",
+                              "fast_nested_b96", "fast_nested_eager_b96", "fast_sdpa_b96", "fast_sdpa_eager_b96"]
+    assert all(c.profile for c in attempts.values())
+    assert g.fast_stack_changes(attempts["fast_b96"], args) == {}
+    assert g.fast_stack_changes(attempts["fast_nested_eager_b96"], args) == {
+        "model.attention_backend": "nested", "run.cuda_graphs": "false", "model.compile_layers": "false"}
+    assert [c.name for c in g.headline_attempts(96, "sdpa")][-1] == "fast_eager_b96"
+    args.fast_stack = g.parse_stack("run.cuda_graphs=false")
+    assert args.fast_stack == {"run.cuda_graphs": "false"}
+    fast_small = g.head_cases(16, 96)[2]
+    no_compile = {c.name: c for c in g.ablations(96)}["fast_no_compile_layers_b96"]
+    assert g.resolved_overrides(fast_small, args)["run.cuda_graphs"] == "false"
+    assert g.resolved_overrides(no_compile, args)["model.compile_layers"] == "false"
+    assert "run.cuda_graphs" not in g.resolved_overrides(g.head_cases(16, 96)[0], args)  # the baseline
+    for bad in ("model.hidden_size=8", "run.cuda_graphs"):
+        with pytest.raises(argparse.ArgumentTypeError, match="--fast-stack"):
+            g.parse_stack(bad)
+
