@@ -30,7 +30,8 @@ The order (``plan``), so that a run cut short keeps what matters most:
    128x64 forward tile, LAMB's group bias correction, the bf16 residual stream);
 7. ``headline_extras``: the headline's evaluation (warm-up, capture, timing) and its
    kernel-class profile (eager steps of its model: no profiler over graph replays), after
-   the core numbers; its expected seconds are kept free by every task before it;
+   the core numbers; its expected seconds are kept free by every task before it, and the
+   headline's model and graphs held on the device until then;
 8. ``check_attention_blocks`` (the Triton block-size sweep, if triton passed), the ablations
    (``gpu_bert_large.ablations``), ``check_demo`` (the demo to 0.720 and the MLPerf
    checker), then the other cases.
