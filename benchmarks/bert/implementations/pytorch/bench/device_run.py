@@ -13,8 +13,8 @@ The order (``plan``), so that a run cut short keeps what matters most:
    (``fast_attention`` and ``checks.attention`` record the choice and every verdict); a case
    on a backend whose test failed is skipped, but for sdpa, the last resort (its cases run
    and carry the verdict, ``attention_check``); when no test ran at all (every child failed
-   to start, as under an Exclusive_Process compute mode), the check is inconclusive, blocks
-   nothing, and the headline's fallbacks find out;
+   to start), or none passed under an exclusive compute mode (``gpu_state``), the check is
+   inconclusive, blocks nothing, and the headline's fallbacks find out;
 2. ``baseline`` at the small batch (16): the 2026-11-29 stack, this run's own baseline;
 3. ``headline`` at the big batch (96): the fast stack, and if it fails, at once the stacks of
    ``gpu_bert_large.headline_attempts`` in turn (CUDA graphs off, the per-layer compile off,
@@ -234,12 +234,14 @@ def run_tests(groups: list[list[str]], tmp: Path, timeout_s: float) -> dict[str,
 ATTENTION_TEST = "test_attention_matches_fp32_reference"
 
 
-def check_attention(tmp: Path, timeout_s: float) -> dict:
+def check_attention(tmp: Path, timeout_s: float, exclusive: bool = False) -> dict:
     """The attention tests in three children (Triton alone, and with its levers alone: the
     new kernels are the likeliest to break their context) and the fast stack's backend from
-    their verdicts. Inconclusive when no test ran (every verdict an error without a test's
-    own outcome: the children could not start): then nothing is blocked and the fast stack
-    takes the first backend, which the headline's fallbacks test for real."""
+    their verdicts. Inconclusive when no backend passed and either no test ran (every
+    verdict an error without a test's own outcome: the children could not start) or the GPU
+    is in an exclusive compute mode (``exclusive``: this process holds the one context it
+    allows, so every child fails at its first CUDA call): then nothing is blocked and the
+    fast stack takes the first backend, which the headline's fallbacks test for real."""
     verdicts = run_tests([[f"{ATTENTION_TEST}[triton]"], [f"{ATTENTION_TEST}[triton_levers]"],
                           [f"{ATTENTION_TEST}[nested]", f"{ATTENTION_TEST}[sdpa]"]], tmp, timeout_s)
 
@@ -248,10 +250,12 @@ def check_attention(tmp: Path, timeout_s: float) -> dict:
 
     backends = {b: verdict(b) for b in gbl.FAST_BACKENDS}
     out = {"status": "ok", "backends": backends, "triton_levers": verdict("triton_levers")}
-    if all(v["outcome"] == "error" and "seconds" not in v for v in backends.values()):
+    none_ran = all(v["outcome"] == "error" and "seconds" not in v for v in backends.values())
+    if none_ran or (exclusive and not any(v["outcome"] == "passed" for v in backends.values())):
+        cause = ("no attention test ran (every child failed before its tests)" if none_ran else
+                 "no attention test passed, in an exclusive compute mode (a child cannot open a context)")
         out.update(inconclusive=True, chosen=gbl.FAST_BACKENDS[0],
-                   why=f"{gbl.FAST_BACKENDS[0]}: no attention test ran (every child failed before its tests); the "
-                       "headline's fallbacks try the backends in turn")
+                   why=f"{gbl.FAST_BACKENDS[0]}: {cause}; the headline's fallbacks try the backends in turn")
         return out
     passed = [b for b in gbl.FAST_BACKENDS[:-1] if backends[b]["outcome"] == "passed"]
     chosen = passed[0] if passed else gbl.FAST_BACKENDS[-1]
@@ -684,7 +688,8 @@ class Runner:
 
         def body(cap: float) -> None:
             if task.name == "attention":
-                rec.update(check_attention(self.tmp, cap))
+                mode = str(result.get("gpu_state", {}).get("compute_mode", ""))
+                rec.update(check_attention(self.tmp, cap, exclusive=mode.startswith("Exclusive")))
                 args.fast_attention = result["fast_attention"] = rec["chosen"]
             elif task.name == "gpu":
                 rec.update(check_gpu(self.tmp, cap))

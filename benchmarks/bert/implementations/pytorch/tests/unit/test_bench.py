@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -224,3 +225,37 @@ def test_fast_stack_changes_apply_where_a_case_has_the_fast_stacks_value():
         with pytest.raises(argparse.ArgumentTypeError, match="--fast-stack"):
             g.parse_stack(bad)
 
+
+
+def test_attention_check_inconclusive_blocks_nothing_and_triton_levers_follow_their_verdict(monkeypatch):
+    """No attention test ran (every child failed before its tests), or none passed on a GPU in
+    an Exclusive_Process compute mode (a child cannot open a context beside this process's):
+    the check is inconclusive, the fast stack takes triton and no case is blocked by it; tests
+    that ran and failed otherwise stand (sdpa). With verdicts: a Triton lever case follows the
+    levers' verdict, and is skipped while the fast stack runs another backend."""
+    def no_test_ran(groups, tmp, timeout_s):
+        return {t: {"outcome": "error", "message": "the child ended with exit 1 and no verdict"} for g in groups for t in g}
+
+    def every_test_failed(groups, tmp, timeout_s):
+        return {f"{t}": {"outcome": "failed", "seconds": 1.0, "message": "CUDA error: busy or unavailable"}
+                for g in groups for t in g}
+
+    monkeypatch.setattr(device_run, "run_tests", every_test_failed)
+    assert device_run.check_attention(Path("."), 90.0)["chosen"] == "sdpa"  # the tests ran: their verdict stands
+    att = device_run.check_attention(Path("."), 90.0, exclusive=True)
+    assert att["inconclusive"] is True and "exclusive compute mode" in att["why"]
+    monkeypatch.setattr(device_run, "run_tests", no_test_ran)
+    att = device_run.check_attention(Path("."), 90.0)
+    assert att["inconclusive"] is True and att["chosen"] == "triton"
+    result = {"checks": {"attention": att}, "cases": []}
+    args = argparse.Namespace(fast_attention="triton", fast_stack={})
+    fast_big = gpu_bert_large.head_cases(16, 96)[1]
+    assert device_run.blocked(fast_big, args, result) == ""
+    bits = {c.name: c for c in gpu_bert_large.levers(96)}["fast_mask_bits_b96"]
+    result["checks"]["attention"] = {"backends": {b: {"outcome": "passed"} for b in gpu_bert_large.FAST_BACKENDS},
+                                     "triton_levers": {"outcome": "failed"}}
+    assert device_run.blocked(bits, args, result) == "skipped: the attention check of triton with its levers failed"
+    assert device_run.blocked(fast_big, args, result) == ""
+    args.fast_attention = "nested"
+    assert device_run.blocked(bits, args, result) == ("skipped: model.triton_dropout_mask: a lever of the triton "
+                                                      "backend, the fast stack runs nested")
