@@ -4,6 +4,8 @@
 # make test : the whole CPU test suite (tests/unit and tests/integration)
 # make test-fast : the unit tier alone (tests/unit: in-process, no launcher, cluster or image)
 # make lint : shellcheck / hadolint where installed
+# make preflight : the GPU device run on the device's Python, torch and Triton, on this CPU (its own
+#   environment in .preflight, ~5 GB; bench/preflight.sh): run before any device call
 SHELL := /bin/bash
 PKG   := benchmarks/bert/implementations/pytorch
 VENV  := .venv
@@ -19,7 +21,7 @@ ORACLE := $(VENV)/oracle
 TF_VENV  := $(VENV)/tf
 TF_STAMP := $(TF_VENV)/.installed-stamp
 
-.PHONY: demo pretrain-demo test test-fast lint venv prereqs clean
+.PHONY: demo pretrain-demo test test-fast lint venv prereqs clean preflight
 
 venv: $(STAMP) $(TF_STAMP)
 
@@ -78,3 +80,7 @@ lint: $(STAMP)
 
 clean:
 	rm -rf results build
+
+# Before a device call: the device run on the device's versions, here (bench/preflight.sh).
+preflight:
+	$(PKG)/bench/h200.sh preflight

@@ -7,27 +7,42 @@
 The order (``plan``), so that a run cut short keeps what matters most:
 
 1. ``check_attention``: tests/integration/test_gpu.py's attention tests in child processes (their own
-   CUDA contexts: a sticky CUDA error ends that child, not this run), Triton in one, nested
-   and SDPA in another, side by side; the fast stack's backend is the first of triton,
-   nested whose test passed, else sdpa (``fast_attention`` and ``checks.attention`` record
-   the choice and every verdict); a case on a backend whose test failed is skipped, but
-   for sdpa, the last resort (its cases run and carry the verdict, ``attention_check``);
+   CUDA contexts: a sticky CUDA error ends that child, not this run), Triton in one, Triton
+   with its speed levers in another, nested and SDPA in a third, side by side; the fast
+   stack's backend is the first of triton, nested whose test passed, else sdpa
+   (``fast_attention`` and ``checks.attention`` record the choice and every verdict); a case
+   on a backend whose test failed is skipped, but for sdpa, the last resort (its cases run
+   and carry the verdict, ``attention_check``); when no test ran at all (every child failed
+   to start), or none passed under an exclusive compute mode (``gpu_state``), the check is
+   inconclusive, blocks nothing, and the headline's fallbacks find out;
 2. ``baseline`` at the small batch (16): the 2026-11-29 stack, this run's own baseline;
-3. ``fast`` at the big batch (96): the headline, with its kernel-class profile; then ``fast``
-   at 16;
-4. ``check_gpu``: the other tests of tests/integration/test_gpu.py in a child (fp16 loss scaling on
-   BERT-Large, graphed steps equal to eager ones);
+3. ``headline`` at the big batch (96): the fast stack, and if it fails, at once the stacks of
+   ``gpu_bert_large.headline_attempts`` in turn (CUDA graphs off, the per-layer compile off,
+   both, then the next attention backends) until one measures: that one is the headline
+   (``headline`` in the JSON: which case and stack, and every attempt's status, so why the
+   others did not), and every later case built on the fast stack drops what it dropped
+   (``fast_stack_changes``); each case's core numbers only (its optimizer step alone too),
+   the headline's evaluation and kernel-class profile later (7.);
+4. ``fast`` at 16; ``check_gpu``: the other tests of tests/integration/test_gpu.py in a child
+   (fp16 loss scaling on BERT-Large, graphed steps equal to eager ones);
 5. ``fast_fp8_tensorwise`` at 96;
-6. ``check_attention_blocks`` (the Triton block-size sweep, if triton passed), the ablations
-   (bench/gpu_bert_large.py's ``ablations``), ``check_demo`` (the demo to 0.720 and the
-   MLPerf checker), then the other cases.
+6. the speed levers at 96 (``gpu_bert_large.levers``: the Triton mask stored as bits, its
+   128x64 forward tile, LAMB's group bias correction, the bf16 residual stream);
+7. ``headline_extras``: the headline's evaluation (warm-up, capture, timing) and its
+   kernel-class profile (eager steps of its model: no profiler over graph replays), after
+   the core numbers; its expected seconds are kept free by every task before it, and the
+   headline's model and graphs held on the device until then;
+8. ``check_attention_blocks`` (the Triton block-size sweep, if triton passed), the ablations
+   (``gpu_bert_large.ablations``), ``check_demo`` (the demo to 0.720 and the MLPerf
+   checker), then the other cases.
 
 The window: ``--limit-s`` counts from this process's start (so the interpreter's and
 torch's start-up count too; bench/h200.sh passes what is left of its own limit). Before
 anything runs, the expected seconds of every task are printed with their running sum. A
 task whose expected seconds exceed what is left (less ``--margin-s`` for writing the
-results) is skipped with that reason and the next one is tried; a task that runs past
-``--task-limit-s``, or into the margin, is stopped and recorded. The JSON is rewritten
+results) is skipped with that reason and the next one is tried; a task that runs past its
+cap -- ``--cap-factor`` (2) times its cold expected seconds, at most ``--task-limit-s`` when
+given -- or into the margin, is stopped and recorded. The JSON is rewritten
 after every task and inside a case as soon as its throughput is measured (its extras
 follow); SIGTERM (the wrapper's timeout) records the task in flight and writes the JSON.
 Should a case leave the CUDA context broken (a sticky error: the device no longer answers a
@@ -72,12 +87,34 @@ class Check:
     est_s: tuple[float, float]
 
 
-def plan(args) -> list[gbl.Case | Check]:
+@dataclasses.dataclass
+class Headline:
+    """The headline at the big batch: ``gpu_bert_large.headline_attempts`` in turn until one
+    measures (each a case of its own in ``cases``); ``est_s``: the first attempt's."""
+
+    name: str
+    est_s: tuple[float, float]
+
+
+@dataclasses.dataclass
+class HeadlineExtras:
+    """The headline case's extras (evaluation, kernel-class profile), run after the core
+    numbers of the cases before it; its ``est_s`` is kept free by every task before it."""
+
+    name: str
+    est_s: tuple[float, float]
+
+
+Task = gbl.Case | Check | Headline | HeadlineExtras
+
+
+def plan(args) -> list[Task]:
     """Every task in the order of the module docstring (names once), then ``--case`` ones."""
     baseline, fast_big, fast_small = gbl.head_cases(args.small, args.big)
-    tasks = [Check("attention", (40.0, 25.0)), baseline, fast_big, fast_small, Check("gpu", (45.0, 35.0)),
-             gbl.fp8_case(args.big), Check("attention_blocks", (30.0, 12.0)), *gbl.ablations(args.big),
-             Check("demo", (60.0, 50.0)),
+    tasks = [Check("attention", (45.0, 25.0)), baseline, Headline("headline", fast_big.est_s), fast_small,
+             Check("gpu", (45.0, 35.0)), gbl.fp8_case(args.big), *gbl.levers(args.big),
+             HeadlineExtras("headline_extras", (60.0, 20.0)), Check("attention_blocks", (30.0, 12.0)),
+             *gbl.ablations(args.big), Check("demo", (60.0, 50.0)),
              *gbl.other_cases(args.big, args.old, args.fast_sweep, args.default_sweep), *args.case]
     out, seen = [], set()
     for t in tasks:
@@ -87,7 +124,7 @@ def plan(args) -> list[gbl.Case | Check]:
     return out
 
 
-def task_name(task: gbl.Case | Check) -> str:
+def task_name(task: Task) -> str:
     return f"check_{task.name}" if isinstance(task, Check) else task.name
 
 
@@ -197,18 +234,35 @@ def run_tests(groups: list[list[str]], tmp: Path, timeout_s: float) -> dict[str,
 ATTENTION_TEST = "test_attention_matches_fp32_reference"
 
 
-def check_attention(tmp: Path, timeout_s: float) -> dict:
-    """The attention tests in two children (Triton alone: the new kernel is the likeliest to
-    break its context) and the fast stack's backend from their verdicts."""
-    verdicts = run_tests([[f"{ATTENTION_TEST}[triton]"], [f"{ATTENTION_TEST}[nested]", f"{ATTENTION_TEST}[sdpa]"]],
-                         tmp, timeout_s)
-    backends = {b: verdicts.get(f"{ATTENTION_TEST}[{b}]", {"outcome": "error", "message": "no verdict"})
-                for b in gbl.FAST_BACKENDS}
+def check_attention(tmp: Path, timeout_s: float, exclusive: bool = False) -> dict:
+    """The attention tests in three children (Triton alone, and with its levers alone: the
+    new kernels are the likeliest to break their context) and the fast stack's backend from
+    their verdicts. Inconclusive when no backend passed and either no test ran (every
+    verdict an error without a test's own outcome: the children could not start) or the GPU
+    is in an exclusive compute mode (``exclusive``: this process holds the one context it
+    allows, so every child fails at its first CUDA call): then nothing is blocked and the
+    fast stack takes the first backend, which the headline's fallbacks test for real."""
+    verdicts = run_tests([[f"{ATTENTION_TEST}[triton]"], [f"{ATTENTION_TEST}[triton_levers]"],
+                          [f"{ATTENTION_TEST}[nested]", f"{ATTENTION_TEST}[sdpa]"]], tmp, timeout_s)
+
+    def verdict(name: str) -> dict:
+        return verdicts.get(f"{ATTENTION_TEST}[{name}]", {"outcome": "error", "message": "no verdict"})
+
+    backends = {b: verdict(b) for b in gbl.FAST_BACKENDS}
+    out = {"status": "ok", "backends": backends, "triton_levers": verdict("triton_levers")}
+    none_ran = all(v["outcome"] == "error" and "seconds" not in v for v in backends.values())
+    if none_ran or (exclusive and not any(v["outcome"] == "passed" for v in backends.values())):
+        cause = ("no attention test ran (every child failed before its tests)" if none_ran else
+                 "no attention test passed, in an exclusive compute mode (a child cannot open a context)")
+        out.update(inconclusive=True, chosen=gbl.FAST_BACKENDS[0],
+                   why=f"{gbl.FAST_BACKENDS[0]}: {cause}; the headline's fallbacks try the backends in turn")
+        return out
     passed = [b for b in gbl.FAST_BACKENDS[:-1] if backends[b]["outcome"] == "passed"]
     chosen = passed[0] if passed else gbl.FAST_BACKENDS[-1]
     why = (f"{chosen}: the first of {list(gbl.FAST_BACKENDS[:-1])} whose check passed" if passed
            else f"sdpa: neither of {list(gbl.FAST_BACKENDS[:-1])} passed its check")
-    return {"status": "ok", "backends": backends, "chosen": chosen, "why": why}
+    out.update(chosen=chosen, why=why)
+    return out
 
 
 def check_gpu(tmp: Path, timeout_s: float) -> dict:
@@ -266,19 +320,32 @@ def cuda_alive(device: torch.device) -> bool:
 
 
 def attention_verdict(case: gbl.Case, args, result: dict) -> str:
-    """The attention check's outcome for ``case``'s backend ("" when unchecked)."""
-    backend = gbl.resolved_overrides(case, args).get("model.attention_backend")
-    return result["checks"].get("attention", {}).get("backends", {}).get(backend, {}).get("outcome", "")
+    """The attention check's outcome for ``case``'s backend ("" when unchecked): for a case
+    with a Triton lever on, the check of the kernel with its levers."""
+    over = gbl.resolved_overrides(case, args)
+    att = result["checks"].get("attention", {})
+    if over.get("model.attention_backend") == "triton" and triton_levers_on(over):
+        return att.get("triton_levers", {}).get("outcome", "")
+    return att.get("backends", {}).get(over.get("model.attention_backend"), {}).get("outcome", "")
+
+
+def triton_levers_on(over: dict[str, str]) -> list[str]:
+    """The Triton levers a case's overrides turn on (``gpu_bert_large.TRITON_LEVERS``)."""
+    return [k for k, off in gbl.TRITON_LEVERS.items() if over.get(k, off) != off]
 
 
 def blocked(case: gbl.Case, args, result: dict) -> str:
     """Why ``case`` must not run: its attention backend failed the check (but sdpa, the last
-    resort, which ran on this GPU before: its cases run and carry the verdict), or another
-    case already ran with the same overrides ("" when it may run)."""
+    resort, which ran on this GPU before: its cases run and carry the verdict; and nothing
+    when the check was inconclusive), a Triton lever on another backend (the same stack
+    again), or another case already ran with the same overrides ("" when it may run)."""
     over = gbl.resolved_overrides(case, args)
     backend, verdict = over.get("model.attention_backend"), attention_verdict(case, args, result)
-    if verdict in ("failed", "error") and backend != gbl.FAST_BACKENDS[-1]:
-        return f"skipped: the attention check of {backend} {verdict}"
+    if triton_levers_on(over) and backend != "triton":
+        return f"skipped: {', '.join(triton_levers_on(over))}: a lever of the triton backend, the fast stack runs {backend}"
+    inconclusive = result["checks"].get("attention", {}).get("inconclusive", False)
+    if verdict in ("failed", "error") and backend != gbl.FAST_BACKENDS[-1] and not inconclusive:
+        return f"skipped: the attention check of {backend}{' with its levers' if triton_levers_on(over) else ''} {verdict}"
     for done in result["cases"]:
         if done.get("status") == "ok" and done.get("overrides") == over and done["case"] != case.name:
             return f"skipped: the same overrides as {done['case']}"
@@ -297,7 +364,10 @@ def main(argv: list[str] | None = None, age: Callable[[], float] = process_age_s
                     help="the run's limit in seconds from this process's start (0 = none): no task starts that is "
                          "expected to end past it, none runs past it")
     ap.add_argument("--margin-s", type=float, default=10.0, help="kept free before --limit-s for the last writes")
-    ap.add_argument("--task-limit-s", type=float, default=240.0, help="stop a task after this many seconds and go on")
+    ap.add_argument("--cap-factor", type=float, default=2.0,
+                    help="stop a task after this many times its cold expected seconds, and go on")
+    ap.add_argument("--task-limit-s", type=float, default=0.0,
+                    help="and after at most this many seconds, whatever its estimate (0 = no such bound)")
     ap.add_argument("--compile-cache", choices=("cold", "warm"), default="cold",
                     help="whether inductor's and Triton's caches were carried in (bench/h200.sh says): which "
                          "column of the expected seconds applies")
@@ -324,18 +394,23 @@ def main(argv: list[str] | None = None, age: Callable[[], float] = process_age_s
             print(f"--resume: {out} does not exist", file=sys.stderr)
             return 2
         result = json.loads(out.read_text())
-        done = {c["case"] for c in result["cases"]} | {f"check_{k}" for k in result["checks"]}
+        done = ({c["case"] for c in result["cases"]} | {f"check_{k}" for k in result["checks"]}
+                | ({"headline"} if result.get("headline", {}).get("decided") else set()))
         selected = [t for t in selected if task_name(t) not in done]
         args.fast_attention = result["fast_attention"]
+        args.fast_stack = result.get("fast_stack_changes", {})
         result["restarts"] = result.get("restarts", 0) + 1
         peak = {"flops_per_s": result["gemm_peak_tflops"] * 1e12, "n": result["gemm_peak_n"]}
     warm = args.compile_cache == "warm"
+    state = gpu_state() if not args.resume else result.get("gpu_state", {})
+    print(f"GPU state (read, not set): {json.dumps(state)}", flush=True)
     print(time_table(selected, warm, args.limit_s, age()), flush=True)
     if not args.resume:
         out.parent.mkdir(parents=True, exist_ok=True)
         commit, source = (args.commit, "--commit") if args.commit else provenance.git_commit()
         peak = gbl.gemm_peak(args, device)
         result = gbl.run_header(args, device, peak, commit, source)
+        result["gpu_state"] = state
         result.update(plan=names, only=sorted(only), compile_cache=args.compile_cache, limit_s=args.limit_s,
                       expected_s={task_name(t): t.est_s[warm] for t in selected}, started_age_s=age())
     artifacts = Path(args.artifacts) if args.artifacts else out.parent
@@ -362,78 +437,274 @@ def main(argv: list[str] | None = None, age: Callable[[], float] = process_age_s
     return 128 + signal.SIGTERM if outcome == "terminated" else 0
 
 
+GPU_QUERY = ("name,driver_version,compute_mode,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,power.draw,"
+             "power.limit,temperature.gpu,persistence_mode")
+
+
+def gpu_state() -> dict[str, str]:
+    """The GPU's name, driver, compute mode, clocks, power and temperature as nvidia-smi
+    reads them (nothing is set), or why there is no reading. An Exclusive_Process compute
+    mode lets one process hold a context: the check children then fail to start."""
+    try:
+        r = subprocess.run(["nvidia-smi", f"--query-gpu={GPU_QUERY}", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return {"error": f"nvidia-smi: {type(e).__name__}: {e}"}
+    if r.returncode != 0 or not r.stdout.strip():
+        return {"error": f"nvidia-smi exit {r.returncode}: {(r.stderr or r.stdout).strip()[-300:]}"}
+    return dict(zip(GPU_QUERY.split(","), (v.strip() for v in r.stdout.splitlines()[0].split(","))))
+
+
+class Window:
+    """The run's time: what is left for a task before --limit-s (less the margin and the
+    expected seconds of the reserved tasks still ahead of it), and each task's cap."""
+
+    def __init__(self, args, tasks: list, age: Callable[[], float]) -> None:
+        self.args, self.age = args, age
+        self.col = 1 if args.compile_cache == "warm" else 0
+        self.reserved = {task_name(t): t.est_s[self.col] for t in tasks if isinstance(t, HeadlineExtras)}
+
+    def left(self, name: str) -> float:
+        if not self.args.limit_s:
+            return float("inf")
+        ahead = sum(est for n, est in self.reserved.items() if n != name)
+        return self.args.limit_s - self.age() - self.args.margin_s - ahead
+
+    def done(self, name: str) -> None:
+        self.reserved.pop(name, None)
+
+    def why_not(self, task, name: str) -> str:
+        est, left = task.est_s[self.col], self.left(name)
+        if est > left:
+            return f"skipped: expected {est:.0f} s, {max(left, 0):.0f} s left before --limit-s" + (
+                " and the reserved tasks" if len(self.reserved) - (name in self.reserved) else "")
+        return ""
+
+    def cap(self, task, name: str) -> float:
+        """--cap-factor times the task's cold expected seconds, within --task-limit-s and what is left."""
+        cap = self.args.cap_factor * max(task.est_s)
+        if self.args.task_limit_s:
+            cap = min(cap, self.args.task_limit_s)
+        return max(1.0, min(cap, self.left(name)))
+
+
+class Stopped(Exception):
+    """The run must stop after this task: ``outcome`` ("terminated" or "restart")."""
+
+    def __init__(self, outcome: str) -> None:
+        super().__init__(outcome)
+        self.outcome = outcome
+
+
 def run_tasks(tasks: list, args, device: torch.device, peak: float, result: dict, save: Callable[[], None],
               artifacts: Path, age: Callable[[], float]) -> str:
     """Each task in turn within the window; "done", "terminated" or "restart"."""
-    samples_cache: dict[int, list] = {}
-    warm = args.compile_cache == "warm"
+    window = Window(args, tasks, age)
+    if result.get("headline", {}).get("decided"):  # a restart after the headline: its model is gone
+        window.done("headline_extras")
+    run = Runner(args, device, peak, result, save, artifacts, window)
     with gbl.smoke_compile() if args.cpu_smoke else gbl.nothing(), \
             tempfile.TemporaryDirectory(prefix="device_run_") as tmp_name:
-        tmp = Path(tmp_name)
-        for task in tasks:
-            name, t0 = task_name(task), time.perf_counter()
-            left = args.limit_s - age() - args.margin_s if args.limit_s else float("inf")
-            est = task.est_s[warm]
-            rec: dict[str, Any] = {}
-            if isinstance(task, Check):
-                result["checks"][task.name] = rec
-            else:
-                result["cases"].append(rec)
-                rec.update(case=task.name, local_batch=task.batch, overrides=gbl.resolved_overrides(task, args))
-                if attention_verdict(task, args, result):
-                    rec["attention_check"] = attention_verdict(task, args, result)
-            why = blocked(task, args, result) if isinstance(task, gbl.Case) else ""
-            if est > left:
-                why = f"skipped: expected {est:.0f} s, {max(left, 0):.0f} s left before --limit-s"
-            if why:
-                rec["status"] = why
-            else:
-                cap = min(args.task_limit_s, left)
-                signal.setitimer(signal.ITIMER_REAL, cap)
-                try:
-                    if isinstance(task, gbl.Case):
-                        gbl.run_case(task, args, device, peak, samples_cache, rec, save)
-                    elif task.name == "attention":
-                        rec.update(check_attention(tmp, cap))
-                        args.fast_attention = result["fast_attention"] = rec["chosen"]
-                    elif task.name == "gpu":
-                        rec.update(check_gpu(tmp, cap))
-                    elif task.name == "attention_blocks":
-                        verdict = result["checks"].get("attention", {}).get("backends", {}).get("triton", {})
-                        if verdict.get("outcome") in ("failed", "error"):
-                            rec["status"] = f"skipped: the attention check of triton {verdict['outcome']}"
-                        else:
-                            rec.update(check_attention_blocks(args, device, samples_cache))
-                    else:
-                        rec.update(demo_check.check_demo(tmp, artifacts, args.cpu_smoke,
-                                                         Path(args.demo_data) if args.demo_data else None,
-                                                         timeout_s=args.demo_timeout_s))
-                except (TaskTimeout, Terminated) as e:
-                    what = ("stopped at its time limit" if isinstance(e, TaskTimeout)
-                            else "terminated (SIGTERM: the wrapper's time limit)")
-                    if rec.get("status") == "ok":  # a case's throughput is in: its extras were cut
-                        rec["extras_stopped"] = what
-                    else:
-                        rec["status"] = f"error: {what} ({cap:.0f} s)" if isinstance(e, TaskTimeout) else f"error: {what}"
-                    if isinstance(e, Terminated):
-                        rec["task_s"] = time.perf_counter() - t0
-                        save()
-                        return "terminated"
-                except Exception as e:  # noqa: BLE001 - keep the other results; say what failed
-                    gbl.record_failure(rec, e)
-                finally:
-                    signal.setitimer(signal.ITIMER_REAL, 0)
-            rec["task_s"] = time.perf_counter() - t0
-            save()
-            gbl.report(name, {"local_batch": getattr(task, "batch", 0), **rec})
-            if not cuda_alive(device):
-                result["cuda_context_lost_after"] = result.get("cuda_context_lost_after", []) + [name]
-                save()
-                return "restart"
-            gc.collect()
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+        run.tmp = Path(tmp_name)
+        try:
+            for task in tasks:
+                if isinstance(task, Headline):
+                    run.headline(task)
+                elif isinstance(task, HeadlineExtras):
+                    run.extras(task)
+                elif isinstance(task, Check):
+                    run.check(task)
+                else:
+                    run.case(task)
+                window.done(task_name(task))
+        except Stopped as s:
+            return s.outcome
     return "done"
+
+
+class Runner:
+    """The run's tasks: each one records itself in ``result``, is saved, reported, and followed
+    by a check that the CUDA context still answers."""
+
+    def __init__(self, args, device: torch.device, peak: float, result: dict, save: Callable[[], None],
+                 artifacts: Path, window: Window) -> None:
+        self.args, self.device, self.peak, self.result, self.save = args, device, peak, result, save
+        self.artifacts, self.window = artifacts, window
+        self.samples_cache: dict[int, list] = {}
+        self.tmp = Path(".")
+        self.held: gbl.Extras = []  # the headline's extras, until headline_extras runs them
+        self.held_rec: dict[str, Any] = {}
+
+    # -- one task within its cap ------------------------------------------------------------
+
+    def timed(self, name: str, task, rec: dict, body: Callable[[float], None]) -> None:
+        """``body(cap)`` under the task's cap; a stop, SIGTERM or error recorded in ``rec``;
+        the task's seconds, a save, its printed line, and the CUDA context checked after."""
+        t0 = time.perf_counter()
+        cap = self.window.cap(task, name)
+        signal.setitimer(signal.ITIMER_REAL, cap)
+        try:
+            body(cap)
+        except (TaskTimeout, Terminated) as e:
+            what = ("stopped at its time limit" if isinstance(e, TaskTimeout)
+                    else "terminated (SIGTERM: the wrapper's time limit)")
+            if rec.get("status") == "ok":  # a case's throughput is in: its extras were cut
+                rec["extras_stopped"] = what
+            else:
+                rec["status"] = f"error: {what} ({cap:.0f} s)" if isinstance(e, TaskTimeout) else f"error: {what}"
+            if isinstance(e, Terminated):
+                rec["task_s"] = time.perf_counter() - t0
+                self.save()
+                raise Stopped("terminated") from None
+        except Exception as e:  # noqa: BLE001 - keep the other results; say what failed
+            gbl.record_failure(rec, e)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        rec["task_s"] = time.perf_counter() - t0
+        self.finish(name, rec, getattr(task, "batch", 0))
+
+    def finish(self, name: str, rec: dict, batch: int) -> None:
+        self.save()
+        gbl.report(name, {"local_batch": batch, **rec})
+        if not cuda_alive(self.device):
+            self.result["cuda_context_lost_after"] = self.result.get("cuda_context_lost_after", []) + [name]
+            self.save()
+            raise Stopped("restart")
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    # -- the kinds of task --------------------------------------------------------------------
+
+    def new_case(self, case: gbl.Case) -> dict | None:
+        """``case``'s record, appended to ``cases``; None when it is there already (measured as
+        an attempt of the headline, or before a restart)."""
+        if any(c["case"] == case.name for c in self.result["cases"]):
+            print(f"{case.name:28s} in the file already", flush=True)
+            return None
+        rec: dict[str, Any] = {"case": case.name, "local_batch": case.batch,
+                               "overrides": gbl.resolved_overrides(case, self.args)}
+        verdict = attention_verdict(case, self.args, self.result)
+        if verdict:
+            rec["attention_check"] = verdict
+        self.result["cases"].append(rec)
+        return rec
+
+    def measure(self, case: gbl.Case, rec: dict) -> gbl.Extras:
+        """A case's core numbers and its optimizer step alone; its other extras, unrun."""
+        extras = gbl.measure_case(case, self.args, self.device, self.peak, self.samples_cache, rec, self.save)
+        gbl.run_extras(rec, [e for e in extras if e[0] == "optimizer"], self.save)
+        return [e for e in extras if e[0] != "optimizer"]
+
+    def case(self, case: gbl.Case) -> None:
+        rec = self.new_case(case)
+        if rec is None:
+            return
+        why = blocked(case, self.args, self.result) or self.window.why_not(case, case.name)
+        if why:
+            rec["status"] = why
+            rec["task_s"] = 0.0
+            self.finish(case.name, rec, case.batch)
+            return
+
+        def body(cap: float) -> None:
+            later = self.measure(case, rec)
+            if later:
+                rec["extras_not_run"] = [n for n, _ in later]  # the headline's alone run (headline_extras)
+
+        self.timed(case.name, case, rec, body)
+
+    def headline(self, task: Headline) -> None:
+        """The attempts in turn until one measures; ``headline`` records which, with what stack
+        and what it changed from the fast stack, and each attempt's status; later fast-stack
+        cases take the stack that measured (``--fast-attention``, ``--fast-stack``)."""
+        head = self.result.setdefault("headline", {})
+        for case in gbl.headline_attempts(self.args.big, self.args.fast_attention):
+            rec = next((c for c in self.result["cases"] if c["case"] == case.name), None)
+            if rec is None:  # else measured before a restart
+                rec = self.new_case(case)
+                rec["headline_attempt"] = 1 + sum("headline_attempt" in c for c in self.result["cases"][:-1])
+                why = blocked(case, self.args, self.result) or self.window.why_not(case, task.name)
+                if why:
+                    rec.update(status=why, task_s=0.0)
+                else:
+                    def body(cap: float, case=case, rec=rec) -> None:
+                        self.held, self.held_rec = self.measure(case, rec), rec
+
+                    self.timed(case.name, case, rec, body)
+            head["attempts"] = [{"case": c["case"], "status": c.get("status")} for c in self.result["cases"]
+                                if "headline_attempt" in c]
+            if rec.get("status", "").startswith("skipped"):
+                self.finish(case.name, rec, case.batch)
+            if rec.get("status") == "ok":
+                changes = gbl.fast_stack_changes(case, self.args)
+                head.update(decided=True, case=case.name, seq_per_s=rec["seq_per_s"], stack=rec["overrides"],
+                            changes_from_fast=dict(changes))
+                self.args.fast_attention = changes.pop("model.attention_backend", self.args.fast_attention)
+                self.args.fast_stack = changes
+                self.result.update(fast_attention=self.args.fast_attention, fast_stack_changes=changes)
+                self.save()
+                return
+            self.held, self.held_rec = [], {}
+        head.update(decided=True, case=None, why="no attempt measured (each attempt's status in attempts)")
+        self.window.done("headline_extras")
+        self.save()
+
+    def extras(self, task: HeadlineExtras) -> None:
+        """The headline's evaluation and kernel-class profile, into the headline's record;
+        ``checks.headline_extras`` says which case and how it went."""
+        head = self.result.get("headline", {})
+        mark: dict[str, Any] = {"case": head.get("case")}
+        self.result["checks"][task.name] = mark
+        name = task_name(task)
+        held, rec = self.held, self.held_rec
+        self.held, self.held_rec = [], {}
+        why = self.window.why_not(task, name)
+        if not held:
+            why = ("skipped: no headline was measured" if not head.get("case") else
+                   "skipped: the run restarted in a fresh process after the headline: its model is gone")
+        if why:
+            mark["status"] = why
+            self.finish(name, mark, 0)
+            return
+
+        def body(cap: float) -> None:
+            gbl.run_extras(rec, held, self.save)
+            rec.pop("extras_not_run", None)
+            mark.update(status="ok", extra_errors=rec.get("extra_errors", {}))
+
+        self.timed(name, task, mark, body)
+
+    def check(self, task: Check) -> None:
+        rec: dict[str, Any] = {}
+        self.result["checks"][task.name] = rec
+        name = task_name(task)
+        why = self.window.why_not(task, name)
+        if why:
+            rec["status"] = why
+            self.finish(name, rec, 0)
+            return
+        args, result = self.args, self.result
+
+        def body(cap: float) -> None:
+            if task.name == "attention":
+                mode = str(result.get("gpu_state", {}).get("compute_mode", ""))
+                rec.update(check_attention(self.tmp, cap, exclusive=mode.startswith("Exclusive")))
+                args.fast_attention = result["fast_attention"] = rec["chosen"]
+            elif task.name == "gpu":
+                rec.update(check_gpu(self.tmp, cap))
+            elif task.name == "attention_blocks":
+                verdict = result["checks"].get("attention", {}).get("backends", {}).get("triton", {})
+                if verdict.get("outcome") in ("failed", "error"):
+                    rec["status"] = f"skipped: the attention check of triton {verdict['outcome']}"
+                else:
+                    rec.update(check_attention_blocks(args, self.device, self.samples_cache))
+            else:
+                rec.update(demo_check.check_demo(self.tmp, self.artifacts, args.cpu_smoke,
+                                                 Path(args.demo_data) if args.demo_data else None,
+                                                 timeout_s=min(args.demo_timeout_s, cap)))
+
+        self.timed(name, task, rec, body)
 
 
 if __name__ == "__main__":

@@ -29,13 +29,23 @@ untimed steps (at least one pass over the cycle, so no shape is first seen, and 
 inside the timing), then ``--steps`` timed steps. The throughput, memory and compile counts
 are recorded (and ``save`` called) before any extra; each extra (the kernel-class profile of
 a case that asks for one, the evaluation's warm-up and timing, the optimizer step alone)
-runs in its own try, so a failing extra loses only itself.
+runs in its own try, so a failing extra loses only itself; ``measure_case`` returns them
+unrun, for a caller that runs them later (bench/device_run.py runs the headline's after the
+core numbers of the other cases).
+
+**The fast stack's fallbacks.** ``headline_attempts`` lists, for the headline's batch, the
+fast stack and the stacks that drop one thing at a time (CUDA graphs, the per-layer compile,
+both, then the other attention backends); ``fast_stack_changes`` is what an attempt changes
+from the fast stack, and ``--fast-stack`` (key=value,...) applies such changes to every later
+case built on the fast stack (``resolved_overrides``), so that what broke the fast stack is
+not tried again by each of them.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import logging
 import re
@@ -126,15 +136,16 @@ def without(base: dict[str, str], *keys: str, **changes: str) -> dict[str, str]:
 # task's true seconds, ``task_s``, to correct these):
 # - eager BERT-Large at b16: the model built on the GPU (~2 s), 8 untimed + 20 timed steps
 #   (~0.1 s each), the extras: ~15 s;
-# - the fast stack's first case: inductor on one encoder layer, forward and backward, and
-#   its no-grad twin for evaluation (dynamic shapes: once for every rung), plus one graph
-#   capture per rung: ~150 s cold, ~40 s with the carried inductor/Triton caches;
+# - the fast stack's first case: inductor on one encoder layer, forward and backward
+#   (dynamic shapes: once for every rung), plus one graph capture per rung: ~110 s cold,
+#   ~35 s with the carried inductor/Triton caches; its evaluation (the layer's no-grad
+#   compile, one eval graph per rung) ~40 s more cold, the device run's headline_extras;
 # - a further case of the same backend reuses the compiled layer: its graphs and steps
 #   only (~40 s at b96); another backend or FP8 compiles its own layer (~90 s cold);
 # - compiled LAMB: inductor over BERT-Large's 398 tensors (153 s on the 2-core CPU here,
 #   bench/lamb_step.py): ~150 s cold on the device's host, ~45 s warm.
 EST_EAGER_SMALL = (15.0, 15.0)
-EST_FAST_FIRST = (150.0, 40.0)
+EST_FAST_FIRST = (110.0, 35.0)
 EST_SAME_COMPILE = (45.0, 40.0)
 EST_NEW_COMPILE = (90.0, 45.0)
 EST_COMPILED_LAMB = (150.0, 50.0)
@@ -161,12 +172,64 @@ def fp8_case(big: int) -> Case:
     return _case("fast_fp8_tensorwise", big, EST_NEW_COMPILE, f=without(FAST, precision__fp8="tensorwise"))
 
 
+def levers(big: int) -> list[Case]:
+    """The speed levers not yet on by default, each alone on the fast stack at ``big``
+    (bert/config.py holds their switches, off; BENCHMARKS.md section 3 their estimated gains):
+    the Triton kernel's dropout mask stored as bits and its 128x64 forward tile (cases of the
+    triton backend only: bench/device_run.py skips them when the fast stack runs another),
+    one bias correction per LAMB group, the residual stream in bf16. **A new lever is a new
+    entry here** (a ``_case`` with its overrides and expected seconds)."""
+    return [_case("fast_mask_bits", big, EST_NEW_COMPILE, f=without(FAST, model__triton_dropout_mask="bits")),
+            _case("fast_fwd_tile_128x64", big, EST_NEW_COMPILE, f=without(FAST, model__triton_fwd_tile="128x64")),
+            _case("fast_lamb_group_correction", big, EST_SAME_COMPILE,
+                  f=without(FAST, optim__lamb_bias_correction="group")),
+            _case("fast_autocast_residual", big, EST_NEW_COMPILE, f=without(FAST, model__autocast_residual="true"))]
+
+
+# Keys a triton-only lever sets, with the value that is off.
+TRITON_LEVERS = {"model.triton_dropout_mask": "philox", "model.triton_fwd_tile": "64x64"}
+
+
+# The fallbacks of the headline, in order: what each drops from the fast stack.
+NO_GRAPHS = {"run.cuda_graphs": "false"}
+NO_COMPILE = {"model.compile_layers": "false"}
+EST_EAGER_BIG = (40.0, 40.0)
+
+
+def headline_attempts(big: int, chosen: str) -> list[Case]:
+    """The headline's stacks at ``big``, tried in order until one measures: the fast stack on
+    the ``chosen`` backend, then without CUDA graphs, without the per-layer compile, without
+    both, then each backend after ``chosen`` in FAST_BACKENDS, whole and without both. Each
+    drops what the one before it may have broken: a capture, a compile, the kernel."""
+    out = [_case("fast", big, EST_FAST_FIRST, f=FAST),
+           _case("fast_no_graphs", big, EST_NEW_COMPILE, f=without(FAST, **_kw(NO_GRAPHS))),
+           _case("fast_no_compile_layers", big, EST_EAGER_BIG, f=without(FAST, **_kw(NO_COMPILE))),
+           _case("fast_eager", big, EST_EAGER_BIG, f=without(FAST, **_kw({**NO_GRAPHS, **NO_COMPILE})))]
+    for b in FAST_BACKENDS[FAST_BACKENDS.index(chosen) + 1:]:
+        out += [_case(f"fast_{b}", big, EST_NEW_COMPILE, f=without(FAST, model__attention_backend=b)),
+                _case(f"fast_{b}_eager", big, EST_EAGER_BIG,
+                      f=without(FAST, model__attention_backend=b, **_kw({**NO_GRAPHS, **NO_COMPILE})))]
+    return [dataclasses.replace(c, profile=True) for c in out]  # whichever measures is the headline
+
+
+def _kw(over: dict[str, str]) -> dict[str, str]:
+    """Dotted keys as ``without``'s keyword names."""
+    return {k.replace(".", "__"): v for k, v in over.items()}
+
+
+def fast_stack_changes(case: Case, args) -> dict[str, str]:
+    """What ``case`` (an attempt of ``headline_attempts``) changes from the fast stack, the
+    attention backend resolved: the changes ``--fast-stack`` then applies to later cases."""
+    over = resolved_overrides(case, args)
+    fast = {k: (args.fast_attention if v == CHOSEN else v) for k, v in FAST.items()}
+    return {k: over[k] for k in fast if over.get(k) != fast[k]}
+
+
 def ablations(big: int) -> list[Case]:
     """One technique of the fast stack off or swapped at ``big``, ordered by what a GPU
     default depends on: CUDA graphs, the other attention backends (the chosen one is the
     headline itself), LAMB's variant, the per-layer compile, issue 26's levers (the fused
-    QKV projection, the padded vocabulary), the residual stream in bf16, FP8's rowwise recipe.
-    **A new lever is a new entry here** (a ``_case`` with its overrides and expected seconds)."""
+    QKV projection, the padded vocabulary), FP8's rowwise recipe."""
     return [_case("fast_no_graphs", big, EST_SAME_COMPILE, f=without(FAST, run__cuda_graphs="false")),
             *[_case(f"fast_{b}", big, EST_NEW_COMPILE, f=without(FAST, model__attention_backend=b))
               for b in FAST_BACKENDS],
@@ -174,7 +237,6 @@ def ablations(big: int) -> list[Case]:
             _case("fast_no_compile_layers", big, (40.0, 40.0), f=without(FAST, model__compile_layers="false")),
             _case("fast_no_fused_qkv", big, EST_NEW_COMPILE, f=without(FAST, model__fused_qkv="false")),
             _case("fast_vocab_unpadded", big, EST_SAME_COMPILE, f=without(FAST, model__vocab_pad_multiple="1")),
-            _case("fast_autocast_residual", big, EST_NEW_COMPILE, f=without(FAST, model__autocast_residual="true")),
             _case("fast_fp8_rowwise", big, EST_NEW_COMPILE, f=without(FAST, precision__fp8="rowwise"))]
 
 
@@ -202,7 +264,7 @@ def all_cases(args) -> list[Case]:
     """Every case in the order this script runs them (names once: the smoke's small batches
     repeat some), then ``--case`` ones."""
     out, seen = [], set()
-    for c in (head_cases(args.small, args.big) + [fp8_case(args.big)] + ablations(args.big)
+    for c in (head_cases(args.small, args.big) + [fp8_case(args.big)] + levers(args.big) + ablations(args.big)
               + other_cases(args.big, args.old, args.fast_sweep, args.default_sweep) + args.case):
         if c.name not in seen:
             seen.add(c.name)
@@ -219,6 +281,14 @@ def parse_case(text: str) -> Case:
     return Case(name, over)
 
 
+def parse_stack(text: str) -> dict[str, str]:
+    """``key=value,...`` (keys of the fast stack) -> dict."""
+    out = dict(kv.split("=", 1) for kv in text.split(",") if kv and "=" in kv)
+    if any(kv and "=" not in kv for kv in text.split(",")) or set(out) - set(FAST):
+        raise argparse.ArgumentTypeError(f"--fast-stack {text!r}: expected key=value,... with keys of {sorted(FAST)}")
+    return out
+
+
 def add_case_args(ap: argparse.ArgumentParser) -> None:
     """The options that shape the cases (this script's and bench/device_run.py's)."""
     ap.add_argument("--small", type=int, default=16, help="the small local batch (baseline, fast, fp16)")
@@ -230,6 +300,10 @@ def add_case_args(ap: argparse.ArgumentParser) -> None:
                     help="an extra case NAME:run.local_batch_size=N,key=value,... (run after the others)")
     ap.add_argument("--fast-attention", choices=FAST_BACKENDS, default=FAST_BACKENDS[0],
                     help="the fast stack's attention backend (the device run passes its attention check's choice)")
+    ap.add_argument("--fast-stack", type=parse_stack, default={},
+                    help="key=value,...: changes to every case built on the fast stack where it has the fast "
+                         "stack's value for that key (e.g. run.cuda_graphs=false; the device run sets them from "
+                         "the headline's fallback)")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--num-batches", type=int, default=8, help="distinct batches cycled through")
@@ -284,9 +358,15 @@ def gemm_peak(args, device: torch.device) -> dict:
 
 
 def resolved_overrides(case: Case, args) -> dict[str, str]:
-    """The case's overrides with the fast stack's attention backend filled in."""
-    return {k: (args.fast_attention if (k, v) == ("model.attention_backend", CHOSEN) else v)
-            for k, v in case.overrides.items()}
+    """The case's overrides with the fast stack's attention backend filled in, and
+    ``args.fast_stack``'s changes where the case has the fast stack's value of a key."""
+    stack = getattr(args, "fast_stack", {})
+    out = {}
+    for k, v in case.overrides.items():
+        if k in stack and v == FAST[k]:
+            v = stack[k]
+        out[k] = args.fast_attention if (k, v) == ("model.attention_backend", CHOSEN) else v
+    return out
 
 
 def case_config(case: Case, args) -> tuple[Config, dict[str, str]]:
@@ -462,6 +542,29 @@ def run_case(case: Case, args, device: torch.device, peak: float, samples_cache:
     holds the throughput): skipped with the reason, or measured; ``save()`` after the
     throughput and after each extra."""
     rec = {} if rec is None else rec
+    run_extras(rec, measure_case(case, args, device, peak, samples_cache, rec, save), save)
+    return rec
+
+
+Extras = list[tuple[str, Callable[[], dict]]]
+
+
+def run_extras(rec: dict, extras: Extras, save: Callable[[], None] = lambda: None) -> None:
+    """Each extra of ``measure_case`` in its own try, into ``rec``; ``save()`` after each."""
+    for name, extra in extras:
+        try:
+            rec.update(extra())
+        except Exception as e:  # noqa: BLE001 - the throughput stands; say which extra failed
+            rec.setdefault("extra_errors", {})[name] = f"{type(e).__name__}: {e}"
+        save()
+
+
+def measure_case(case: Case, args, device: torch.device, peak: float, samples_cache: dict,
+                 rec: dict, save: Callable[[], None] = lambda: None) -> Extras:
+    """The core numbers of one case into ``rec`` (skipped with the reason, or measured;
+    ``save()`` once the throughput is in) and its extras, not run: the kernel-class profile
+    (a case that asks for one), the evaluation, the optimizer step alone. They hold the
+    case's model and graphs until run (or dropped)."""
     rec.update(case=case.name, local_batch=case.batch, overrides=resolved_overrides(case, args))
     if case.recompiles:
         rec["recompiles_by_design"] = case.recompiles
@@ -473,7 +576,7 @@ def run_case(case: Case, args, device: torch.device, peak: float, samples_cache:
         collate, layout = collate_for(cfg)
     except ConfigError as e:
         rec["status"] = f"skipped: {e}"
-        return rec
+        return []
     if args.cpu_smoke and own.get("bench.compile"):
         own["bench.compile"] = "eager"  # see smoke_compile
     samples = samples_for(case.batch, args, cfg.model.vocab_size, samples_cache)
@@ -494,7 +597,7 @@ def run_case(case: Case, args, device: torch.device, peak: float, samples_cache:
         trainer = Trainer(cfg, SINGLE, device)
     except (ConfigError, ValueError) as e:  # the trainer's refusal (CUDA graphs or Triton on a CPU)
         rec["status"] = f"skipped: refused at build: {type(e).__name__}: {e}"
-        return rec
+        return []
     common.sync(device)
     build_s = time.perf_counter() - t0
     impl, info = prepare_case(trainer, own, device)
@@ -535,21 +638,26 @@ def run_case(case: Case, args, device: torch.device, peak: float, samples_cache:
         "compiles_untimed": f_warm - f_ready, "compiles_timed": f_timed - f_warm,
         "compiles_after_prepare": f_timed - f_ready, "final_loss": float(loss)})
     save()
-    extras: list[tuple[str, Callable[[], dict]]] = []
-    if case.profile:
-        def profile() -> dict:
-            return {"kernel_breakdown": kernel_profile.breakdown(lambda: [step(feed, 1) for _ in range(3)], 3,
-                                                                 device)}
-        extras.append(("kernel_breakdown", profile))
-    extras += [("eval", lambda: time_eval(trainer, device, reps=1 if args.cpu_smoke else 2)),
-               ("optimizer", lambda: {"optimizer_step_ms": time_optimizer(learner.optimizer, device)})]
-    for name, extra in extras:
-        try:
-            rec.update(extra())
-        except Exception as e:  # noqa: BLE001 - the throughput stands; say which extra failed
-            rec.setdefault("extra_errors", {})[name] = f"{type(e).__name__}: {e}"
-        save()
-    return rec
+    extras: Extras = [("eval", lambda: time_eval(trainer, device, reps=1 if args.cpu_smoke else 2)),
+                      ("optimizer", lambda: {"optimizer_step_ms": time_optimizer(learner.optimizer, device)})]
+    if case.profile:  # last: its eager steps leave the graphs' gradients behind
+        extras.append(("kernel_breakdown", lambda: profile_eager(learner, feed, device)))
+    return extras
+
+
+def profile_eager(learner, feed, device: torch.device, steps: int = 3) -> dict:
+    """The kernel-class profile (bench/kernel_profile.py) of ``steps`` *eager* steps of the
+    case's model (its compiled layers, its optimizer), after one unprofiled eager step: the
+    kernels a graph replays, each timed by CUPTI outside any graph. Not the replays
+    themselves: CUPTI before CUDA 13.1 times graph kernels wrongly, and a profiler first
+    started after a capture is a known way to break later replays (BENCHMARKS.md section 3).
+    Its eager steps set the gradients to None, so the case's graphs are not replayed after it."""
+    eager = functools.partial(train_step, learner)
+    eager(feed, 1)
+    common.sync(device)
+    out = kernel_profile.breakdown(lambda: [eager(feed, 1) for _ in range(steps)], steps, device)
+    out["profiled"] = f"{steps} eager steps of the case's model (graph replays are not profiled)"
+    return {"kernel_breakdown": out}
 
 
 def time_eval(trainer: Trainer, device: torch.device, reps: int = 2) -> dict[str, Any]:

@@ -69,8 +69,24 @@ def checks_lines(result: dict) -> list[str]:
     return lines
 
 
+def headline_lines(result: dict) -> list[str]:
+    """The headline: its case, seq/s and what it changed from the fast stack, or why none;
+    each attempt that did not measure, with its status."""
+    head = result.get("headline")
+    if not head:
+        return []
+    if head.get("case"):
+        changed = ", ".join(f"{k}={v}" for k, v in head.get("changes_from_fast", {}).items()) or "none"
+        lines = [f"headline: {head['case']} {head['seq_per_s']:.1f} seq/s (changed from the fast stack: {changed})"]
+    else:
+        lines = [f"headline: none ({head.get('why', 'not decided')})"]
+    lines += [f"  not the headline: {a['case']}: {str(a['status'])[:160]}" for a in head.get("attempts", [])
+              if a["case"] != head.get("case")]
+    return lines + [""]
+
+
 def table(result: dict) -> str:
-    lines = cases_table(result) + checks_lines(result)
+    lines = headline_lines(result) + cases_table(result) + checks_lines(result)
     versions = result.get("versions", {})
     lines.append(f"\n{result.get('device_name')}, commit {result.get('commit')}, bf16 GEMM peak "
                  f"{result.get('gemm_peak_tflops', 0):.1f} TFLOP/s, torch {versions.get('torch')}, "

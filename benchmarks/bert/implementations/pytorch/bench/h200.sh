@@ -2,12 +2,18 @@
 # The prepared device run: bench/device_run.py on one GPU within one call's time limit, its
 # JSON and logs written to $OUT (BENCHMARKS.md section 3 has the exact `run` call).
 #
+#   bench/h200.sh preflight      # HERE, before any device call: bench/preflight.sh, the run on the
+#                             # device's Python, torch and Triton (a side environment, CPU only)
 #   bench/h200.sh prepare [DIR]  # HERE, on the commit to measure, before the device call: the
 #                             # mlperf-logging and torchao wheels (not on the device image;
 #                             # pinned in constraints.txt) and that commit, into <repo>/.h200/ (ignored);
 #                             # with DIR (an earlier call's returned files), its compile-cache
-#                             # parts too, so the next call starts with warm caches
-#   bench/h200.sh [ARGS...]   # ON THE DEVICE: installs .h200/*.whl into /tmp/site, unpacks a
+#                             # parts too, so the next call starts with warm caches; it fails,
+#                             # saying which, unless both wheels are there
+#   bench/h200.sh [ARGS...]   # ON THE DEVICE: logs the GPU's name, driver, compute mode and
+#                             # clocks (read, never set), installs .h200/*.whl into /tmp/site,
+#                             # imports the run's modules (one line and exit 3 if they fail; a
+#                             # line per optional wheel missing, and what then fails), unpacks a
 #                             # carried compile cache, runs bench/device_run.py [ARGS...] (e.g.
 #                             # --only a,b) so that it ends H200_LIMIT_S (440) seconds after this
 #                             # script started, then prints the table and packs inductor's and
@@ -35,6 +41,10 @@ site="${H200_SITE:-/tmp/site}"  # where the carried wheels are installed (the de
 
 cache_parts=3            # files: json, log, 3 demo files, and these: the device's 8
 cache_part_mib=15
+if [[ "${1:-}" == preflight ]]; then
+  shift
+  exec bash "${here}/preflight.sh" "$@"
+fi
 if [[ "${1:-}" == prepare ]]; then
   rm -rf "${h200}"
   mkdir -p "${h200}"
@@ -53,9 +63,20 @@ if [[ "${1:-}" == prepare ]]; then
   # 3.4 MB) is an abi3 wheel without dependencies, its float8 training pure Python over torch.
   for name in mlperf-logging torchao; do
     pin="$(grep -E "^${name}==" "${pkg}/constraints.txt")"
-    "${py}" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    if ! "${py}" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-      -d "${h200}" "${pin}"
+      -d "${h200}" "${pin}"; then
+      echo "h200.sh prepare: ${pin} did not download (above): not prepared" >&2
+      exit 1
+    fi
+  done
+  shopt -s nullglob
+  for wheel in mlperf_logging torchao; do
+    found=("${h200}/${wheel}"-*.whl)
+    if (( ${#found[@]} != 1 )); then
+      echo "h200.sh prepare: ${#found[@]} ${wheel} wheel(s) in ${h200}, not 1: not prepared" >&2
+      exit 1
+    fi
   done
   commit="$(git -C "${root}" rev-parse HEAD)"
   if [[ -n "$(git -C "${root}" status --porcelain --untracked-files=no)" ]]; then commit="${commit}-dirty"; fi
@@ -66,20 +87,51 @@ fi
 
 out="${OUT:-${pkg}/results/h200}"
 mkdir -p "${out}"
+log="${out}/gpu_bert_large.log"
+: > "${log}"
+# First, before anything can fail: the GPU as found (a reading only: clocks, power and modes
+# stay as they are). An Exclusive_Process compute mode lets one process hold a context.
+if command -v nvidia-smi > /dev/null; then
+  nvidia-smi --query-gpu=name,driver_version,compute_mode,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,power.draw,power.limit,temperature.gpu \
+    --format=csv 2>&1 | tee -a "${log}" || true
+else
+  echo "h200.sh: no nvidia-smi here" | tee -a "${log}"
+fi
 shopt -s nullglob
 wheels=("${h200}"/*.whl)
 if (( ${#wheels[@]} )); then
-  "${py}" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "${site}" "${wheels[@]}"
-  export PYTHONPATH="${site}${PYTHONPATH:+:${PYTHONPATH}}"
+  if "${py}" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "${site}" "${wheels[@]}" \
+       2>&1 | tee -a "${log}"; then
+    export PYTHONPATH="${site}${PYTHONPATH:+:${PYTHONPATH}}"
+  else
+    echo "h200.sh: installing the carried wheels failed (above): going on without them" | tee -a "${log}"
+  fi
 else
-  echo "h200.sh: no wheels in ${h200} (run 'bench/h200.sh prepare' here and carry .h200): the demo check" \
-       "runs the MLPerf checker only if mlperf_logging is importable" >&2
+  echo "h200.sh: no wheels in ${h200} (run 'bench/h200.sh prepare' here and carry .h200)" | tee -a "${log}" >&2
 fi
 if [[ -f "${h200}/commit" ]]; then
   commit="$(< "${h200}/commit")"
 else
   commit="$(git -C "${root}" rev-parse HEAD 2>/dev/null || echo unknown)"
 fi
+short="${commit:0:10}"
+if [[ "${commit}" == *-dirty ]]; then short="${short}-dirty"; fi
+json="${out}/gpu_bert_large_$(date -u +%Y-%m-%d)_${short}${H200_TAG:+_${H200_TAG}}.json"
+# The run's modules, imported once before the window starts: one line and stop if they fail
+# (no task could run; the JSON then holds that line), and a line for each optional wheel that
+# is missing, and what then fails.
+if ! err="$(cd "${pkg}" && "${py}" -c 'import bench.device_run' 2>&1)"; then
+  line="h200.sh: the run's modules do not import: ${err##*$'\n'}"
+  echo "${line}" | tee -a "${log}"
+  "${py}" -c 'import json, sys; open(sys.argv[1], "w").write(json.dumps({"status": sys.argv[2], "commit": sys.argv[3]}) + "\n")' \
+    "${json}" "error: ${line#h200.sh: }" "${commit}" || true
+  exit 3
+fi
+for optional in "mlperf_logging:the demo check (its MLPerf log and checker)" "torchao:the FP8 cases"; do
+  if ! "${py}" -c "import ${optional%%:*}" 2> /dev/null; then
+    echo "h200.sh: ${optional%%:*} does not import: ${optional#*:} will fail" | tee -a "${log}"
+  fi
+done
 # Inductor's and Triton's caches in one folder: unpacked from the carried parts, packed
 # into $OUT after the run (a rerun then loads its kernels instead of compiling them).
 cache="${H200_CACHE:-/tmp/bert_compile_cache}"
@@ -89,15 +141,6 @@ warm=cold
 parts=("${h200}"/compile_cache.tar.gz.part*)
 if (( ${#parts[@]} )); then
   if cat "${parts[@]}" | tar -xzf - -C "${cache}"; then warm=warm; else echo "h200.sh: the carried cache did not unpack" >&2; fi
-fi
-short="${commit:0:10}"
-if [[ "${commit}" == *-dirty ]]; then short="${short}-dirty"; fi
-json="${out}/gpu_bert_large_$(date -u +%Y-%m-%d)_${short}${H200_TAG:+_${H200_TAG}}.json"
-log="${out}/gpu_bert_large.log"
-: > "${log}"
-if command -v nvidia-smi > /dev/null; then  # a reading only: clocks, power and modes stay as found
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,temperature.gpu \
-    --format=csv 2>&1 | tee -a "${log}" || true
 fi
 cd "${pkg}"
 rc=0

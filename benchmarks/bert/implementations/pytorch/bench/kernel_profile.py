@@ -1,11 +1,19 @@
 """Where a training step's time goes, by kernel class: a few steps under ``torch.profiler``
 and each kernel's time summed into GEMM, attention, elementwise, optimizer and
-communication. On a GPU the classes are of the device kernels CUPTI saw (graph replays
-included); on a CPU (the smoke) of the aten ops' self times."""
+communication. On a GPU the classes are of the device kernels CUPTI saw; on a CPU (the
+smoke) of the aten ops' self times.
+
+A kernel's class is its name's (``classify``), but for everything launched inside the
+optimizer's step (torch's ``Optimizer.step#<class>.step`` profiler range, which every
+torch.optim.Optimizer subclass opens, ours and apex's too): that is the optimizer's,
+whatever its name says. LAMB's per-tensor kernels (a division by each tensor's own bias
+correction, the trust-ratio scaling) are plain ATen elementwise kernels by name.
+"""
 
 from __future__ import annotations
 
 import re
+from collections import defaultdict
 from typing import Any, Callable, Iterable
 
 import torch
@@ -26,6 +34,9 @@ CLASSES: list[tuple[str, re.Pattern]] = [
     ("optimizer", re.compile(r"multi_tensor|foreach|lamb(?!da)|adam", re.I)),
 ]
 ALL = ["gemm", "attention", "elementwise", "optimizer", "communication"]
+# The profiler ranges whose kernels are the optimizer's (torch.optim.Optimizer's step and
+# zero_grad hooks).
+OPTIMIZER_RANGE = re.compile(r"^Optimizer\.(step|zero_grad)#")
 
 
 def classify(name: str) -> str:
@@ -47,37 +58,53 @@ def breakdown(run_steps: Callable[[], None], steps: int, device: torch.device, t
         run_steps()
         if cuda:
             torch.cuda.synchronize(device)
-    return summarise(rows(prof.key_averages(), cuda), steps, cuda, top)
+    return summarise(rows(prof.events(), cuda), steps, cuda, top)
 
 
-def rows(averages: Iterable[Any], cuda: bool) -> list[tuple[str, float, int]]:
-    """(name, self microseconds, calls) of what is classified, from the profiler's
-    ``key_averages()``: on a GPU the device kernels (CUPTI's; a graph's replayed kernels
-    among them), on a CPU the aten ops' self CPU time."""
-    out = []
-    for e in averages:
-        if cuda:
-            if e.device_type != torch.autograd.DeviceType.CUDA:
-                continue
-            us = e.self_device_time_total
-        else:
-            if not e.key.startswith("aten::"):
-                continue
-            us = e.self_cpu_time_total
-        out.append((e.key, float(us), int(e.count)))
-    return out
+def in_optimizer(event: Any) -> bool:
+    """Whether a CPU event runs inside the optimizer's profiler range (itself or a parent)."""
+    while event is not None:
+        if OPTIMIZER_RANGE.match(event.name):
+            return True
+        event = event.cpu_parent
+    return False
 
 
-def summarise(kernels: Iterable[tuple[str, float, int]], steps: int, cuda: bool, top: int = 3) -> dict[str, Any]:
+def rows(events: Iterable[Any], cuda: bool) -> list[tuple[str, float, int, bool]]:
+    """(name, microseconds, calls, inside the optimizer) per kernel name, from the profiler's
+    ``events()``: on a GPU the device kernels' times, each kernel's share launched by a CPU
+    op inside the optimizer's range (the op's ``kernels``) apart from the rest; on a CPU the
+    aten ops' self CPU time, apart likewise."""
+    us: dict[tuple[str, bool], float] = defaultdict(float)
+    calls: dict[tuple[str, bool], int] = defaultdict(int)
+    device, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+    for e in events:
+        if cuda and e.device_type == device:
+            us[e.name, False] += e.time_range.elapsed_us()
+            calls[e.name, False] += 1
+        elif cuda and e.device_type == cpu and e.kernels and in_optimizer(e):
+            for k in e.kernels:  # moved from the kernel's name class to the optimizer's
+                us[k.name, True] += k.duration
+                us[k.name, False] -= k.duration
+                calls[k.name, True] += 1
+                calls[k.name, False] -= 1
+        elif not cuda and e.device_type == cpu and e.name.startswith("aten::"):
+            us[e.name, in_optimizer(e)] += e.self_cpu_time_total
+            calls[e.name, in_optimizer(e)] += 1
+    return [(name, float(t), calls[name, opt], opt) for (name, opt), t in us.items()]
+
+
+def summarise(kernels: Iterable[tuple[str, float, int, bool]], steps: int, cuda: bool, top: int = 3) -> dict[str, Any]:
     """Per class: ms per step, share of the classified time, and the ``top`` names of each
-    class with their ms per step; the kernels (calls) per step. Rows without time are left out."""
+    class with their ms per step; the kernels (calls) per step. A row inside the optimizer is
+    the optimizer's class (``rows``). Rows without time are left out."""
     per_class = {c: 0.0 for c in ALL}
     names: dict[str, dict[str, float]] = {c: {} for c in ALL}
     count = 0
-    for name, us, calls in kernels:
+    for name, us, calls, optimizer in kernels:
         if us <= 0:
             continue
-        cls = classify(name)
+        cls = "optimizer" if optimizer else classify(name)
         per_class[cls] += us / 1000 / steps
         names[cls][name] = names[cls].get(name, 0.0) + us / 1000 / steps
         count += calls

@@ -15,7 +15,8 @@ pipeline to the cubin (the triton wheel carries ptxas). Covered: the forward wit
 for each forward block configuration of the device run's sweep
 (``bench/attention_blocks.BLOCK_CONFIGS``) and without dropout (evaluation) for the default;
 the three backward kernels with dropout for each backward configuration and without for the
-default; ``_mask_kernel``. The binding uses the pinned triton's (3.6.0) launcher internals
+default; the speed levers' kernels (the forward storing its dropout mask as bits at each of
+``FWD_TILES``, the backward kernels reading it at the default blocks); ``_mask_kernel``. The binding uses the pinned triton's (3.6.0) launcher internals
 (``create_function_from_signature``, ``JITFunction._pack_args``): another triton version may
 need this file changed, and says so by failing here.
 
@@ -129,6 +130,10 @@ def compile_all(capability: int = 90) -> list[dict]:
             ta.backward(grad_out, q, k, v, out, lse, cu, MAX_SEQLEN, DROPOUT, seed, bwd_blocks, launch=compile_)
         ta.forward(q, k, v, cu, MAX_SEQLEN, 0.0, None, launch=compile_)  # evaluation
         ta.backward(grad_out, q, k, v, out, lse, cu, MAX_SEQLEN, 0.0, None, launch=compile_)
+        mask = ta.mask_buffer(SEQS, HEADS, MAX_SEQLEN, q.device)  # model.triton_dropout_mask=bits
+        for tile in ta.FWD_TILES.values():
+            ta.forward(q, k, v, cu, MAX_SEQLEN, DROPOUT, seed, tile, launch=compile_, mask=mask)
+        ta.backward(grad_out, q, k, v, out, lse, cu, MAX_SEQLEN, DROPOUT, None, launch=compile_, mask=mask)
         ta.dropout_mask(seed, 2, HEADS, MAX_SEQLEN, DROPOUT, launch=compile_)
     finally:
         knobs.nvidia.dump_ptxas_log, knobs.compilation.always_compile = saved
@@ -138,9 +143,10 @@ def compile_all(capability: int = 90) -> list[dict]:
 def table(rows: list[dict]) -> str:
     lines = ["| kernel | BLOCK_M x BLOCK_N | warps / stages | dropout | registers | spill stores / loads (B) "
              "| stack (B) | shared (B) | ptxas advisories |", "|---|---|---|---|---:|---|---:|---:|---|"]
+    masks = {True: "yes, mask bits", False: "yes"}
     for r in rows:
         blocks = f"{r.get('BLOCK_M', r.get('BLOCK'))}" + (f" x {r['BLOCK_N']}" if "BLOCK_N" in r else "")
-        drop = {True: "yes", False: "no"}.get(r.get("DROPOUT"), "-")
+        drop = masks[bool(r.get("MASK_BITS"))] if r.get("DROPOUT") else {False: "no"}.get(r.get("DROPOUT"), "-")
         notes = "; ".join(re.sub(r" in the function '.*'", "", n) for n in r["ptxas_notes"])
         lines.append(f"| {r['kernel']} | {blocks} | {r['num_warps']} / {r['num_stages']} | {drop} | {r['n_regs']} "
                      f"| {r['spill_stores_bytes']} / {r['spill_loads_bytes']} | {r['stack_bytes']} "

@@ -195,14 +195,19 @@ def zero_past_end(out: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
 
 
 class TritonVarlenAttention(SdpaAttention):
-    """Our Triton varlen kernel with dropout (bert/triton_attention.py); ``padded`` is SDPA's."""
+    """Our Triton varlen kernel with dropout (bert/triton_attention.py); ``padded`` is SDPA's.
+    ``levers``: the kernel's speed levers (``fwd_tile``, ``mask_bits``: model.triton_fwd_tile,
+    model.triton_dropout_mask) when any is on; empty, the kernel's plain ops run."""
 
     name = "triton"
 
-    def __init__(self, fn):
+    def __init__(self, fn, levers: dict | None = None):
         self.fn = fn
+        self.levers = dict(levers or {})
 
     def varlen(self, q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0):
+        if self.levers:
+            return self.fn(q, k, v, cu_seqlens, max_seqlen, dropout_p, **self.levers)
         return self.fn(q, k, v, cu_seqlens, max_seqlen, dropout_p)
 
 
@@ -293,14 +298,28 @@ def varlen_via_padded(padded, q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0):
     return torch.where(real[:, None, None], out, out.new_zeros(()))
 
 
+def triton_levers(fwd_tile: str, dropout_mask: str) -> dict:
+    """The Triton kernel's keyword arguments for model.triton_fwd_tile and
+    model.triton_dropout_mask: only the levers that are on (none: the plain ops run)."""
+    from bert import triton_attention  # lazy, as in triton_varlen_func
+
+    levers: dict = {}
+    if fwd_tile != triton_attention.DEFAULT_FWD_TILE:
+        levers["fwd_tile"] = fwd_tile
+    if dropout_mask == "bits":
+        levers["mask_bits"] = True
+    return levers
+
+
 def build_attention(backend: str, device_type: str, attention_dropout: float = 0.0, *,
                     flash=flash_varlen_func, torch_varlen=torch_varlen_func,
-                    triton=triton_varlen_func) -> AttentionBackend:
+                    triton=triton_varlen_func, triton_options: dict | None = None) -> AttentionBackend:
     """Resolve a backend name for a device type ("cpu", "cuda", ...) once, at build time.
 
     ``flash`` / ``torch_varlen`` / ``triton`` return the kernels or None (parameters so
     tests can stand in for a GPU machine). Asking by name for a kernel that is missing, or
     that cannot run on the device, raises; ``auto`` takes the best that works.
+    ``triton_options``: the Triton kernel's levers (``triton_levers``), for that backend only.
     """
     if backend not in BACKENDS:
         raise ValueError(f"attention backend {backend!r} is not one of {list(BACKENDS)}")
@@ -323,8 +342,9 @@ def build_attention(backend: str, device_type: str, attention_dropout: float = 0
         if backend == "torch_varlen" and attention_dropout > 0.0:
             raise ValueError("attention backend 'torch_varlen' has no dropout; "
                              f"model.attention_dropout is {attention_dropout}")
-        return {"flash": FlashVarlenAttention, "torch_varlen": TorchVarlenAttention,
-                "triton": TritonVarlenAttention}[backend](fn)
+        if backend == "triton":
+            return TritonVarlenAttention(fn, triton_options)
+        return {"flash": FlashVarlenAttention, "torch_varlen": TorchVarlenAttention}[backend](fn)
     if backend == "sdpa":
         return SdpaAttention() if gpu else SdpaPerSequence()
     if backend == "nested":

@@ -98,6 +98,18 @@ class ModelConfig:
     # it against Hugging Face's float32 model and the GPU run's fast_autocast_residual case
     # times it (docs/performance.md).
     autocast_residual: bool = False
+    # Speed levers of the Triton attention kernel (attention_backend=triton; no effect on the
+    # others), off until the GPU run's cases measure them (BENCHMARKS.md section 3, with their
+    # estimated gains). The same function either way (tests/unit/test_triton_attention.py).
+    # triton_dropout_mask: "philox" = each of the three kernels draws the dropout mask from the
+    # saved seed (the forward and both backward kernels: three Philox calls per 8 scores);
+    # "bits" = the forward stores its decisions, one bit per score, and both backward kernels
+    # read them (costs a uint8 [B, H, max_seqlen, max_seqlen / 8] buffer per layer, kept for the
+    # backward: 50 MB a layer at 96 sequences, seq 512, 16 heads).
+    triton_dropout_mask: Literal["philox", "bits"] = "philox"
+    # triton_fwd_tile: the forward's tile, "64x64" (4 warps) or "128x64" (8 warps: twice the
+    # query rows per program, half the K/V reloads, no spill for sm_90). The backward keeps 64x64.
+    triton_fwd_tile: Literal["64x64", "128x64"] = "64x64"
 
 
 @dataclass
@@ -191,6 +203,14 @@ class OptimConfig:
     # fused kernels per step instead of ~one per tensor, step count and lr on the device
     # (CUDA-graph capturable), at the price of a compile on the first step (warm-up).
     impl: Literal["auto", "apex", "torch", "fused", "foreach", "compiled"] = "auto"
+    # LAMB's bias corrections 1 - b^t in our capturable and compiled LAMB (CUDA graphs,
+    # impl=compiled): "tensor" = one per parameter tensor from its own step count (eager or
+    # graphed, dividing each moment by its own 0-dim tensor is one kernel per tensor: ~800
+    # launches a step for BERT-Large's 398 tensors); "group" = one per parameter group from the
+    # group's step count (the most steps any of its tensors took; apex FusedLAMB keeps one
+    # count per group): one multi-tensor kernel per moment. The same update while every
+    # parameter gets a gradient every step, as in BERT; off until the GPU run measures it.
+    lamb_bias_correction: Literal["tensor", "group"] = "tensor"
 
 
 @dataclass

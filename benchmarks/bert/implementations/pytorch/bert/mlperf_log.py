@@ -21,12 +21,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mlperf_logging.mllog import constants as C
-from mlperf_logging.mllog.mllog import MLLogger
-
 from .config import DataConfig, GradSyncConfig, OptimConfig, RunConfig, lr_decay_end
 
 _PKG_ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+class _Keys:
+    """mlperf_logging's key names (``mlperf_logging.mllog.constants``), imported at the first
+    key read: importing this module (bert.trainer does) needs no mlperf_logging, so a machine
+    without it still builds and benchmarks the model (bench/device_run.py on a device image
+    without the wheel); a run that logs reads the keys and needs it."""
+
+    def __getattr__(self, name: str) -> str:
+        from mlperf_logging.mllog import constants
+
+        return getattr(constants, name)
+
+
+C = _Keys()
 
 
 def _plain(v: Any) -> Any:
@@ -97,6 +109,8 @@ class MLPerfLogger:
         for h in self._handlers:
             h.setLevel(logging.INFO)
             logger.addHandler(h)
+        from mlperf_logging.mllog.mllog import MLLogger  # an enabled logger needs it (C's docstring)
+
         # stack offset 2: the metadata names our caller's file/line, not this module's.
         self._ml = MLLogger(logger=logger, default_stack_offset=2, root_dir=_PKG_ROOT)
 

@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention import AttentionBackend, build_attention
+from .attention import AttentionBackend, build_attention, triton_levers
 from .config import ModelConfig, padded_vocab_size
 
 IGNORE_INDEX = -100  # MLM label of positions that are not predicted (HF's convention)
@@ -284,7 +284,9 @@ class BertForPreTraining(nn.Module):
         self.unpad, self.pack = cfg.unpad, cfg.pack
         self.vocab_size = cfg.vocab_size  # the real rows; padded_vocab_size(cfg) inside
         self.initializer_range = cfg.initializer_range
-        self.attn_backend = build_attention(cfg.attention_backend, device_type, cfg.attention_dropout)
+        self.attn_backend = build_attention(cfg.attention_backend, device_type, cfg.attention_dropout,
+                                            triton_options=triton_levers(cfg.triton_fwd_tile, cfg.triton_dropout_mask)
+                                            if cfg.attention_backend == "triton" else None)
         self.bert = BertModel(cfg)
         self.cls = PreTrainingHeads(cfg)
         self.apply(self._init_weights)

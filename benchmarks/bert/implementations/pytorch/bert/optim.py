@@ -112,7 +112,11 @@ class Lamb(torch.optim.Optimizer):
       graph. The cost is the per-tensor path for the bias corrections too: dividing each
       moment by its own 0-dim correction is one kernel per tensor, so about 2n + n_d + 15
       launches (inside a captured graph each costs ~1-2 us of GPU time instead of ~5 us of
-      host time).
+      host time). ``group_correction=True`` (optim.lamb_bias_correction=group) takes one
+      correction per parameter group (per (device, dtype) bucket of it) from the most steps
+      any of its tensors took -- apex FusedLAMB's one step count per group -- and divides
+      each moment list by that one 0-dim tensor: a multi-tensor kernel, n_d + 17 launches.
+      The same update whenever a group's tensors all stepped together (every step of BERT).
     - **compiled** (``compile_backend="inductor"``, implies capturable state): the capturable
       update runs under ``torch.compile(fullgraph=True, dynamic=False)``; inductor fuses
       the foreach chains horizontally, across tensors and ops: on the CPU it emits one C++
@@ -151,6 +155,7 @@ class Lamb(torch.optim.Optimizer):
         *,
         capturable: bool = False,
         compile_backend: str | None = None,
+        group_correction: bool = False,
     ) -> None:
         if not float(lr) >= 0.0:  # a tensor lr is read once here, at construction
             raise ValueError(f"Lamb: invalid lr {lr}")
@@ -169,6 +174,7 @@ class Lamb(torch.optim.Optimizer):
         # state_dict and a checkpoint would switch the variant of the optimizer it loads into.
         self.capturable = bool(capturable or compile_backend is not None)
         self.compile_backend = compile_backend
+        self.group_correction = bool(group_correction)
         self._update_fn: Callable[..., None] = _update_capturable if self.capturable else _update_plain
         if compile_backend is not None:
             # One compiled function over all buckets of all groups (one graph, one guard
@@ -240,7 +246,7 @@ class Lamb(torch.optim.Optimizer):
                 # one): one host read per step. Capturable optimizers never take this path.
                 lr = float(lr)
             hyper = (group["betas"][0], group["betas"][1], group["eps"],
-                     group["weight_decay"], bool(group["bias_correction"]))
+                     group["weight_decay"], bool(group["bias_correction"]), self.group_correction)
             work.append((lr, hyper, [tuple(b) for b in buckets.values()]))
         if work:
             self._update_fn(work)
@@ -283,7 +289,8 @@ def _direction(grads: list, exp_avgs: list, exp_avg_sqs: list, beta1: float, bet
                corrections: tuple[list, list] | None) -> list[torch.Tensor]:
     """Both variants' Adam part: the moments updated in place, then the new list
     m_hat / (sqrt(v_hat) + eps). ``corrections`` = (1 - b1^t, 1 - b2^t) per tensor, as host
-    floats (plain) or 0-d device tensors (capturable), or None without bias correction.
+    floats (plain) or 0-d device tensors (capturable), or one 0-d device tensor each for the
+    whole list (capturable, group_correction), or None without bias correction.
     Two transient param-sized buffers (allocates): the denominator and the result."""
     torch._foreach_mul_(exp_avgs, beta1)
     torch._foreach_add_(exp_avgs, grads, alpha=1.0 - beta1)
@@ -302,8 +309,9 @@ def _direction(grads: list, exp_avgs: list, exp_avg_sqs: list, beta1: float, bet
 
 
 def _update_plain(work: list[tuple[float, tuple, list]]) -> None:
-    """The plain variant: host scalars (lr, Python-int steps) in scalar-list foreach ops."""
-    for lr, (beta1, beta2, eps, wd, bias_correction), buckets in work:
+    """The plain variant: host scalars (lr, Python-int steps) in scalar-list foreach ops (one
+    multi-tensor kernel each already: ``group_correction`` changes nothing here)."""
+    for lr, (beta1, beta2, eps, wd, bias_correction, _group_correction), buckets in work:
         for params, grads, exp_avgs, exp_avg_sqs, steps in buckets:
             corrections = ([1.0 - beta1**t for t in steps], [1.0 - beta2**t for t in steps]) if bias_correction else None
             updates = _direction(grads, exp_avgs, exp_avg_sqs, beta1, beta2, eps, corrections)
@@ -328,7 +336,7 @@ def _update_capturable(work: list[tuple[torch.Tensor, tuple, list]]) -> None:
     value (betas, eps, weight decay) is a constant of the optimizer. Same arithmetic as
     ``_update_plain``, in the same order, except that lr scales the update before it is
     subtracted (lr r u instead of lr (r u): a rounding difference only)."""
-    for lr, (beta1, beta2, eps, wd, bias_correction), buckets in work:
+    for lr, (beta1, beta2, eps, wd, bias_correction, group_correction), buckets in work:
         for params, grads, exp_avgs, exp_avg_sqs, steps in buckets:
             torch._foreach_add_(steps, 1.0)
             corrections = None
@@ -337,7 +345,11 @@ def _update_capturable(work: list[tuple[torch.Tensor, tuple, list]]) -> None:
                 # 6e-8, which moves 1 - b2^t = 1e-3 by 6e-5 relative). Each division by its
                 # own 0-dim tensor is a per-tensor kernel in eager; compiled, it fuses.
                 t = torch.stack(steps).to(torch.float64)
-                corrections = ((1.0 - torch.pow(beta1, t)).unbind(), (1.0 - torch.pow(beta2, t)).unbind())
+                if group_correction:  # one 0-dim tensor for the list: one multi-tensor kernel
+                    t = t.amax()
+                    corrections = (1.0 - torch.pow(beta1, t), 1.0 - torch.pow(beta2, t))
+                else:
+                    corrections = ((1.0 - torch.pow(beta1, t)).unbind(), (1.0 - torch.pow(beta2, t)).unbind())
             updates = _direction(grads, exp_avgs, exp_avg_sqs, beta1, beta2, eps, corrections)
             if wd != 0.0:
                 torch._foreach_add_(updates, params, alpha=wd)
@@ -440,12 +452,13 @@ def build_optimizer(
                 max_grad_norm=float("inf"), use_nvlamb=False,
             )
             return opt, "lamb:apex-fused"
+        per_group = cfg.lamb_bias_correction == "group"
         if cfg.impl == "compiled":
             opt = Lamb(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
-                       compile_backend=compile_backend)
+                       compile_backend=compile_backend, group_correction=per_group)
             return opt, "lamb:compiled"
         opt = Lamb(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
-                   capturable=capturable)
+                   capturable=capturable, group_correction=per_group)
         return opt, "lamb:foreach-capturable" if capturable else "lamb:foreach"
 
     if cfg.name in ("adamw", "adam"):

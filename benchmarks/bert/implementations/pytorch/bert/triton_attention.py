@@ -31,7 +31,12 @@ Why each piece is the way it is:
   j // 8, b * H + h), word (j % 8) // 2, half j % 2 (low first); kept when that 16-bit draw
   is >= ``dropout_threshold(p)`` = round(p * 65536). The mask thus depends on no block size,
   and the backward regenerates exactly the forward's mask from the saved seed
-  (``dropout_mask`` returns it, for tests). The rate applied is that threshold / 65536
+  (``dropout_mask`` returns it, for tests); or, with ``mask_bits``, the forward stores
+  each Philox call's 8 decisions as one byte (``mask_buffer``: [B, H, max_seqlen,
+  ceil(max_seqlen / 8)] uint8, bit d = key 8 * group + d) and both backward kernels read
+  those bytes instead of drawing again: the same mask, one byte read per 8 scores in place
+  of a Philox call, at the price of the buffer (kept from forward to backward: 50 MB a layer
+  at 96 sequences of up to 512, 16 heads). The rate applied is that threshold / 65536
   (``applied_dropout(0.1)`` = 0.1000061), and kept values are scaled by 1 / (1 - that), so
   the expectation is exact. Cost: one Philox call per 8 score elements in the forward and
   in each of the two backward kernels (dK/dV and dQ recompute it), plus the shuffle that
@@ -76,6 +81,11 @@ AVAILABLE = triton is not None
 # program's registers at head dim 64; the device run sweeps a few (bench/gpu_bert_large.py).
 FWD_BLOCKS = (64, 64, 4, 2)
 BWD_BLOCKS = (64, 64, 4, 2)
+# The forward tiles ``model.triton_fwd_tile`` names: 64x64 is FWD_BLOCKS; 128x64 with 8 warps
+# holds twice the query rows per program (half the K/V reloads) without spilling for sm_90
+# (bench/triton_sm90.py; the 4-warp 128x64 spills).
+FWD_TILES = {"64x64": FWD_BLOCKS, "128x64": (128, 64, 8, 2)}
+DEFAULT_FWD_TILE = "64x64"  # FWD_BLOCKS
 LOG2E = 1.4426950408889634
 KEYS_PER_CALL = 8  # keep decisions per Philox call: 4 words x 2 halves of 16 bits
 DRAW_LEVELS = 65536  # a 16-bit draw: the dropout rate is applied in steps of 1 / 65536
@@ -115,12 +125,44 @@ if AVAILABLE:
         return tl.reshape(keep, [BLOCK_M, BLOCK_N])
 
     @triton.jit
-    def _fwd_kernel(Q, K, V, O, LSE, CU, SEED,
+    def _keep_bits(seed, bh, rows, col0, n_groups, threshold, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        """``_keep``'s decisions packed, [BLOCK_M, BLOCK_N // 8] uint8: one byte per Philox
+        call, bit d for key 8 * group + d (d = 2 * word + half, as ``_keep`` places them)."""
+        groups = col0 // 8 + tl.arange(0, BLOCK_N // 8)
+        c0 = rows[:, None] * n_groups + groups[None, :]
+        c1 = tl.zeros_like(c0) + bh
+        zero = tl.zeros_like(c0)
+        w0, w1, w2, w3 = tl.philox(seed, c0, c1, zero, zero)
+        bits = ((w0 & 0xFFFF).to(tl.int32) >= threshold).to(tl.int32)
+        bits |= ((w0 >> 16).to(tl.int32) >= threshold).to(tl.int32) << 1
+        bits |= ((w1 & 0xFFFF).to(tl.int32) >= threshold).to(tl.int32) << 2
+        bits |= ((w1 >> 16).to(tl.int32) >= threshold).to(tl.int32) << 3
+        bits |= ((w2 & 0xFFFF).to(tl.int32) >= threshold).to(tl.int32) << 4
+        bits |= ((w2 >> 16).to(tl.int32) >= threshold).to(tl.int32) << 5
+        bits |= ((w3 & 0xFFFF).to(tl.int32) >= threshold).to(tl.int32) << 6
+        bits |= ((w3 >> 16).to(tl.int32) >= threshold).to(tl.int32) << 7
+        return bits.to(tl.uint8)
+
+    @triton.jit
+    def _unpack(bits, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        """[BLOCK_M, BLOCK_N // 8] bytes -> the [BLOCK_M, BLOCK_N] keep mask they hold."""
+        shifted = bits.to(tl.int32)[:, :, None] >> tl.arange(0, 8)[None, None, :]
+        return tl.reshape((shifted & 1) != 0, [BLOCK_M, BLOCK_N])
+
+    @triton.jit
+    def _mask_offsets(rows, col0, n_groups, BLOCK_N: tl.constexpr):
+        """Offsets of the [rows, BLOCK_N // 8 groups from key col0] bytes in one (b, h)'s
+        [max_seqlen, n_groups] slice of the stored mask, and which of them lie inside it."""
+        groups = col0 // 8 + tl.arange(0, BLOCK_N // 8)
+        return rows[:, None] * n_groups + groups[None, :], (groups < n_groups)[None, :]
+
+    @triton.jit
+    def _fwd_kernel(Q, K, V, O, LSE, CU, SEED, MASK,
                     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-                    stride_ot, stride_oh, n_heads, n_tokens, n_groups,
+                    stride_ot, stride_oh, n_heads, n_tokens, n_groups, mask_bh_stride,
                     qk_scale, threshold, keep_scale,
                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    DROPOUT: tl.constexpr):
+                    DROPOUT: tl.constexpr, MASK_BITS: tl.constexpr):
         pid_m = tl.program_id(0)
         b = tl.program_id(1)
         h = tl.program_id(2)
@@ -141,6 +183,8 @@ if AVAILABLE:
         q = tl.load(q_base + rows[:, None] * stride_qt + dims[None, :], mask=row_ok[:, None], other=0.0)
         if DROPOUT:
             seed = tl.load(SEED)
+            if MASK_BITS:
+                mask_base = MASK + (b * n_heads + h).to(tl.int64) * mask_bh_stride
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
@@ -157,8 +201,14 @@ if AVAILABLE:
             l_i = l_i * alpha + tl.sum(p, 1)  # the normaliser counts dropped keys too
             acc = acc * alpha[:, None]
             if DROPOUT:
-                p = tl.where(_keep(seed, b * n_heads + h, rows, start_n, n_groups, threshold, BLOCK_M, BLOCK_N),
-                             p, 0.0)
+                if MASK_BITS:  # drawn once here, stored for both backward kernels
+                    bits = _keep_bits(seed, b * n_heads + h, rows, start_n, n_groups, threshold, BLOCK_M, BLOCK_N)
+                    offs, in_mask = _mask_offsets(rows, start_n, n_groups, BLOCK_N)
+                    tl.store(mask_base + offs, bits, mask=row_ok[:, None] & in_mask)
+                    keep = _unpack(bits, BLOCK_M, BLOCK_N)
+                else:
+                    keep = _keep(seed, b * n_heads + h, rows, start_n, n_groups, threshold, BLOCK_M, BLOCK_N)
+                p = tl.where(keep, p, 0.0)
             v = tl.load(v_base + cols[:, None] * stride_vt + dims[None, :], mask=col_ok[:, None], other=0.0)
             acc += tl.dot(p.to(v.dtype), v)
             m_i = m_new
@@ -189,12 +239,12 @@ if AVAILABLE:
         tl.store(DELTA + h * n_tokens + row0 + rows, tl.sum(o * do, 1), mask=row_ok)
 
     @triton.jit
-    def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, CU, SEED,
+    def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, CU, SEED, MASK,
                          stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                          stride_dot, stride_doh, stride_gt, stride_gh,
-                         n_heads, n_tokens, n_groups, qk_scale, sm_scale, threshold, keep_scale,
+                         n_heads, n_tokens, n_groups, mask_bh_stride, qk_scale, sm_scale, threshold, keep_scale,
                          HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         DROPOUT: tl.constexpr):
+                         DROPOUT: tl.constexpr, MASK_BITS: tl.constexpr):
         """One key block: dV = sum over query blocks of Pd^T dO, dK = dS^T Q * scale.
 
         Works on transposed tiles ([BLOCK_N, BLOCK_M]) so the accumulators are [BLOCK_N, D].
@@ -220,7 +270,10 @@ if AVAILABLE:
         v = tl.load(V + row0 * stride_vt + h * stride_vh + cols[:, None] * stride_vt + dims[None, :],
                     mask=col_ok[:, None], other=0.0)
         if DROPOUT:
-            seed = tl.load(SEED)
+            if MASK_BITS:
+                mask_base = MASK + (b * n_heads + h).to(tl.int64) * mask_bh_stride
+            else:
+                seed = tl.load(SEED)
         dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
         dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
         for start_m in range(0, seqlen, BLOCK_M):
@@ -236,8 +289,13 @@ if AVAILABLE:
             dp_t = tl.dot(v, tl.trans(do))  # d(dropped P)^T
             if DROPOUT:
                 # The [queries, keys] tile the forward drew, transposed to this kernel's [keys, queries].
-                keep = tl.trans(_keep(seed, b * n_heads + h, rows, pid_n * BLOCK_N, n_groups, threshold,
-                                      BLOCK_M, BLOCK_N))
+                if MASK_BITS:
+                    offs, in_mask = _mask_offsets(rows, pid_n * BLOCK_N, n_groups, BLOCK_N)
+                    keep = tl.trans(_unpack(tl.load(mask_base + offs, mask=row_ok[:, None] & in_mask, other=0),
+                                            BLOCK_M, BLOCK_N))
+                else:
+                    keep = tl.trans(_keep(seed, b * n_heads + h, rows, pid_n * BLOCK_N, n_groups, threshold,
+                                          BLOCK_M, BLOCK_N))
                 pd_t = tl.where(keep, p_t * keep_scale, 0.0)
                 dp_t = tl.where(keep, dp_t * keep_scale, 0.0)
             else:
@@ -250,12 +308,12 @@ if AVAILABLE:
         tl.store(DV + g_off, dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
 
     @triton.jit
-    def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, CU, SEED,
+    def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, CU, SEED, MASK,
                        stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                        stride_dot, stride_doh, stride_gt, stride_gh,
-                       n_heads, n_tokens, n_groups, qk_scale, sm_scale, threshold, keep_scale,
+                       n_heads, n_tokens, n_groups, mask_bh_stride, qk_scale, sm_scale, threshold, keep_scale,
                        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       DROPOUT: tl.constexpr):
+                       DROPOUT: tl.constexpr, MASK_BITS: tl.constexpr):
         """One query block: dQ = sum over key blocks of dS K * scale."""
         pid_m = tl.program_id(0)
         b = tl.program_id(1)
@@ -278,7 +336,10 @@ if AVAILABLE:
         lse = tl.load(LSE + h * n_tokens + row0 + rows, mask=row_ok, other=0.0)
         delta = tl.load(DELTA + h * n_tokens + row0 + rows, mask=row_ok, other=0.0)
         if DROPOUT:
-            seed = tl.load(SEED)
+            if MASK_BITS:
+                mask_base = MASK + (b * n_heads + h).to(tl.int64) * mask_bh_stride
+            else:
+                seed = tl.load(SEED)
         dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
         for start_n in range(0, seqlen, BLOCK_N):
             cols = start_n + cols0
@@ -289,7 +350,11 @@ if AVAILABLE:
             p = tl.where(row_ok[:, None] & col_ok[None, :], tl.exp2(s - lse[:, None]), 0.0)
             dp = tl.dot(do, tl.trans(v))
             if DROPOUT:
-                keep = _keep(seed, b * n_heads + h, rows, start_n, n_groups, threshold, BLOCK_M, BLOCK_N)
+                if MASK_BITS:
+                    offs, in_mask = _mask_offsets(rows, start_n, n_groups, BLOCK_N)
+                    keep = _unpack(tl.load(mask_base + offs, mask=row_ok[:, None] & in_mask, other=0), BLOCK_M, BLOCK_N)
+                else:
+                    keep = _keep(seed, b * n_heads + h, rows, start_n, n_groups, threshold, BLOCK_M, BLOCK_N)
                 dp = tl.where(keep, dp * keep_scale, 0.0)
             ds = p * (dp - delta[:, None])
             dq += tl.dot(ds.to(k.dtype), k)
@@ -358,12 +423,27 @@ def _launch(kernel, grid, *args, **kwargs):
     kernel[grid](*args, **kwargs)
 
 
-def forward(q, k, v, cu_seqlens, max_seqlen, dropout_p, seed, blocks=None, launch=_launch):
+def mask_buffer(batch: int, heads: int, max_seqlen: int, device: torch.device) -> torch.Tensor:
+    """Where ``forward(..., mask=)`` stores the keep decisions: uint8 [batch, heads,
+    max_seqlen, ceil(max_seqlen / 8)], one bit per score (bytes of rows and key groups past a
+    sequence's length are never written nor read: ``empty``, no memset)."""
+    return torch.empty((batch, heads, max_seqlen, -(-max_seqlen // KEYS_PER_CALL)), dtype=torch.uint8, device=device)
+
+
+def _mask_args(mask, dropout, cu_seqlens):
+    """The kernels' MASK pointer, its (b, h) stride and MASK_BITS (a stand-in pointer and
+    0 when no mask is stored or read)."""
+    bits = dropout and mask is not None
+    return (mask if bits else cu_seqlens), (mask.stride(1) if bits else 0), bits
+
+
+def forward(q, k, v, cu_seqlens, max_seqlen, dropout_p, seed, blocks=None, launch=_launch, mask=None):
     """The forward kernel: (out, lse). ``blocks`` (BLOCK_M, BLOCK_N, num_warps, num_stages)
     defaults to ``FWD_BLOCKS``; another choice changes the speed, never the numbers' meaning
     (the dropout mask depends on no block size). ``launch(kernel, grid, *args, **kwargs)``
     runs each kernel (bench/triton_sm90.py passes one that compiles it for sm_90 instead,
-    from the arguments a real call passes)."""
+    from the arguments a real call passes). ``mask`` (``mask_buffer``'s, with dropout): the
+    keep decisions are stored there for ``backward(..., mask=)``."""
     _check(q, k, v, cu_seqlens)
     q, k, v = _row_major(q), _row_major(k), _row_major(v)
     total, heads, dim = q.shape
@@ -374,20 +454,23 @@ def forward(q, k, v, cu_seqlens, max_seqlen, dropout_p, seed, blocks=None, launc
     sm_scale = 1.0 / math.sqrt(dim)
     dropout = dropout_p > 0.0
     grid = (triton.cdiv(max_seqlen, block_m), batch, heads)
+    mask_ptr, mask_stride, bits = _mask_args(mask, dropout, cu_seqlens)
     if batch > 0 and max_seqlen > 0:
         launch(_fwd_kernel, grid,
-               q, k, v, out, lse, cu_seqlens, seed if dropout else cu_seqlens,
+               q, k, v, out, lse, cu_seqlens, seed if dropout else cu_seqlens, mask_ptr,
                q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-               out.stride(0), out.stride(1), heads, total, triton.cdiv(max_seqlen, KEYS_PER_CALL),
+               out.stride(0), out.stride(1), heads, total, triton.cdiv(max_seqlen, KEYS_PER_CALL), mask_stride,
                sm_scale * LOG2E, dropout_threshold(dropout_p), 1.0 / (1.0 - applied_dropout(dropout_p)),
-               HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, DROPOUT=dropout,
+               HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, DROPOUT=dropout, MASK_BITS=bits,
                num_warps=warps, num_stages=stages)
     return out, lse
 
 
-def backward(grad_out, q, k, v, out, lse, cu_seqlens, max_seqlen, dropout_p, seed, blocks=None, launch=_launch):
+def backward(grad_out, q, k, v, out, lse, cu_seqlens, max_seqlen, dropout_p, seed, blocks=None, launch=_launch,
+             mask=None):
     """The three backward kernels: (dq, dk, dv). ``blocks`` defaults to ``BWD_BLOCKS``;
-    ``launch`` as ``forward``'s."""
+    ``launch`` as ``forward``'s; ``mask``: the forward's stored keep decisions, read instead
+    of drawn again (``seed`` then unused)."""
     q, k, v, out, do = (_row_major(t) for t in (q, k, v, out, grad_out))
     total, heads, dim = q.shape
     batch = cu_seqlens.numel() - 1
@@ -406,15 +489,16 @@ def backward(grad_out, q, k, v, out, lse, cu_seqlens, max_seqlen, dropout_p, see
            total, HEAD_DIM=dim, BLOCK_M=block_m)
     common = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
               do.stride(0), do.stride(1))
-    scalars = (heads, total, triton.cdiv(max_seqlen, KEYS_PER_CALL), sm_scale * LOG2E, sm_scale,
+    mask_ptr, mask_stride, bits = _mask_args(mask, dropout, cu_seqlens)
+    scalars = (heads, total, triton.cdiv(max_seqlen, KEYS_PER_CALL), mask_stride, sm_scale * LOG2E, sm_scale,
                dropout_threshold(dropout_p), 1.0 / (1.0 - applied_dropout(dropout_p)))
-    meta = dict(HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, DROPOUT=dropout,
+    meta = dict(HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, DROPOUT=dropout, MASK_BITS=bits,
                 num_warps=warps, num_stages=stages)
     launch(_bwd_dkdv_kernel, (triton.cdiv(max_seqlen, block_n), batch, heads),
-           q, k, v, do, dk, dv, lse, delta, cu_seqlens, seed_arg, *common,
+           q, k, v, do, dk, dv, lse, delta, cu_seqlens, seed_arg, mask_ptr, *common,
            dk.stride(0), dk.stride(1), *scalars, **meta)
     launch(_bwd_dq_kernel, (triton.cdiv(max_seqlen, block_m), batch, heads),
-           q, k, v, do, dq, lse, delta, cu_seqlens, seed_arg, *common,
+           q, k, v, do, dq, lse, delta, cu_seqlens, seed_arg, mask_ptr, *common,
            dq.stride(0), dq.stride(1), *scalars, **meta)
     return dq, dk, dv
 
@@ -490,6 +574,64 @@ def _autograd_backward(ctx, grad_out, grad_lse):
 _varlen_fwd.register_autograd(_autograd_backward, setup_context=_setup_context)
 
 
+# The same attention with the speed levers of model.triton_fwd_tile and model.triton_dropout_mask:
+# ops of their own, so that with both off a model runs the ops above unchanged. The third
+# output is the stored mask (``mask_buffer``'s; an empty tensor when none is stored).
+
+
+def _no_mask(q: torch.Tensor) -> torch.Tensor:
+    return q.new_empty((0,), dtype=torch.uint8)
+
+
+@torch.library.custom_op("bert::triton_varlen_fwd_tuned", mutates_args=())
+def _varlen_fwd_tuned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+                      max_seqlen: int, dropout_p: float, seed: Optional[torch.Tensor], fwd_tile: str,
+                      mask_bits: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    mask = (mask_buffer(cu_seqlens.numel() - 1, q.size(1), max_seqlen, q.device) if mask_bits and dropout_p > 0.0
+            else _no_mask(q))
+    out, lse = forward(q, k, v, cu_seqlens, max_seqlen, dropout_p, seed, FWD_TILES[fwd_tile],
+                       mask=mask if mask.numel() else None)
+    return out, lse, mask
+
+
+@_varlen_fwd_tuned.register_fake
+def _(q, k, v, cu_seqlens, max_seqlen, dropout_p, seed, fwd_tile, mask_bits):
+    mask = (q.new_empty((cu_seqlens.size(0) - 1, q.size(1), max_seqlen, (max_seqlen + KEYS_PER_CALL - 1) // KEYS_PER_CALL),
+                        dtype=torch.uint8) if mask_bits and dropout_p > 0.0 else _no_mask(q))
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            q.new_empty((q.size(1), q.size(0)), dtype=torch.float32), mask)
+
+
+@torch.library.custom_op("bert::triton_varlen_bwd_tuned", mutates_args=())
+def _varlen_bwd_tuned(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      out: torch.Tensor, lse: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+                      dropout_p: float, seed: Optional[torch.Tensor], mask: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return backward(grad_out, q, k, v, out, lse, cu_seqlens, max_seqlen, dropout_p, seed,
+                    mask=mask if mask.numel() else None)
+
+
+@_varlen_bwd_tuned.register_fake
+def _(grad_out, q, k, v, out, lse, cu_seqlens, max_seqlen, dropout_p, seed, mask):
+    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+
+
+def _setup_context_tuned(ctx, inputs, output):
+    q, k, v, cu_seqlens, max_seqlen, dropout_p, seed, _tile, _bits = inputs
+    out, lse, mask = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens, seed, mask)
+    ctx.max_seqlen, ctx.dropout_p = max_seqlen, dropout_p
+
+
+def _autograd_backward_tuned(ctx, grad_out, grad_lse, grad_mask):
+    q, k, v, out, lse, cu_seqlens, seed, mask = ctx.saved_tensors
+    dq, dk, dv = _varlen_bwd_tuned(grad_out, q, k, v, out, lse, cu_seqlens, ctx.max_seqlen, ctx.dropout_p, seed, mask)
+    return dq, dk, dv, None, None, None, None, None, None
+
+
+_varlen_fwd_tuned.register_autograd(_autograd_backward_tuned, setup_context=_setup_context_tuned)
+
+
 def draw_seed(device: torch.device) -> torch.Tensor:
     """A fresh Philox seed as a one-element int64 tensor on ``device``, drawn from torch's
     generator (graph-safe: under CUDA graph capture each replay draws anew)."""
@@ -497,18 +639,27 @@ def draw_seed(device: torch.device) -> torch.Tensor:
 
 
 def varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
-           max_seqlen: int, dropout_p: float = 0.0, seed: Optional[torch.Tensor] = None) -> torch.Tensor:
+           max_seqlen: int, dropout_p: float = 0.0, seed: Optional[torch.Tensor] = None, *,
+           fwd_tile: Optional[str] = None, mask_bits: bool = False) -> torch.Tensor:
     """Variable-length attention with dropout (see the module docstring); differentiable.
 
     ``seed`` (int64 ``[1]`` on q's device) fixes the dropout mask, for tests; by default one
-    is drawn per call when ``dropout_p > 0``.
+    is drawn per call when ``dropout_p > 0``. ``fwd_tile`` (a ``FWD_TILES`` name) and
+    ``mask_bits`` (the mask stored by the forward, read by the backward) are the speed levers
+    of ``model.triton_fwd_tile`` / ``model.triton_dropout_mask``: the same numbers, other
+    kernels; with neither, the plain ops run.
     """
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if fwd_tile is not None and fwd_tile not in FWD_TILES:
+        raise ValueError(f"fwd_tile {fwd_tile!r} is not one of {sorted(FWD_TILES)}")
     if dropout_p > 0.0 and seed is None:
         seed = draw_seed(q.device)
-    return _varlen_fwd(q, k, v, cu_seqlens, max_seqlen, float(dropout_p),
-                       seed if dropout_p > 0.0 else None)[0]
+    seed = seed if dropout_p > 0.0 else None
+    if fwd_tile is None and not mask_bits:
+        return _varlen_fwd(q, k, v, cu_seqlens, max_seqlen, float(dropout_p), seed)[0]
+    return _varlen_fwd_tuned(q, k, v, cu_seqlens, max_seqlen, float(dropout_p), seed,
+                             fwd_tile or DEFAULT_FWD_TILE, bool(mask_bits))[0]
 
 
 def dropout_mask(seed: torch.Tensor, batch: int, heads: int, max_seqlen: int,

@@ -9,6 +9,8 @@ import re
 import shutil
 import subprocess
 import sys
+import time
+from typing import Callable
 
 import pytest
 import torch
@@ -172,12 +174,14 @@ def test_gpu_script_demo_check_passes_the_checker(trained, demo_data, tmp_path):
 
 
 # What the dry run of the device's call runs: the attention check (its children), the
-# baseline, the headline (skipped here by its expected time: the window's rule), the GPU
-# tests' child. The whole plan, in its order, is in the file.
-PLAN_B4 = ["check_attention", "baseline_b2", "fast_b4", "fast_b2", "check_gpu", "fast_fp8_tensorwise_b4",
-           "check_attention_blocks", "fast_no_graphs_b4", "fast_triton_b4", "fast_nested_b4", "fast_sdpa_b4",
-           "fast_compiled_lamb_b4", "fast_no_compile_layers_b4", "fast_no_fused_qkv_b4", "fast_vocab_unpadded_b4",
-           "fast_autocast_residual_b4", "fast_fp8_rowwise_b4", "check_demo", "fast_no_budget_no_graphs_b4",
+# baseline, the headline (its first stack skipped here by its expected time: the window's
+# rule; the next, cheaper one measures), the GPU tests' child. The whole plan, in its
+# order, is in the file.
+PLAN_B4 = ["check_attention", "baseline_b2", "headline", "fast_b2", "check_gpu", "fast_fp8_tensorwise_b4",
+           "fast_mask_bits_b4", "fast_fwd_tile_128x64_b4", "fast_lamb_group_correction_b4", "fast_autocast_residual_b4",
+           "headline_extras", "check_attention_blocks", "fast_no_graphs_b4", "fast_triton_b4", "fast_nested_b4",
+           "fast_sdpa_b4", "fast_compiled_lamb_b4", "fast_no_compile_layers_b4", "fast_no_fused_qkv_b4",
+           "fast_vocab_unpadded_b4", "fast_fp8_rowwise_b4", "check_demo", "fast_no_budget_no_graphs_b4",
            "default_budget_b4", "default_compiled_lamb_b4", "adamw_fused_b3", "adamw_foreach_b3", "fast_b3", "default_b3",
            "default_b4", "padded_b3", "lamb_foreach_b3", "compiled_b3"]
 
@@ -188,7 +192,8 @@ def test_device_run_dry_run_through_h200_sh_and_a_warm_rerun(tmp_path):
     expected seconds printed before any task, the attention check's children (triton
     skipped without CUDA, nested and sdpa passed in float32, their numbers read back from the
     junit XML) choosing the fast stack's backend, the headline skipped by the window (its
-    expected 150 s do not fit the 150 s limit), the GPU tests' child (skipped without CUDA),
+    expected 110 s do not fit the 130 s limit: a cheaper stack after it is the headline), the
+    GPU tests' child (skipped without CUDA),
     the table in the log. The caches the run filled (a stand-in file in $H200_CACHE) come
     back as compile_cache.tar.gz.partNN in $OUT; `prepare DIR`'s copy of them in the carried
     folder is unpacked by the next call into its (fresh) cache folder, which tells the run
@@ -200,26 +205,30 @@ def test_device_run_dry_run_through_h200_sh_and_a_warm_rerun(tmp_path):
     (first / "inductor" / "fxgraph").mkdir(parents=True)
     (first / "inductor" / "fxgraph" / "entry").write_bytes(os.urandom(4096))
     env = dict(os.environ, OUT=str(out), H200_DIR=str(carried), PYTHON=sys.executable,
-               H200_SITE=str(tmp_path / "site"), H200_CACHE=str(first), H200_LIMIT_S="150")
-    r = subprocess.run(["bash", "bench/h200.sh", "--cpu-smoke", "--only", "check_attention,baseline_b2,fast_b4,check_gpu"],
+               H200_SITE=str(tmp_path / "site"), H200_CACHE=str(first), H200_LIMIT_S="130")
+    r = subprocess.run(["bash", "bench/h200.sh", "--cpu-smoke", "--only", "check_attention,baseline_b2,headline,check_gpu"],
                        cwd=PKG, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     (json_file,) = out.glob("gpu_bert_large_*.json")
     assert re.fullmatch(r"gpu_bert_large_\d{4}-\d\d-\d\d_0123456789\.json", json_file.name)
     result = json.loads(json_file.read_text())
     assert result["commit"] == "0123456789abcdef0123456789abcdef01234567" and result["compile_cache"] == "cold"
-    assert result["plan"] == PLAN_B4 and 0 < result["limit_s"] <= 150
+    assert result["plan"] == PLAN_B4 and 0 < result["limit_s"] <= 130
     assert r.stdout.index("expected in all") < re.search(r"^check_attention +ok", r.stdout, re.M).start()
     att = result["checks"]["attention"]
-    assert att["backends"]["triton"]["outcome"] == "skipped", att
+    assert att["backends"]["triton"]["outcome"] == "skipped" and att["triton_levers"]["outcome"] == "skipped", att
+    assert "inconclusive" not in att
     for b in ("nested", "sdpa"):
         v = att["backends"][b]
         assert v["outcome"] == "passed" and v["attention"]["dropout_0"]["max_abs_err"]["dq"] < 1e-4, v
     assert att["chosen"] == result["fast_attention"] == "nested"
     by = {c["case"]: c for c in result["cases"]}
     assert by["baseline_b2"]["status"] == "ok"
-    assert re.fullmatch(r"skipped: expected 150 s, \d+ s left before --limit-s", by["fast_b4"]["status"])
+    assert re.fullmatch(r"skipped: expected 110 s, \d+ s left before --limit-s", by["fast_b4"]["status"])
     assert by["fast_b4"]["overrides"]["model.attention_backend"] == "nested"
+    head = result["headline"]
+    assert head["case"] in by and by[head["case"]]["status"] == "ok" and head["changes_from_fast"], head
+    assert result["gpu_state"]["error"].startswith("nvidia-smi")
     gpu = result["checks"]["gpu"]
     assert gpu["skipped"] == 4 and gpu["passed"] == gpu["failed"] == gpu["error"] == 0, gpu
     assert all(v["message"].endswith("needs a CUDA device") for v in gpu["tests"].values())
@@ -237,6 +246,75 @@ def test_device_run_dry_run_through_h200_sh_and_a_warm_rerun(tmp_path):
     assert (second / "inductor" / "fxgraph" / "entry").read_bytes() == (first / "inductor" / "fxgraph" / "entry").read_bytes()
     (json_file,) = out.glob("gpu_bert_large_*.json")
     assert json.loads(json_file.read_text())["compile_cache"] == "warm" and "plan (warm compile caches)" in r.stdout
+
+
+def _h200(tmp_path, *args, **env):
+    """bench/h200.sh with the device run's folders in ``tmp_path`` and ``env`` added."""
+    full = {**os.environ, "OUT": str(tmp_path / "out"), "H200_DIR": str(tmp_path / ".h200"), "PYTHON": sys.executable,
+            "H200_SITE": str(tmp_path / "site"), "H200_CACHE": str(tmp_path / "cache"), **env}
+    return subprocess.run(["bash", "bench/h200.sh", *args], cwd=PKG, env=full, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_h200_sh_fails_fast_when_the_run_cannot_import_and_runs_without_mlperf_logging(tmp_path):
+    """What the device call does when a module is missing: torch (the run's own modules do
+    not import) -> one line, exit 3, and a JSON that says it, before any task; mlperf_logging
+    (a wheel not carried) -> one line saying what will fail, and the run goes on to its JSON
+    (bert.mlperf_log imports it only for a logger that logs)."""
+    fake = tmp_path / "fake"
+    (fake / "mlperf_logging").mkdir(parents=True)
+    (fake / "mlperf_logging" / "__init__.py").write_text("raise ImportError('no mlperf_logging here')\n")
+    r = _h200(tmp_path, "--cpu-smoke", "--only", "baseline_b2", PYTHONPATH=str(fake))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "h200.sh: mlperf_logging does not import: the demo check (its MLPerf log and checker) will fail" in r.stdout
+    (json_file,) = (tmp_path / "out").glob("gpu_bert_large_*.json")
+    assert json.loads(json_file.read_text())["cases"][0]["status"] == "ok"
+    (fake / "torch.py").write_text("raise ImportError('no torch here')\n")
+    json_file.unlink()
+    r = _h200(tmp_path, "--cpu-smoke", "--only", "baseline_b2", PYTHONPATH=str(fake))
+    assert r.returncode == 3
+    assert r.stdout.strip().splitlines()[-1] == "h200.sh: the run's modules do not import: ImportError: no torch here"
+    (json_file,) = (tmp_path / "out").glob("gpu_bert_large_*.json")
+    assert json.loads(json_file.read_text())["status"] == "error: the run's modules do not import: ImportError: no torch here"
+
+
+def test_the_gpu_state_is_logged_first_and_kept_in_the_json(tmp_path):
+    """h200.sh's first lines are nvidia-smi's reading of the GPU (driver, compute mode, clocks)
+    and the run keeps the same reading in ``gpu_state`` (a stand-in nvidia-smi on PATH that
+    answers the queries as the driver's does, here an Exclusive_Process GPU)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/usr/bin/env bash\n"
+                   'if [[ "$*" != *noheader* ]]; then echo "name, driver_version, compute_mode, clocks.sm [MHz]"; fi\n'
+                   'echo "NVIDIA H200, 580.159.04, Exclusive_Process, 345 MHz, 1980 MHz, 3201 MHz, 3201 MHz, 75.1 W, '
+                   '700.00 W, 31, Enabled"\n')
+    smi.chmod(0o755)
+    r = _h200(tmp_path, "--cpu-smoke", "--only", "baseline_b2", PATH=f"{bin_dir}:{os.environ['PATH']}")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    log = (tmp_path / "out" / "gpu_bert_large.log").read_text().splitlines()
+    assert log[0] == "name, driver_version, compute_mode, clocks.sm [MHz]" and "Exclusive_Process" in log[1]
+    (json_file,) = (tmp_path / "out").glob("gpu_bert_large_*.json")
+    state = json.loads(json_file.read_text())["gpu_state"]
+    assert state["driver_version"] == "580.159.04" and state["compute_mode"] == "Exclusive_Process"
+    assert state["clocks.max.sm"] == "1980 MHz" and state["persistence_mode"] == "Enabled"
+
+
+def test_h200_sh_prepare_refuses_to_finish_without_both_wheels(tmp_path):
+    """``prepare`` with a pip that fetches mlperf-logging's wheel but not torchao's (a stand-in
+    python: no registry reached) fails, naming the wheel missing; with both, it writes the
+    commit and succeeds."""
+    stand_in = tmp_path / "python"
+    stand_in.write_text("#!/usr/bin/env bash\n# -m pip download ... -d DIR PIN\n"
+                        'dir="${@: -2:1}"; pin="${@: -1}"; name="${pin%%==*}"; name="${name//-/_}"\n'
+                        '[[ "${name}" == torchao && -n "${NO_TORCHAO:-}" ]] || touch "${dir}/${name}-1-py3-none-any.whl"\n')
+    stand_in.chmod(0o755)
+    r = _h200(tmp_path, "prepare", PYTHON=str(stand_in), NO_TORCHAO="1")
+    assert r.returncode == 1 and r.stderr.strip() == \
+        f"h200.sh prepare: 0 torchao wheel(s) in {tmp_path / '.h200'}, not 1: not prepared", r.stderr
+    assert not (tmp_path / ".h200" / "commit").exists()
+    r = _h200(tmp_path, "prepare", PYTHON=str(stand_in))
+    assert r.returncode == 0 and (tmp_path / ".h200" / "commit").read_text().strip(), r.stderr
 
 
 def test_device_run_window_stops_a_long_task_and_resumes_after_a_broken_context(tmp_path, monkeypatch):
@@ -274,6 +352,92 @@ def test_device_run_window_stops_a_long_task_and_resumes_after_a_broken_context(
     r = json.loads(out.read_text())
     assert [(c["case"], c["status"]) for c in r["cases"]] == [("baseline_b2", "ok"), ("lamb_foreach_b3", "ok")]
     assert r["restarts"] == 1
+
+
+def _failing(monkeypatch, fails: Callable[[dict], str], hangs: str = "") -> list[str]:
+    """gpu_bert_large.measure_case with failures injected: a case whose resolved overrides
+    ``fails`` names a reason for raises it before measuring; the case named ``hangs``
+    sleeps (its cap stops it). Returns the cases measured, in order."""
+    real, order = gpu_bert_large.measure_case, []
+
+    def measure(case, args, *a, **kw):
+        order.append(case.name)
+        if case.name == hangs:
+            time.sleep(60)
+        why = fails(gpu_bert_large.resolved_overrides(case, args))
+        if why:
+            raise RuntimeError(why)
+        return real(case, args, *a, **kw)
+
+    monkeypatch.setattr(gpu_bert_large, "measure_case", measure)
+    return order
+
+
+def test_device_run_headline_falls_back_at_once_and_later_cases_take_its_stack(tmp_path, monkeypatch):
+    """The fallback chain on the CPU with injected failures. The fast stack stuck (stopped at
+    twice its expected seconds, set to 2 s here) and without graphs broken: the stack
+    without the per-layer compile is the headline, tried before anything else; the JSON says
+    which stack and why the others did not; the later fast-stack case (b2) runs without the
+    per-layer compile too, the ablations the chain ran are not run again, and the headline's
+    evaluation and kernel profile come after the core numbers (headline_extras)."""
+    out = tmp_path / "chain.json"
+    base = ["--cpu-smoke", "--out", str(out), "--artifacts", str(tmp_path)]
+    only = "baseline_b2,headline,fast_b2,fast_lamb_group_correction_b4,headline_extras,fast_no_graphs_b4"
+    monkeypatch.setattr(gpu_bert_large, "EST_FAST_FIRST", (2.0, 2.0))
+    order = _failing(monkeypatch, lambda o: "capture broke" if o.get("run.cuda_graphs") == "false"
+                     and o.get("model.compile_layers") == "true" else "", hangs="fast_b4")
+    t0 = time.monotonic()
+    assert device_run.main([*base, "--only", only, "--fast-attention", "nested"]) == 0
+    assert time.monotonic() - t0 < 55  # the stuck attempt cost its cap, not its 60 s
+    r = json.loads(out.read_text())
+    head = r["headline"]
+    assert head["case"] == "fast_no_compile_layers_b4" and head["changes_from_fast"] == {"model.compile_layers": "false"}
+    assert [(a["case"], a["status"]) for a in head["attempts"]] == [
+        ("fast_b4", "error: stopped at its time limit (4 s)"), ("fast_no_graphs_b4", "error: RuntimeError: capture broke"),
+        ("fast_no_compile_layers_b4", "ok")]
+    assert order[:4] == ["baseline_b2", "fast_b4", "fast_no_graphs_b4", "fast_no_compile_layers_b4"]
+    by = {c["case"]: c for c in r["cases"]}
+    assert [c["case"] for c in r["cases"]] == ["baseline_b2", "fast_b4", "fast_no_graphs_b4", "fast_no_compile_layers_b4",
+                                               "fast_b2", "fast_lamb_group_correction_b4"]  # no second fast_no_graphs
+    assert r["fast_stack_changes"] == {"model.compile_layers": "false"} and r["fast_attention"] == "nested"
+    for name in ("fast_b2", "fast_lamb_group_correction_b4"):
+        assert by[name]["status"] == "ok" and by[name]["overrides"]["model.compile_layers"] == "false", by[name]
+        assert by[name]["extras_not_run"] == ["eval"] and by[name]["optimizer_step_ms"] > 0
+    assert by["fast_lamb_group_correction_b4"]["overrides"]["optim.lamb_bias_correction"] == "group"
+    headline = by["fast_no_compile_layers_b4"]
+    assert r["checks"]["headline_extras"]["status"] == "ok" and "extras_not_run" not in headline
+    assert headline["eval_ms_per_batch"] > 0 and headline["kernel_breakdown"]["ms_per_step"]["gemm"] > 0
+    assert "eager steps" in headline["kernel_breakdown"]["profiled"]
+    assert "headline: fast_no_compile_layers_b4" in gpu_report.table(r)
+    assert "not the headline: fast_no_graphs_b4: error: RuntimeError: capture broke" in gpu_report.table(r)
+
+
+def test_device_run_headline_takes_the_next_backend_or_says_none_measured(tmp_path, monkeypatch):
+    """When every stack of the chosen backend fails, the next backend's fast stack is the
+    headline and becomes the fast stack's backend; when every attempt fails, the JSON says
+    no headline, the extras are skipped and their reserved time is free again."""
+    out = tmp_path / "chain.json"
+    base = ["--cpu-smoke", "--out", str(out), "--artifacts", str(tmp_path)]
+    _failing(monkeypatch, lambda o: "nested broke" if o.get("model.attention_backend") == "nested" else "")
+    assert device_run.main([*base, "--only", "headline,fast_b2", "--fast-attention", "nested"]) == 0
+    r = json.loads(out.read_text())
+    assert r["headline"]["case"] == "fast_sdpa_b4" and r["fast_attention"] == "sdpa"
+    assert r["headline"]["changes_from_fast"] == {"model.attention_backend": "sdpa"}
+    assert [a["case"] for a in r["headline"]["attempts"]] == [
+        "fast_b4", "fast_no_graphs_b4", "fast_no_compile_layers_b4", "fast_eager_b4", "fast_sdpa_b4"]
+    assert [c["overrides"]["model.attention_backend"] for c in r["cases"]][-1] == "sdpa"  # fast_b2
+    _failing(monkeypatch, lambda o: "all broke")
+    assert device_run.main([*base, "--only", "headline,fast_fp8_tensorwise_b4,headline_extras", "--limit-s", "110",
+                            "--fast-attention", "sdpa"], age=lambda: 0.0) == 0
+    r = json.loads(out.read_text())
+    reserved = "s left before --limit-s and the reserved tasks"
+    assert r["headline"]["case"] is None and [a["status"] for a in r["headline"]["attempts"]] == [
+        f"skipped: expected 110 s, 40 {reserved}", f"skipped: expected 90 s, 40 {reserved}"] + \
+        ["error: RuntimeError: all broke"] * 2
+    # No headline: the extras' 60 s are free again, and the FP8 case's 90 s fit (it ran, and broke).
+    assert r["cases"][-1]["case"] == "fast_fp8_tensorwise_b4"
+    assert r["cases"][-1]["status"] == "error: RuntimeError: all broke"
+    assert r["checks"]["headline_extras"]["status"] == "skipped: no headline was measured"
 
 
 def test_grad_sync_bench_smoke_prints_the_interface_keys():

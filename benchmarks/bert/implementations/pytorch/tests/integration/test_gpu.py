@@ -54,22 +54,31 @@ def attention_reference(q, k, v, cu: list[int], keep: torch.Tensor | None, p: fl
     return out
 
 
-@pytest.mark.parametrize("backend", ["triton", "nested", "sdpa"])
+# The Triton kernel's speed levers (model.triton_fwd_tile, model.triton_dropout_mask), checked
+# together as the "triton_levers" backend of the attention test.
+TRITON_LEVERS = {"fwd_tile": "128x64", "mask_bits": True}
+
+
+@pytest.mark.parametrize("backend", ["triton", "triton_levers", "nested", "sdpa"])
 def test_attention_matches_fp32_reference(backend, record_property):
     """The varlen kernel against the float32 reference on ragged lengths with pad rows: bf16 on
     CUDA (float32 on a CPU), the forward at dropout 0 (evaluation) and its q/k/v gradients
     (but for triton, whose backward is checked with dropout), and triton at dropout 0.1
     against the reference applying the kernel's own mask (``dropout_mask``), output and
-    gradients. Within 0.03 of the reference's scale in bf16 (10x that for gradients); pad
-    rows exactly 0. Records the max abs errors and, for triton, every compiled kernel's
-    registers and spills as the driver reported them."""
+    gradients; ``triton_levers`` is triton with its speed levers on (the 128x64 forward tile,
+    the mask stored as bits and read by the backward). Within 0.03 of the reference's scale
+    in bf16 (10x that for gradients); pad rows exactly 0. Records the max abs errors and, for
+    triton, every compiled kernel's registers and spills as the driver reported them."""
+    levers = TRITON_LEVERS if backend == "triton_levers" else {}
+    if levers:
+        backend = "triton"
     if backend == "triton" and not CUDA:
         pytest.skip("triton runs on CUDA only here (tests/unit/test_triton_attention.py runs it in the interpreter)")
     geo = GPU_GEOMETRY if CUDA else CPU_GEOMETRY
     lengths, heads, dim, total, max_len = (geo[k] for k in ("lengths", "heads", "dim", "total", "max_len"))
     dtype = torch.bfloat16 if CUDA else torch.float32
     tol = 3e-2 if CUDA else 1e-4
-    attn = build_attention(backend, DEVICE.type, 0.1)
+    attn = build_attention(backend, DEVICE.type, 0.1, triton_options=levers or None)
     gen = torch.Generator().manual_seed(0)
     bounds = [0]
     for n in lengths:
@@ -85,6 +94,8 @@ def test_attention_matches_fp32_reference(backend, record_property):
         keep = triton_attention.dropout_mask(seed, len(lengths), heads, max_len, 0.1)
         runs.append(("dropout_0.1_same_mask", 0.1, (seed, keep), True))
     rec: dict[str, object] = {"lengths": lengths, "tokens": total, "heads": heads, "head_dim": dim, "dtype": str(dtype)}
+    if levers:
+        rec["levers"] = levers
     for label, p, fixed, grads in runs:
         q, k, v = (t.clone().requires_grad_(grads) for t in base[:3])
         rq, rk, rv = (t.detach().float().requires_grad_(grads) for t in base[:3])
@@ -92,7 +103,7 @@ def test_attention_matches_fp32_reference(backend, record_property):
             got = attn.varlen(q, k, v, cu, max_len, p)
             applied, mask = p, None
         else:
-            got = triton_attention.varlen(q, k, v, cu, max_len, p, seed=fixed[0])
+            got = triton_attention.varlen(q, k, v, cu, max_len, p, seed=fixed[0], **levers)
             applied, mask = triton_attention.applied_dropout(p), fixed[1]
         want = attention_reference(rq, rk, rv, bounds, mask, applied)
         scale = max(float(want.detach().abs().max()), 1.0)

@@ -38,6 +38,8 @@ VARIANTS = {  # name -> Lamb keyword arguments
     "plain": {},
     "capturable": {"capturable": True},
     "compiled": {"compile_backend": "aot_eager"},
+    "capturable_group": {"capturable": True, "group_correction": True},
+    "compiled_group": {"compile_backend": "aot_eager", "group_correction": True},
 }
 
 
@@ -199,6 +201,31 @@ def test_capturable_step_has_no_host_read_and_replays_identically():
     assert a == b and len(a) > 20
     plain_a, plain_b = _traces("plain")
     assert plain_a != plain_b
+
+
+@pytest.mark.parametrize("variant", ["capturable_group", "compiled_group"])
+def test_group_bias_correction_is_the_per_tensor_update_with_the_group_step_count(variant):
+    """optim.lamb_bias_correction=group: while every parameter steps, the per-tensor
+    variant's very update (float64, bit for bit); after a step that skips dense.weight, its
+    update is the per-tensor one with its step count raised to the group's (apex FusedLAMB's
+    one count per group), the other parameters' unchanged. Its divisions by the corrections
+    take one 0-dim tensor for the whole list (the Tensor overload: one multi-tensor kernel
+    on CUDA) where the per-tensor variant passes a list of them."""
+    every, _, _ = run("capturable", skip_at=None)
+    group, _, _ = run(variant, skip_at=None)
+    assert_same(every, group, tol=0)
+    per_tensor, opt, sched = run("capturable", steps=range(3))  # dense.weight skipped at step 2
+    opt.state[per_tensor.dense.weight]["step"].add_(1)  # the group's count: 3 steps
+    run("", steps=range(3, STEPS), model=per_tensor, opt=opt, sched=sched)
+    grouped, _, _ = run(variant)
+    plain, _, _ = run("capturable")
+    assert_same(per_tensor, grouped, tol=1e-14)
+    assert not torch.allclose(plain.dense.weight, grouped.dense.weight, rtol=1e-12, atol=0)
+    assert torch.equal(plain.word_embeddings.weight, grouped.word_embeddings.weight)
+    if variant == "capturable_group":
+        ops = {op for op, _ in _traces(variant)[0]}
+        assert "aten._foreach_div.Tensor" in ops and "aten._foreach_div.List" not in ops, sorted(ops)
+        assert "aten._foreach_div.List" in {op for op, _ in _traces("capturable")[0]}
 
 
 def test_build_optimizer_capturable_and_compiled_names():

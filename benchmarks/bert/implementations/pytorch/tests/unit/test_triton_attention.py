@@ -201,6 +201,88 @@ def test_dropout_forward_and_backward_use_the_same_mask(monkeypatch):
     assert not torch.allclose(out[:real], _math_per_sequence(q, k, v, cu), atol=1e-3)
 
 
+def _unpack_bits(mask: torch.Tensor, max_seqlen: int) -> torch.Tensor:
+    """The stored uint8 [B, H, S, ceil(S / 8)] mask as bool [B, H, S, S] (bit d = key 8g + d)."""
+    return ((mask[..., None].int() >> torch.arange(8)) & 1).flatten(-2)[..., :max_seqlen].bool()
+
+
+@needs_interpreter
+@pytest.mark.parametrize("fwd", [SMALL_BLOCKS, ta.FWD_TILES["128x64"]])
+def test_stored_mask_is_the_drawn_mask_and_the_backward_reads_it(monkeypatch, fwd):
+    """model.triton_dropout_mask=bits: the bytes the forward stores are, bit for bit, the
+    Philox mask ``dropout_mask`` draws (every real query and key; 44 keys: a partial group of
+    8); the backward, which reads them and draws nothing, gives the drawn path's output and
+    q/k/v gradients exactly and the math reference's that applies the mask; with the backward
+    told a mask with every bit cleared, its gradients change (it reads the bytes)."""
+    monkeypatch.setattr(ta, "BWD_BLOCKS", SMALL_BLOCKS)
+    p, lengths, heads, dim, max_seqlen = 0.25, [19, 1, 12, 40], 2, 16, 44
+    real, cu = sum(lengths), _cu(lengths)
+    q, k, v = _qkv(real + 2, heads, dim, seed=5)
+    upstream = torch.randn(real + 2, heads, dim, generator=torch.Generator().manual_seed(6))
+    seed = torch.tensor([2468], dtype=torch.int64)
+    mask = ta.mask_buffer(len(lengths), heads, max_seqlen, q.device)
+    assert mask.shape == (4, heads, max_seqlen, 6) and mask.dtype == torch.uint8
+    out, lse = ta.forward(q.detach(), k.detach(), v.detach(), cu, max_seqlen, p, seed, fwd, mask=mask)
+    keep = ta.dropout_mask(seed, len(lengths), heads, max_seqlen, p)
+    stored = _unpack_bits(mask, max_seqlen)
+    for b, n in enumerate(lengths):
+        assert torch.equal(stored[b, :, :n, :n], keep[b, :, :n, :n]), b
+    drawn_out, _ = ta.forward(q.detach(), k.detach(), v.detach(), cu, max_seqlen, p, seed, fwd)
+    assert torch.equal(out, drawn_out)
+    args = (upstream, q.detach(), k.detach(), v.detach(), out, lse, cu, max_seqlen, p)
+    read = ta.backward(*args, None, mask=mask)  # no seed: nothing to draw from
+    drawn = ta.backward(*args, seed)
+    for a, w in zip(read, drawn):
+        assert torch.equal(a, w)
+    ref = _math_per_sequence(q, k, v, cu, keep=keep, p=p)
+    torch.testing.assert_close(out[:real], ref, **TOL)
+    want = _grads(ref, real, q, k, v, upstream)
+    for g, w in zip(read, want):
+        torch.testing.assert_close(g[:real], w[:real], **TOL)
+        assert torch.equal(g[real:], torch.zeros_like(g[real:]))
+    cleared = ta.backward(*args, None, mask=torch.zeros_like(mask))
+    assert not torch.allclose(cleared[2], read[2])
+
+
+@needs_interpreter
+def test_levers_through_the_op_the_backend_and_compile(monkeypatch):
+    """varlen's levers (fwd_tile="128x64", mask_bits): the tuned custom op passes opcheck
+    (schema, fake, autograd registration), gives the plain op's output and gradients, and
+    torch.compile(fullgraph=True) traces it whole; the backend passes the levers the model's
+    config names (bert.attention.triton_levers), none by default."""
+    monkeypatch.setattr(ta, "BWD_BLOCKS", SMALL_BLOCKS)
+    cu = _cu([7, 3, 20])
+    q, k, v = _qkv(32, 2, 16, seed=3)  # 2 pad rows
+    seed = torch.tensor([11], dtype=torch.int64)
+    for args in ((q, k, v, cu, 24, 0.2, seed, "128x64", True), (q, k, v, cu, 24, 0.0, None, "64x64", True)):
+        torch.library.opcheck(ta._varlen_fwd_tuned, args,
+                              test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+    plain = ta.varlen(q, k, v, cu, 24, 0.2, seed=seed)
+    plain_grads = torch.autograd.grad(plain.square().sum(), (q, k, v))
+
+    def tuned(q, k, v, cu):
+        return ta.varlen(q, k, v, cu, 24, 0.2, seed=seed, fwd_tile="128x64", mask_bits=True)
+
+    for fn in (tuned, torch.compile(tuned, backend="aot_eager", fullgraph=True)):
+        got = fn(q, k, v, cu)
+        torch.testing.assert_close(got, plain, rtol=0, atol=0)
+        for g, w in zip(torch.autograd.grad(got.square().sum(), (q, k, v)), plain_grads):
+            torch.testing.assert_close(g, w, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="fwd_tile"):
+        ta.varlen(q, k, v, cu, 24, 0.2, fwd_tile="32x32")
+    from bert.attention import triton_levers
+
+    assert triton_levers("64x64", "philox") == {}
+    assert triton_levers("128x64", "bits") == {"fwd_tile": "128x64", "mask_bits": True}
+    calls = []
+    backend = build_attention("triton", "cuda", 0.1, triton=lambda: lambda *a, **kw: calls.append(kw),
+                              triton_options=triton_levers("64x64", "bits"))
+    backend.varlen(q, k, v, cu, 24, 0.1)
+    assert calls == [{"mask_bits": True}]
+    model = BertForPreTraining(dataclasses.replace(_TINY, attention_backend="sdpa", triton_dropout_mask="bits"))
+    assert model.attn_backend.name == "sdpa"  # the levers are the triton backend's only
+
+
 @needs_interpreter
 def test_custom_op_registrations_and_compile_without_graph_break():
     """torch.library.opcheck validates the schema, fake (meta) and autograd registrations;
@@ -225,13 +307,15 @@ def test_custom_op_registrations_and_compile_without_graph_break():
         torch.testing.assert_close(g, w, rtol=0, atol=0)
 
 
+_TINY = ModelConfig(vocab_size=50, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
+                    max_position_embeddings=32, hidden_dropout=0.0, attention_dropout=0.0, attention_backend="math")
+
+
 @needs_interpreter
 def test_tiny_bert_matches_math_backend():
     """A 2-layer BertForPreTraining (head dim 16) on an unpadded batch: the triton backend's
     loss and every parameter gradient equal the math backend's."""
-    cfg = ModelConfig(vocab_size=50, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
-                      max_position_embeddings=32, hidden_dropout=0.0, attention_dropout=0.0,
-                      attention_backend="math")
+    cfg = _TINY
     torch.manual_seed(0)
     model = BertForPreTraining(cfg)
     g = torch.Generator().manual_seed(4)
