@@ -278,7 +278,9 @@ def load_weights(path: str | Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
 
 
 def config_from_bert_json(path: str | Path, base: ModelConfig | None = None) -> ModelConfig:
-    """``cfg`` with the architecture of a Google/HF ``bert_config.json``/``config.json``."""
+    """``cfg`` with the architecture of a Google/HF ``bert_config.json``/``config.json``, or of
+    a run's own resolved config (``<log>_config.json`` beside its MLPerf log: its ``model``
+    section)."""
     import dataclasses
 
     p = Path(path)
@@ -286,12 +288,20 @@ def config_from_bert_json(path: str | Path, base: ModelConfig | None = None) -> 
         j = json.loads(p.read_text())
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{p}: cannot read the BERT config: {e}") from None
+    if isinstance(j, dict) and isinstance(j.get("model"), dict):  # a run's resolved config
+        fields = {f.name: f.type for f in dataclasses.fields(ModelConfig)}
+        model = {k: v for k, v in j["model"].items() if k in fields}
+        missing = [k for k in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+                               "max_position_embeddings", "type_vocab_size") if k not in model]
+        if missing:
+            raise CheckpointError(f"{p}: its model section lacks {missing}")
+        return dataclasses.replace(base or ModelConfig(), **model)
     keys = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_hidden_layers": "num_layers",
             "num_attention_heads": "num_heads", "intermediate_size": "intermediate_size",
             "max_position_embeddings": "max_position_embeddings", "type_vocab_size": "type_vocab_size"}
     missing = [k for k in keys if k not in j]
     if missing:
-        raise CheckpointError(f"{p}: lacks {missing}")
+        raise CheckpointError(f"{p}: lacks {missing} (neither a bert_config.json nor a run's <log>_config.json)")
     if j.get("hidden_act", "gelu") != "gelu":
         raise CheckpointError(f"{p}: hidden_act {j['hidden_act']!r}; this model implements 'gelu' only")
     return dataclasses.replace(base or ModelConfig(), **{ours: int(j[k]) for k, ours in keys.items()})

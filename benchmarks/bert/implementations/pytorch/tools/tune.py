@@ -202,16 +202,17 @@ def _text(value: Any) -> str:
 
 
 def run_env(space: Space, values: dict[str, Any], base: dict[str, str]) -> dict[str, str]:
-    """The environment of a trial's runs: ``base`` (the worker's), the base config, ``fixed``,
-    the trial's values."""
+    """The environment of a trial's runs: the base config, ``base`` (the worker's: what the
+    user set), ``fixed``, the trial's values."""
     return config_env(space.base_config, {**space.fixed, **values}, base)
 
 
 def config_env(base_config: Path, settings: dict[str, Any], base: dict[str, str]) -> dict[str, str]:
-    """``base`` after sourcing ``base_config``, then ``settings`` (tools/study.py's runs too).
-    Names with a dot are bert.config keys, appended to EXTRA_PARAMS (a later key=value wins
-    in bert.config's override parsing); the others are config_*.sh variables."""
-    env = config_script.source(base_config, base)
+    """A job of ``base_config`` for a caller with environment ``base`` (the one precedence:
+    bert.config_script.job_environment), then ``settings`` (tools/study.py's runs too). Names
+    with a dot are bert.config keys, appended to EXTRA_PARAMS (a later key=value wins in
+    bert.config's override parsing); the others are config_*.sh variables."""
+    env, _ = config_script.job_environment(base_config, base)
     dotted = []
     for name, value in settings.items():
         if "." in name:
