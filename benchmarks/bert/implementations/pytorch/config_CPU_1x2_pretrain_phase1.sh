@@ -12,27 +12,14 @@
 # on Python's docstrings masked-LM accuracy ~0.06 -> ~0.12 (BENCHMARKS.md, section 11).
 # Launch: source config_CPU_1x2_pretrain_phase1.sh
 #         DATADIR=... EVALDIR=... LOGDIR=... SAVE_CHECKPOINT=.../final.pt EXTRA_PARAMS="model.vocab_size=N" ./run_and_time.sh
+# shellcheck source=config_CPU_1x2_pretrain_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/config_CPU_1x2_pretrain_common.sh"
 CONFIG_SCRIPT=$(realpath "${BASH_SOURCE[0]}")  # this file: how launchers tell its values from yours
 export CONFIG_SCRIPT
-export DGXSYSTEM=CPU_1x2_pretrain
-export DGXNNODES=1
-export DGXNGPU=2            # ranks: CPU processes here
-export WALLTIME=01:00:00
-export CPU_THREADS_PER_RANK=1
-
-export DIVISION=open
-export OPTIMIZER=lamb
-export BATCHSIZE=32         # per rank per micro-step
+export BATCHSIZE=32        # per rank per micro-step
 export GRADIENT_STEPS=1
 export LR=1e-2
 export MAX_STEPS=300
 export WARMUP_STEPS=30
-export START_WARMUP_STEP=0
-export OPT_LAMB_BETA_1=0.9
-export OPT_LAMB_BETA_2=0.999
-export WEIGHT_DECAY_RATE=0.01
 export EVAL_ITER_SAMPLES=3200
-export CONFIG_PARAMS="run.mode=pretrain model.hidden_size=192 model.num_layers=3 model.num_heads=4 \
-model.intermediate_size=768 model.max_position_embeddings=512 model.hidden_dropout=0 model.attention_dropout=0 \
-data.max_seq_length=128 data.max_predictions_per_seq=20 data.eval_samples=0 eval.batch_size=50 \
-log.progress_interval_steps=20 ckpt.interval_minutes=5"
+export CONFIG_PARAMS="${CONFIG_PARAMS} data.max_seq_length=128 data.max_predictions_per_seq=20"

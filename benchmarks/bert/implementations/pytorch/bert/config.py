@@ -442,7 +442,7 @@ CONFIG_PARAMS = "CONFIG_PARAMS"
 CONFIG_SCRIPT = "CONFIG_SCRIPT"
 # The one precedence, lowest first: the defaults above, a --config file, the config script
 # (its variables and CONFIG_PARAMS), the user's environment (the table's variables set over the
-# script's) and EXTRA_PARAMS, the command line.
+# script's) and EXTRA_PARAMS, the command line (whose settings have this origin).
 COMMAND_LINE = "command line"
 
 
@@ -823,7 +823,7 @@ def origin_lines(cfg: Config, origins: Mapping[str, str]) -> list[str]:
     _flatten("", json.loads(json.dumps(to_dict(cfg))), now)
     default: dict[str, Any] = {}
     _flatten("", json.loads(json.dumps(to_dict(Config()))), default)
-    return [f"{k}={json.dumps(v)} ({origins.get(k, 'resolved at start')})" for k, v in now.items() if v != default[k]]
+    return [f"{k}={json.dumps(v)} ({origins.get(k, 'origin unknown')})" for k, v in now.items() if v != default[k]]
 
 
 def parse_budgets(spec: list[int] | Literal["auto"], local_batch: int, max_seq_length: int) -> tuple[int, ...] | None:

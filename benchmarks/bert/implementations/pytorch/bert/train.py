@@ -157,9 +157,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="continue from the newest checkpoint in ckpt.dir; fail if there is none "
                          "(same as ckpt.resume=require; the default, auto, resumes when one exists)")
     ap.add_argument("--from-env", action="store_true",
-                    help="take the launcher's variables (LR, BATCHSIZE, DATADIR, ...: the table "
-                         "bert.config.LAUNCHER_VARIABLES) from the environment, after --config and before "
-                         "the overrides (what run_and_time.sh passes)")
+                    help="take the launcher's settings from the environment (what run_and_time.sh passes): "
+                         "the config's CONFIG_PARAMS, the variables of the table bert.config.LAUNCHER_VARIABLES "
+                         "(LR, BATCHSIZE, DATADIR, ...), EXTRA_PARAMS (its flags too), in that order, after "
+                         "--config and before the overrides; the run's first lines say where each came from")
     ap.add_argument("overrides", nargs="*", help="key.sub=value (applied after --config and --from-env)")
     ap.add_argument("--exit-status-dir", metavar="DIR",
                     help="write '<exit status> trained|none [seed]' to DIR/rank_<R> and exit 0 for the expected "

@@ -36,7 +36,8 @@ sys.path.insert(0, str(PKG))
 
 from bert import config_script  # noqa: E402
 from bert.config import (COMMAND_LINE, ConfigError, Setting, global_batch_size, handover_problems,  # noqa: E402
-                         launcher_settings, origin_lines, parse_overrides, resolve, start_notes)
+                         launcher_settings, origin_lines, parse_overrides, resolve, start_notes,
+                         timed_run_problems)
 
 
 def env_lines(path: str, caller: dict[str, str]) -> list[str]:
@@ -75,6 +76,7 @@ def show(path: str, words: list[str], caller: dict[str, str]) -> list[str]:
              f"settings that differ from the defaults:"]
     lines += [f"  {line}" for line in origin_lines(cfg, origins)]
     lines += [f"note: {n}" for n in start_notes(cfg, world)]
+    lines += [f"note: a timed run would exit 2: {problem}" for problem in timed_run_problems(cfg)]
     for key, directory in (("data.train_dir", cfg.data.train_dir), ("data.eval_dir", cfg.data.eval_dir)):
         if directory and not Path(directory).exists():
             raise ConfigError(f"{key}={directory}: no such file or directory")

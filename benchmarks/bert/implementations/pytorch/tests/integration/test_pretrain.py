@@ -59,8 +59,10 @@ def test_pretrain_mode_ends_at_its_step_count_with_curves(demo_data, tmp_path):
 
 
 def test_pretrain_demo_small_both_phases_and_transformers(tmp_path, no_procps_path):
-    """pretrain_demo.sh at test size: real text (stdlib docstrings), both phases, HF export, the
-    downstream fine-tuning of the pretrained model and its random twin."""
+    """pretrain_demo.sh at test size: real text (stdlib docstrings), both phases
+    (config_CPU_1x2_pretrain_phase1.sh and phase2.sh through run_and_time.sh, as
+    docs/pretraining.md's local recipe runs them), HF export from the run's own config, the
+    downstream task (glue.py same-doc) fine-tuned from the pretrained model and its random twin."""
     env = dict(os.environ, PATH=no_procps_path, PD_OUT=str(tmp_path / "pd"),
                PD_MAX_DOCS="1500", PD_VOCAB="1000", PD_DUPE="2", PD_EVAL_SAMPLES="200", PD_HIDDEN="64",
                PD_LAYERS="2", PD_HEADS="2", PD_STEPS1="300", PD_BATCH1="32", PD_ACCUM1="1", PD_LR1="2e-2",
