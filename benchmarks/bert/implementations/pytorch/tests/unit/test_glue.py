@@ -363,3 +363,26 @@ def test_the_downstream_task_is_made_from_documents_pretraining_never_sees(tmp_p
     docs_of = [{i for e in rows for i in owners[e.text_a]} for rows in (data.train, data.dev[""])]
     unique = [{i for e in rows if len(owners[e.text_a]) == 1 for i in owners[e.text_a]} for rows in (data.train, data.dev[""])]
     assert not (unique[0] & docs_of[1]) and not (unique[1] & docs_of[0])  # no docstring on both sides
+
+
+def test_same_doc_from_a_directory_of_your_own_text_and_too_little_of_it(tmp_path, capsys):
+    """`glue.py same-doc` on text of the user's own (a directory of parts in create's format,
+    a tab inside a sentence): GLUE-layout TSVs of four fields a row, each sentence of the
+    text; text with fewer than two documents of two sentences in a split stops with exit 2."""
+    text = tmp_path / "text"
+    text.mkdir()
+    docs = [[f"Document {d} says thing {s}\tin a sentence." for s in range(3)] for d in range(40)]
+    for part in range(2):
+        (text / f"part-{part:02d}.txt").write_text("\n\n".join("\n".join(d) for d in docs[part::2]) + "\n")
+    assert glue.main(["same-doc", "--text", str(text), "--output", str(tmp_path / "out"), "--pairs", "2"]) == 0
+    counts = json.loads(capsys.readouterr().out)
+    assert counts["train"]["documents"] + counts["dev"]["documents"] == 40
+    sentences = {" ".join(s.split()) for d in docs for s in d}
+    for split in ("train", "dev"):
+        rows = (tmp_path / "out" / "SAME-DOC" / f"{split}.tsv").read_text().splitlines()[1:]
+        assert len(rows) == counts[split]["pairs"] and all(len(r.split("\t")) == 4 for r in rows)
+        assert all(r.split("\t")[1] in sentences and r.split("\t")[2] in sentences for r in rows)
+    (tmp_path / "few.txt").write_text("One sentence here only.\n\nAnd another lone one.\n")
+    assert glue.main(["same-doc", "--text", str(tmp_path / "few.txt"), "--output", str(tmp_path / "o2")]) == 2
+    assert "document(s) of two or more sentences out of 2 documents; it needs 2" in capsys.readouterr().err
+    assert not (tmp_path / "o2").exists()
