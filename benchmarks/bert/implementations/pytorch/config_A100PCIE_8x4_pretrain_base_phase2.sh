@@ -13,6 +13,8 @@
 # Launch: DATADIR1=... EVALDIR1=... DATADIR2=... EVALDIR2=... OUTDIR=... \
 #         ./submit_pretrain.sh <phase 1 config> <phase 2 config>   (both phases as SLURM jobs,
 #         phase 2 --dependency=afterok on phase 1, each requeued on preemption and resumed)
+CONFIG_SCRIPT=$(realpath "${BASH_SOURCE[0]}")  # this file: how launchers tell its values from yours
+export CONFIG_SCRIPT
 export DGXSYSTEM=A100PCIE_8x4_pretrain
 export DGXNNODES=8
 export DGXNGPU=4
@@ -32,7 +34,8 @@ export OPT_EPSILON=1e-6
 export WEIGHT_DECAY_RATE=0.01
 export END_LR=0.0
 export EVAL_ITER_SAMPLES=6553600   # held-out MLM/NSP accuracy and loss every 200 steps
+export PRECISION=bf16
 # Checkpoints every 30 min bound the work a node failure loses; SIGUSR1/SIGTERM checkpoint too.
-export EXTRA_PARAMS="run.mode=pretrain model.hidden_size=768 model.num_layers=12 model.num_heads=12 model.intermediate_size=3072 data.max_seq_length=512 data.max_predictions_per_seq=80 \
-data.eval_samples=10000 precision.dtype=bf16 grad_sync.bucket_cap_mb=100 grad_sync.compression=bf16 \
+export CONFIG_PARAMS="run.device=cuda run.mode=pretrain model.hidden_size=768 model.num_layers=12 model.num_heads=12 model.intermediate_size=3072 data.max_seq_length=512 data.max_predictions_per_seq=80 \
+data.eval_samples=0 grad_sync.bucket_cap_mb=100 grad_sync.compression=bf16 \
 ckpt.interval_minutes=30"

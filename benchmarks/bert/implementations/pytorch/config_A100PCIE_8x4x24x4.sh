@@ -8,7 +8,9 @@
 # hyperparameters; cap the schedule's end, 3.51M); hours rather than minutes on this
 # network. Not yet measured.
 # Launch: source config_A100PCIE_8x4x24x4.sh
-#         CONT=<image> DATADIR=... EVALDIR=... INIT_CHECKPOINT=... sbatch -N "$DGXNNODES" -t "$WALLTIME" run.sub
+#         CONT=<image> DATADIR=... EVALDIR=... INIT_CHECKPOINT=... sbatch -N "$DGXNNODES" -t "$WALLTIME" --gpus-per-node="$DGXNGPU" run.sub
+CONFIG_SCRIPT=$(realpath "${BASH_SOURCE[0]}")  # this file: how launchers tell its values from yours
+export CONFIG_SCRIPT
 export DGXSYSTEM=A100PCIE_8x4x24x4
 export DGXNNODES=8
 export DGXNGPU=4
@@ -28,5 +30,6 @@ export OPT_LAMB_BETA_2=0.998
 export OPT_EPSILON=1e-6
 export WEIGHT_DECAY_RATE=0.01
 export END_LR=0.0
+export PRECISION=bf16
 # 25 GbE: fewer, larger allreduces and half the bytes on the wire (bf16 buckets).
-export EXTRA_PARAMS="grad_sync.bucket_cap_mb=100 grad_sync.compression=bf16 precision.dtype=bf16"
+export CONFIG_PARAMS="run.device=cuda grad_sync.bucket_cap_mb=100 grad_sync.compression=bf16"

@@ -18,8 +18,10 @@
 # Expected: 0.720 after ~179-199 steps (2.9-3.3M samples), ~22-25 s time to train as
 # published for that submission (fp16); not yet measured on this code (no GPU run here).
 # Launch: source config_DGXA100_128x8.sh
-#         CONT=<image> DATADIR=... EVALDIR=... INIT_CHECKPOINT=... sbatch -N "$DGXNNODES" -t "$WALLTIME" run.sub
+#         CONT=<image> DATADIR=... EVALDIR=... INIT_CHECKPOINT=... sbatch -N "$DGXNNODES" -t "$WALLTIME" --gpus-per-node="$DGXNGPU" run.sub
 #         python tools/schedule.py config_DGXA100_128x8.sh --plot lr.png   # the rate per step
+CONFIG_SCRIPT=$(realpath "${BASH_SOURCE[0]}")  # this file: how launchers tell its values from yours
+export CONFIG_SCRIPT
 export DGXSYSTEM=DGXA100_128x8
 export DGXNNODES=128
 export DGXNGPU=8            # tasks (one per GPU) per node
@@ -49,7 +51,7 @@ export PRECISION="${PRECISION:-bf16}"
 # (the derived counts would also give 6/3/2/5 for Wikipedia); the 22-bucket layout and
 # threshold; the published reduction (each rank's bucket x sqrt(22)/4908.98, summed: 1/1046.6
 # where the mean would be 1/1024); the wire dtype follows PRECISION; loss scale 2^17 (fp16 only).
-export EXTRA_PARAMS="optim.schedule=published optim.lr_max_steps=179 run.max_steps=${MAX_STEPS} \
+export CONFIG_PARAMS="run.device=cuda optim.schedule=published optim.lr_max_steps=179 run.max_steps=${MAX_STEPS} \
 sampler.mode=stratified sampler.strata_width=128 sampler.counts=6,3,2,5 sampler.deal=snake sampler.group_size=8 \
 grad_sync.bucket_clip_norm=1.0 grad_sync.bucket_clip_rule=count grad_sync.bucket_clip_count=22 \
 grad_sync.bucket_cap_mb=50 grad_sync.first_bucket_mb=2 grad_sync.reduce_scale=0.0009554766488809142 \

@@ -8,9 +8,11 @@
 # on this code (no GPU here). Sample cap: the schedule's end, 3.00M samples (run.max_samples
 # 0), above every reference run; past it the rate is end_lr = 0 and LAMB changes nothing.
 # Launch: source config_DGXA100_1x8x56x1.sh
-#         CONT=<image> DATADIR=... EVALDIR=... INIT_CHECKPOINT=... sbatch -N "$DGXNNODES" -t "$WALLTIME" run.sub
+#         CONT=<image> DATADIR=... EVALDIR=... INIT_CHECKPOINT=... sbatch -N "$DGXNNODES" -t "$WALLTIME" --gpus-per-node="$DGXNGPU" run.sub
 # shellcheck source=config_DGXA100_common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/config_DGXA100_common.sh"
+CONFIG_SCRIPT=$(realpath "${BASH_SOURCE[0]}")  # this file: how launchers tell its values from yours
+export CONFIG_SCRIPT
 export DGXSYSTEM=DGXA100_1x8x56x1
 export DGXNNODES=1
 export WALLTIME=02:00:00
@@ -28,4 +30,4 @@ export OPT_LAMB_BETA_2=0.999
 export OPT_EPSILON=1e-6
 export WEIGHT_DECAY_RATE=0.01
 export END_LR=0.0
-export EXTRA_PARAMS=""
+export CONFIG_PARAMS="run.device=cuda"

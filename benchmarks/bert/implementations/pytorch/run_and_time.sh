@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Per-run launcher: runs training with the config_*.sh variables that are set (the trainer
-# reads them, --from-env, by the one table of bert/config.py's LAUNCHER_VARIABLES; unset
-# variables leave its defaults; EXTRA_PARAMS' words follow as command-line overrides), and
-# prints the start/end and, for a run that trained, one RESULT line (rank 0's).
+# Per-run launcher: runs training with the config_*.sh variables that are set, and prints the
+# start/end and, for a run that trained, one RESULT line (rank 0's).
 #
-#   source config_CPU_1x2.sh && DATADIR=... EVALDIR=... [LOGDIR=...] ./run_and_time.sh
+#   source config_CPU_1x2.sh && DATADIR=... EVALDIR=... [LOGDIR=...] ./run_and_time.sh [key.sub=value ...]
+#
+# What the run gets, lowest precedence first (bert/config_script.py; the run's first lines name
+# where each setting came from): the defaults (bert/config.py); the config script's variables
+# (the table of bert/config.py's LAUNCHER_VARIABLES) and its CONFIG_PARAMS; what you set after
+# sourcing it (LR=... before ./run_and_time.sh) and EXTRA_PARAMS (key=value words and flags such
+# as --dry-run: yours, no config script sets it); this script's arguments.
 #
 # Relative paths (DATADIR, EVALDIR, LOGDIR, INIT_CHECKPOINT, SAVE_CHECKPOINT, CKPT_DIR) are
 # relative to the directory it is called from. LOGDIR defaults to results/<DGXSYSTEM>/bert
@@ -44,9 +48,6 @@ done
 cd "$(dirname "${BASH_SOURCE[0]}")"
 : "${LOGDIR:=$(cd ../../../.. && pwd)/results/${DGXSYSTEM}/bert}"
 export LOGDIR
-
-# EXTRA_PARAMS: further key=value overrides, whitespace separated (word splitting intended).
-read -r -a args <<< "${EXTRA_PARAMS:-}"
 
 # Each rank writes its exit status here and exits 0 (bert/train.py --exit-status-dir); a
 # signal that comes before a training process can catch it is noted here too (signals).
@@ -134,10 +135,10 @@ if [[ "${LAUNCHER:-torchrun}" == torchrun ]]; then
   set -m
   (trap '' INT; PET_SIGNALS_TO_HANDLE=SIGTERM,SIGHUP,SIGQUIT exec python -m bert.tether --parent $$ -- \
     torchrun --standalone --nnodes=1 --nproc_per_node="${DGXNGPU}" \
-    -m bert.train --from-env --exit-status-dir "${status_dir}" "${args[@]}") &
+    -m bert.train --from-env --exit-status-dir "${status_dir}" "$@") &
   set +m
 else
-  (trap '' INT; BERT_PARENT_PID=$$ exec python -m bert.train --from-env --exit-status-dir "${status_dir}" "${args[@]}") &
+  (trap '' INT; BERT_PARENT_PID=$$ exec python -m bert.train --from-env --exit-status-dir "${status_dir}" "$@") &
 fi
 child=$!
 # A trapped signal ends `wait` early (status > 128) while the trainer runs on: wait again.

@@ -3,7 +3,7 @@
 # the image CONT, each log checked by the MLCommons compliance checker (ruleset 5.0.0).
 #
 #   source config_<SYSTEM>.sh
-#   CONT=<image> DATADIR=... EVALDIR=... [LOGDIR=...] ./run_with_docker.sh
+#   CONT=<image> DATADIR=... EVALDIR=... [LOGDIR=...] ./run_with_docker.sh [key.sub=value ...]
 #
 # Each run is one `docker run` of the image's run_and_time.sh (torchrun, DGXNGPU local ranks),
 # with --gpus all where nvidia-smi lists a GPU and no GPU otherwise (config_CPU_1x2.sh on a
@@ -12,8 +12,10 @@
 # EVALDIR and INIT_CHECKPOINT's directory read-only), so the trainer's messages name the
 # paths given here.
 #
-# Variables: the config's (every variable config_${DGXSYSTEM}.sh exports, or CONFIG names,
-# and every input of run_and_time.sh that is set reach the container); CONT, DATADIR, EVALDIR
+# Variables: the config's (every variable the sourced config exports: CONFIG_SCRIPT, or CONFIG,
+# else config_${DGXSYSTEM}.sh; and every input of run_and_time.sh that is set reach the
+# container, with the values they have here: what you set after sourcing the config, and your
+# EXTRA_PARAMS, over the config's); the arguments: the trainer's command line; CONT, DATADIR, EVALDIR
 # (required; the paths are checked before the first run, as INIT_CHECKPOINT is); LOGDIR
 # (default results/<DGXSYSTEM>/bert at the repository root); NEXP (default 1); SEED (the
 # first run's; default random; each run adds its index, as the closed division requires);
@@ -45,7 +47,7 @@ fi
 if (( ${DGXNNODES:-1} != 1 )); then
   fail "the config wants DGXNNODES=${DGXNNODES} nodes; this launcher runs one (sbatch run.sub for more)"
 fi
-config="${CONFIG:-${here}/config_${DGXSYSTEM}.sh}"
+config="${CONFIG:-${CONFIG_SCRIPT:-${here}/config_${DGXSYSTEM}.sh}}"
 [[ -f "${config}" ]] || fail "CONFIG=${config}: no such file (set CONFIG to the config_*.sh you sourced)"
 
 # Bad paths would spend a run and leave the checker a stub log, and docker would create a
@@ -85,8 +87,8 @@ command -v docker > /dev/null || fail "no docker client on PATH (apt-get install
 # (bert/config.py's LAUNCHER_VARIABLES: standard-library Python, read by the host's python3),
 # with the values they have here (a variable set on the command line overrides the config's).
 mapfile -t inputs < <(python3 -c 'import sys; sys.path.insert(0, sys.argv[1])
-from bert.config import LAUNCHER_VARIABLES, EXTRA_PARAMS
-print(*LAUNCHER_VARIABLES, EXTRA_PARAMS, sep="\n")' "${here}" 2> /dev/null)
+from bert.config import LAUNCHER_VARIABLES, CONFIG_PARAMS, CONFIG_SCRIPT, EXTRA_PARAMS
+print(*LAUNCHER_VARIABLES, CONFIG_PARAMS, CONFIG_SCRIPT, EXTRA_PARAMS, sep="\n")' "${here}" 2> /dev/null)
 [[ " ${inputs[*]} " == *" DATADIR "* ]] || fail "cannot read the trainer's launcher variables (bert/config.py) with python3 (3.10 or newer)"
 mapfile -t exported < <(cd "${here}" && env -i bash -c "source '${config}' > /dev/null && compgen -e" |
                          grep -vxE 'PWD|SHLVL|_')
@@ -198,7 +200,7 @@ for (( i = 1; i <= NEXP; i++ )); do
     --env LOGDIR="${LOGDIR}" --env LOGFILE="${DATESTAMP}_${i}.log" --env INIT_CHECKPOINT="${INIT_CHECKPOINT:-}" \
     --env CKPT_DIR="${LOGDIR}/${DATESTAMP}_${i}_ckpt" \
     --env SAVE_CHECKPOINT="${SAVE_CHECKPOINT:+${LOGDIR}/$(basename "${SAVE_CHECKPOINT}")}" \
-    "${CONT}" ./run_and_time.sh || rc=$?
+    "${CONT}" ./run_and_time.sh "$@" || rc=$?
   runs=$(( runs + 1 ))
   check=0 verdict="not run"
   if [[ "${CHECK_COMPLIANCE}" == 1 && -z "${got_signal}" ]]; then

@@ -57,7 +57,7 @@ def check_demo(workdir: Path, artifacts: Path, smoke: bool, data_dir: Path | Non
                DATADIR=str(data_dir / "train"), EVALDIR=str(data_dir / "eval"), LOGDIR=str(logdir),
                LOGFILE="result_0.txt", SEED="1")
     if smoke:
-        env.update(EVAL_ITER_SAMPLES="64", EXTRA_PARAMS=conf["EXTRA_PARAMS"] + " run.max_steps=3 data.eval_samples=64")
+        env.update(EVAL_ITER_SAMPLES="64", EXTRA_PARAMS="run.max_steps=3 data.eval_samples=64")
     env.update(extra_env or {})
     t0 = time.perf_counter()
     # Its own process group: run_and_time.sh starts the trainer in the background, so a stop
@@ -82,7 +82,8 @@ def check_demo(workdir: Path, artifacts: Path, smoke: bool, data_dir: Path | Non
               else f"error: run_and_time.sh exit {rc}")
     out: dict[str, Any] = {"status": status,
                            "smoke": smoke, "exit_code": rc, "wall_s": wall_s, "data_s": data_s,
-                           "local_batch": int(env["BATCHSIZE"]), "extra_params": env["EXTRA_PARAMS"]}
+                           "local_batch": int(env["BATCHSIZE"]), "config_params": env["CONFIG_PARAMS"],
+                           "extra_params": env.get("EXTRA_PARAMS", "")}
     if smoke:
         out["note"] = "--cpu-smoke: 3 steps only, the target is not expected (the suite trains the demo elsewhere)"
     m = re.search(r"run_stop (\w+) after (\d+) steps, (\d+) samples", output)

@@ -425,7 +425,7 @@ class Config:
 # The variables MLPerf's launchers and config_*.sh scripts set (NVIDIA's names), and the key
 # each one sets: the one table. run_and_time.sh hands them over with ``python -m bert.train
 # --from-env``; tools read a config script through bert/config_script.py. An unset or empty
-# variable leaves the default; EXTRA_PARAMS holds further key=value overrides (applied last).
+# variable leaves the default.
 LAUNCHER_VARIABLES: dict[str, str] = {
     "DATADIR": "data.train_dir",
     "EVALDIR": "data.eval_dir",
@@ -461,19 +461,53 @@ LAUNCHER_VARIABLES: dict[str, str] = {
     "EVAL_ITER_SAMPLES": "eval.interval_samples",
     "TARGET_MLM_ACCURACY": "eval.target_accuracy",
 }
+# The user's further ``key=value`` words (and flags such as --dry-run): no config script sets it.
 EXTRA_PARAMS = "EXTRA_PARAMS"
+# A config script's own ``key=value`` words, for the keys the table has no variable for.
+CONFIG_PARAMS = "CONFIG_PARAMS"
+# The config script a shell sourced: each sets it to its own path, so that a launcher or the
+# trainer can tell the script's values from what the user set after it (bert/config_script.py).
+CONFIG_SCRIPT = "CONFIG_SCRIPT"
+# The one precedence, lowest first: the defaults above, a --config file, the config script
+# (its variables and CONFIG_PARAMS), the user's environment (the table's variables set over the
+# script's) and EXTRA_PARAMS, the command line (whose settings have this origin).
+COMMAND_LINE = "command line"
 
 
-def launcher_overrides(variables: Mapping[str, str], extra: bool = True) -> dict[str, str]:
-    """The overrides a launcher's ``variables`` stand for: each variable of the table that is
-    set and not empty, then (``extra``) EXTRA_PARAMS' ``key=value`` words. Words that are
-    flags (``--dry-run``) belong to the command line, not to the settings."""
-    out = {key: variables[var] for var, key in LAUNCHER_VARIABLES.items() if variables.get(var)}
-    if extra:
-        for word in variables.get(EXTRA_PARAMS, "").split():
-            if not word.startswith("--"):
-                out.update(parse_overrides([word]))
+@dataclass(frozen=True)
+class Setting:
+    """One ``key=value`` and where it came from (a file, a variable, the command line)."""
+
+    key: str
+    value: Any
+    origin: str
+
+
+def launcher_settings(variables: Mapping[str, str], script: Mapping[str, str] | None = None,
+                      script_name: str = "") -> list[Setting]:
+    """The settings a launcher's ``variables`` stand for, lowest precedence first:
+    CONFIG_PARAMS' words, each variable of the table that is set and not empty, EXTRA_PARAMS'
+    words. ``script``: the variables of the config script the shell sourced (``script_name``),
+    as it sets them, which tells a table variable the script set (same value) from one the user
+    set over it. Words that are flags (``--dry-run``) belong to the command line, not here."""
+    name = script_name or "the config script"
+    out = [Setting(k, v, f"{CONFIG_PARAMS} in {name}") for k, v in _words(variables.get(CONFIG_PARAMS, "")).items()]
+    for var, key in LAUNCHER_VARIABLES.items():
+        value = variables.get(var)
+        if value:
+            mine = script is not None and script.get(var) == value
+            out.append(Setting(key, value, f"{var} in {name}" if mine else f"{var} in the environment"))
+    out += [Setting(k, v, EXTRA_PARAMS) for k, v in _words(variables.get(EXTRA_PARAMS, "")).items()]
     return out
+
+
+def launcher_overrides(variables: Mapping[str, str]) -> dict[str, str]:
+    """``launcher_settings`` as plain overrides (the last one of a key wins)."""
+    return {s.key: s.value for s in launcher_settings(variables)}
+
+
+def _words(text: str) -> dict[str, str]:
+    return parse_overrides([w for w in text.split() if not w.startswith("--")])
 
 
 def launcher_variable(key: str) -> str:
@@ -534,11 +568,83 @@ def eval_interval_samples(cfg: Config, world_size: int) -> int:
 
 
 def max_samples(cfg: Config, world_size: int) -> int:
-    """The sample count that ends an unsuccessful run: run.max_samples (else total_steps
-    global batches), and no more than run.max_steps global batches when that is set."""
+    """The sample count that ends a run short of its target (``run_end``)."""
+    return run_end(cfg, world_size)[0]
+
+
+def zero_rate_step(o: OptimConfig) -> int | None:
+    """The first update (0-based) from which the schedule's rate stays 0 (bert.optim.lr_at): the
+    decay's end when optim.end_lr is 0; None when the rate never reaches 0 for good."""
+    if o.end_lr > 0 or o.decay_power <= 0:
+        return None
+    end = lr_decay_end(o)
+    return end - 1 if o.schedule == "published" else end  # published: its own count is the update's + 1
+
+
+def run_end(cfg: Config, world_size: int) -> tuple[int, list[str]]:
+    """The sample count that ends the run short of its target, and what the start of the run
+    says about it. A pretraining phase ends at its step count (optim.total_steps), which
+    run.max_samples does not change; a benchmark run at run.max_samples (0: the step count);
+    either no later than run.max_steps, nor than the update from which the rate stays 0 (no
+    step past it changes a weight)."""
+    o, r = cfg.optim, cfg.run
     gbs = global_batch_size(cfg, world_size)
-    cap = cfg.run.max_samples if cfg.run.max_samples > 0 else cfg.optim.total_steps * gbs
-    return min(cap, cfg.run.max_steps * gbs) if cfg.run.max_steps > 0 else cap
+    schedule = o.total_steps * gbs
+    notes = []
+    limits = {"samples": (r.max_samples or schedule) if r.mode == "mlperf" else schedule}
+    if r.max_steps:
+        limits["steps"] = r.max_steps * gbs
+    zero = zero_rate_step(o)
+    if zero is not None:
+        limits["zero"] = zero * gbs
+    end = min(limits.values())
+    binding = min(limits, key=lambda k: (limits[k], k == "zero"))  # a tie: the limit that was set says it
+    if r.mode == "pretrain" and r.max_samples:
+        side = "below" if r.max_samples < schedule else "above" if r.max_samples > schedule else "at"
+        notes.append(f"run.max_samples={r.max_samples} ({launcher_variable('run.max_samples')}) is {side} the step "
+                     f"count and does not end a pretraining phase: it ends at optim.total_steps={o.total_steps} "
+                     f"({schedule} samples); run.max_steps stops it earlier")
+    if binding == "samples" and end < schedule:
+        notes.append(f"run.max_samples={r.max_samples} ends the run at step {-(-end // gbs)}, before its "
+                     f"schedule's end (optim.total_steps={o.total_steps})")
+    elif binding == "steps" and end < schedule:
+        notes.append(f"run.max_steps={r.max_steps} ends the run before its schedule's end "
+                     f"(optim.total_steps={o.total_steps})")
+    elif binding == "zero":
+        others = min(v for k, v in limits.items() if k != "zero")
+        notes.append(f"the rate is 0 from step {zero} (optim.end_lr=0 where the decay ends): the run ends there, "
+                     f"after {end} samples, not at {others}")
+    if end > schedule:
+        notes.append(f"run.max_samples={r.max_samples} trains past the schedule's end (step {o.total_steps}) at "
+                     f"the rate optim.end_lr={o.end_lr:g}")
+    return end, notes
+
+
+def start_notes(cfg: Config, world_size: int) -> list[str]:
+    """What the start of a run says beyond its settings: how it ends (``run_end``), and for a
+    pretraining phase that has fewer positions than a phase 2 would need, that its weights
+    cannot start one (phase 2 needs the positions from the first step)."""
+    notes = run_end(cfg, world_size)[1]
+    m = cfg.model
+    if cfg.run.mode == "pretrain" and m.max_position_embeddings < ModelConfig.max_position_embeddings:
+        notes.append(f"model.max_position_embeddings={m.max_position_embeddings}: a phase 2 at a longer sequence "
+                     f"cannot start from these weights (they must hold its positions, e.g. "
+                     f"{ModelConfig.max_position_embeddings}, from phase 1 on)")
+    return notes
+
+
+# The model settings that give the weights their shapes and meaning: a phase that starts from
+# another's weights (run.init_checkpoint) must have the same.
+WEIGHT_SHAPING = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+                  "max_position_embeddings", "type_vocab_size")
+
+
+def handover_problems(phase1: Config, phase2: Config) -> list[str]:
+    """Why phase 2 could not start from phase 1's final weights, each naming the key and both
+    values (empty: it can)."""
+    return [f"model.{name}: phase 1 has {getattr(phase1.model, name)}, phase 2 needs {getattr(phase2.model, name)}"
+            + (f" (data.max_seq_length={phase2.data.max_seq_length})" if name == "max_position_embeddings" else "")
+            for name in WEIGHT_SHAPING if getattr(phase1.model, name) != getattr(phase2.model, name)]
 
 
 def read_timeout_s(cfg: Config) -> float:
@@ -720,14 +826,32 @@ def parse_overrides(args: list[str]) -> dict[str, str]:
 
 def build_config(overrides: dict[str, Any] | None = None, config_file: str | None = None) -> Config:
     """Defaults <- file <- overrides, then ``validate``."""
+    settings = [Setting(k, v, COMMAND_LINE) for k, v in (overrides or {}).items()]
+    return resolve(settings, config_file)[0]
+
+
+def resolve(settings: list[Setting], config_file: str | None = None) -> tuple[Config, dict[str, str]]:
+    """Defaults <- ``config_file`` <- ``settings`` in their order (a later one of a key wins),
+    then ``validate``; and where each key that was set came from (its last setting's origin)."""
     cfg = Config()
+    origins: dict[str, str] = {}
     if config_file:
-        for k, v in load_file(config_file).items():
-            _set(cfg, k, v)
-    for k, v in (overrides or {}).items():
-        _set(cfg, k, v)
+        settings = [Setting(k, v, str(config_file)) for k, v in load_file(config_file).items()] + list(settings)
+    for s in settings:
+        _set(cfg, s.key, s.value)
+        origins[s.key] = s.origin
     validate(cfg)
-    return cfg
+    return cfg, origins
+
+
+def origin_lines(cfg: Config, origins: Mapping[str, str]) -> list[str]:
+    """One line per setting of ``cfg`` that is not its default: ``key=value (origin)``, in the
+    sections' order; the start of a run prints them."""
+    now: dict[str, Any] = {}
+    _flatten("", json.loads(json.dumps(to_dict(cfg))), now)
+    default: dict[str, Any] = {}
+    _flatten("", json.loads(json.dumps(to_dict(Config()))), default)
+    return [f"{k}={json.dumps(v)} ({origins.get(k, 'origin unknown')})" for k, v in now.items() if v != default[k]]
 
 
 def parse_budgets(spec: list[int] | Literal["auto"], local_batch: int, max_seq_length: int) -> tuple[int, ...] | None:
@@ -795,6 +919,7 @@ def validate(cfg: Config) -> None:
     need(o.schedule != "published" or lr_decay_end(o) > o.warmup_steps, "optim.schedule",
          "the published schedule decays over (lr_max_steps or total_steps) - warmup_steps steps: "
          "needs more steps than optim.warmup_steps")
+    need(zero_rate_step(o) != 0, "optim.lr_max_steps", "the schedule's rate is 0 from the first update: nothing would train")
     need(o.schedule == "mlcommons" or cfg.run.division == "open", "optim.schedule",
          "the closed division follows the reference schedule (mlcommons)")
     pr = cfg.precision

@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from . import tether
-from .config import LAUNCHER_VARIABLES, DistConfig
+from .config import CONFIG_PARAMS, CONFIG_SCRIPT, EXTRA_PARAMS, LAUNCHER_VARIABLES, ConfigError, DistConfig
 
 
 @dataclass(frozen=True)
@@ -140,10 +140,15 @@ def tether_to_launcher(env: Mapping[str, str] | None = None) -> None:
     if not tether.tether(parent):
         rank_line(f"bert: the launcher (PID {parent}) ended before this process could follow it: not training")
         exit_process(tether.EXIT_ORPHANED)
+
+
 def launcher_variables(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The launcher's settings (``bert.config.LAUNCHER_VARIABLES``) that are set and not empty."""
+    """The launcher's settings that are set and not empty: the variables of the table
+    (``bert.config.LAUNCHER_VARIABLES``), CONFIG_PARAMS, EXTRA_PARAMS, CONFIG_SCRIPT (and PATH,
+    with which that script is read again: bert/config_script.py)."""
     env = os.environ if env is None else env
-    return {k: env[k] for k in LAUNCHER_VARIABLES if env.get(k)}
+    names = (*LAUNCHER_VARIABLES, CONFIG_PARAMS, EXTRA_PARAMS, CONFIG_SCRIPT, "PATH")
+    return {k: env[k] for k in names if env.get(k)}
 
 
 def _free_port() -> int:
@@ -249,6 +254,21 @@ def socket_interfaces(master_addr: str, env: Mapping[str, str] | None = None) ->
     chosen = {var: name for var in SOCKET_IFNAME_VARS if var not in user}
     said.append(f"{'/'.join(chosen)}={name} ({src}: the route to {master_addr})")
     return chosen, ", ".join(said)
+
+
+def check_device(requested: str, env: Mapping[str, str] | None = None) -> None:
+    """``run.device=cuda`` where torch sees no CUDA device: refused by name (ConfigError),
+    before anything is read or built, rather than a GPU recipe crawling on the CPU."""
+    if requested != "cuda" or torch.cuda.is_available():
+        return
+    env = os.environ if env is None else env
+    if torch.version.cuda is None:
+        why = f"this torch ({torch.__version__}) is a CPU-only build"
+    else:
+        why = (f"torch (CUDA {torch.version.cuda}) sees no GPU here (CUDA_VISIBLE_DEVICES="
+               f"{env.get('CUDA_VISIBLE_DEVICES', 'unset')})")
+    raise ConfigError(f"run.device=cuda: {why}. This config runs on GPUs: start it where they are (sbatch "
+                      "--gpus-per-node=$DGXNGPU run.sub), or add run.device=cpu to try it on this machine")
 
 
 def device_for(requested: str, local_rank: int) -> torch.device:

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import torch
 
-from . import checkpoint, console, distributed, runlock, storage
-from .config import Config, ConfigError, build_config, launcher_overrides, parse_overrides, timed_run_problems
+from . import checkpoint, config_script, console, distributed, runlock, storage
+from .config import (COMMAND_LINE, EXTRA_PARAMS, Config, ConfigError, Setting, origin_lines, parse_overrides, resolve,
+                     timed_run_problems)
 from .exit_status import ExitStatus, describe
 from .mlperf_log import MLPerfLogger, logged_seed
 from .shards import DataError
@@ -29,10 +30,12 @@ BAD_INPUT = (ConfigError, DataError, checkpoint.CheckpointError, runlock.InUse, 
 log = logging.getLogger("bert.train")  # not __name__: "__main__" under python -m bert.train
 
 
-def run(cfg: Config, dry_run: bool = False, pending_signals: Path | None = None) -> ExitStatus:
+def run(cfg: Config, dry_run: bool = False, pending_signals: Path | None = None,
+        origins: dict[str, str] | None = None) -> ExitStatus:
     """One run of ``cfg`` on this process's rank: the exit status; every expected failure is
     one line on stderr (from each rank) and its own status. ``pending_signals``: signals the
-    launcher got before this process could catch them (checkpoint.StopFlag.installed)."""
+    launcher got before this process could catch them (checkpoint.StopFlag.installed);
+    ``origins``: where each setting came from (the run's first lines name them)."""
     denv = distributed.job_env(cfg.dist)
     device = distributed.device_for(cfg.run.device, denv.local_rank)
     if cfg.run.threads > 0:
@@ -66,6 +69,10 @@ def run(cfg: Config, dry_run: bool = False, pending_signals: Path | None = None)
     comm_failed = False
     try:
         with console.rank_zero(denv.is_main), stop.installed(cfg.ckpt.on_signal, pending_signals):
+            lines = origin_lines(cfg, origins or {})
+            log.info(f"settings: {len(lines)} differ from the defaults" + (", from:" if lines else ""))
+            for line in lines:
+                log.info(f"  {line}")
             problems = timed_run_problems(cfg)
             if problems and not dry_run:
                 raise ConfigError("; ".join(problems))
@@ -150,29 +157,37 @@ def main(argv: list[str] | None = None) -> int:
                     help="continue from the newest checkpoint in ckpt.dir; fail if there is none "
                          "(same as ckpt.resume=require; the default, auto, resumes when one exists)")
     ap.add_argument("--from-env", action="store_true",
-                    help="take the launcher's variables (LR, BATCHSIZE, DATADIR, ...: the table "
-                         "bert.config.LAUNCHER_VARIABLES) from the environment, after --config and before "
-                         "the overrides (what run_and_time.sh passes)")
+                    help="take the launcher's settings from the environment (what run_and_time.sh passes): "
+                         "the config's CONFIG_PARAMS, the variables of the table bert.config.LAUNCHER_VARIABLES "
+                         "(LR, BATCHSIZE, DATADIR, ...), EXTRA_PARAMS (its flags too), in that order, after "
+                         "--config and before the overrides; the run's first lines say where each came from")
     ap.add_argument("overrides", nargs="*", help="key.sub=value (applied after --config and --from-env)")
     ap.add_argument("--exit-status-dir", metavar="DIR",
                     help="write '<exit status> trained|none [seed]' to DIR/rank_<R> and exit 0 for the expected "
                          "ends (the statuses above; seed: rank 0's, as its MLPerf log has it, for a run that "
                          "trained; for launcher scripts: torchrun reports any non-zero exit as a failure)")
     args = ap.parse_intermixed_args(argv)
+    variables = distributed.launcher_variables() if args.from_env else {}
+    flags = [w for w in variables.get(EXTRA_PARAMS, "").split() if w.startswith("--")]
+    if flags:  # EXTRA_PARAMS' flags (--dry-run), as run_and_time.sh's users write them
+        args = ap.parse_intermixed_args([*flags, *(argv if argv is not None else sys.argv[1:])])
     distributed.tether_to_launcher()  # killed with run_and_time.sh / torchrun, whatever kills them
     rank = distributed.launch_rank()
+    origins: dict[str, str] = {}
     try:
-        overrides = launcher_overrides(distributed.launcher_variables(), extra=False) if args.from_env else {}
-        overrides.update(parse_overrides(args.overrides))
+        settings = config_script.environment_settings(variables) if args.from_env else []
+        settings += [Setting(k, v, COMMAND_LINE) for k, v in parse_overrides(args.overrides).items()]
         if args.resume:
-            overrides["ckpt.resume"] = "require"
-        cfg = build_config(overrides, args.config)
+            settings.append(Setting("ckpt.resume", "require", f"{COMMAND_LINE} --resume"))
+        cfg, origins = resolve(settings, args.config)
+        # Before anything is read: a config that names a GPU system runs on one or not at all.
+        distributed.check_device(cfg.run.device)
     except ConfigError as e:
         if rank == 0:  # every rank reads the same arguments: say it once
             print(f"config error: {e}", file=sys.stderr)
         code = ExitStatus.BAD_INPUT
     else:
-        code = run(cfg, dry_run=args.dry_run,
+        code = run(cfg, dry_run=args.dry_run, origins=origins,
                    pending_signals=Path(args.exit_status_dir, "signals") if args.exit_status_dir else None)
     if args.exit_status_dir is None:
         return int(code)

@@ -33,7 +33,7 @@ from . import budget, checkpoint, distributed, fp8, grad_sync, loader, rng, step
 from .batches import split_labels, to_device
 from .budget import Layout
 from .config import (Config, ConfigError, check_for_device, dumps, eval_interval_samples, global_batch_size,
-                     is_benchmark_model, max_samples, read_timeout_s)
+                     is_benchmark_model, max_samples, read_timeout_s, start_notes)
 from .curves import Curves
 from .evaluate import held_out_metrics, mlm_accuracy, warm_up_eval
 from .exit_status import ExitStatus
@@ -453,6 +453,8 @@ class Trainer:
                      f"{self.learner.precision.eval}, loss scaling {prec_hp['loss_scaling']}); activation "
                      f"{cfg.model.activation}; global batch {self.global_batch}; eval every {self.eval_interval} "
                      f"samples; abort after {self.max_samples}")
+            for note in start_notes(cfg, denv.world_size):
+                log.info(f"note: {note}")
             if dry_run:
                 self.open_data(timed=False)  # not timed: reading the data checks it
                 return ExitStatus.SUCCESS

@@ -300,10 +300,11 @@ def load_weights(path: str | Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
 
 
 def config_from_bert_json(path: str | Path, base: ModelConfig | None = None) -> ModelConfig:
-    """``cfg`` with the architecture and activation of a Google ``bert_config.json`` or a
-    Hugging Face ``config.json``; ``hidden_act`` is read with the meaning of whichever wrote
-    it (Hugging Face's has ``model_type``, which transformers writes into every config.json
-    and Google's never holds)."""
+    """``cfg`` with the architecture and activation of a Google ``bert_config.json``, a Hugging
+    Face ``config.json``, or a run's own resolved config (``<log>_config.json`` beside its MLPerf
+    log: its ``model`` section). ``hidden_act`` is read with the meaning of whichever wrote it
+    (Hugging Face's has ``model_type``, which transformers writes into every config.json and
+    Google's never holds)."""
     import dataclasses
 
     p = Path(path)
@@ -311,12 +312,20 @@ def config_from_bert_json(path: str | Path, base: ModelConfig | None = None) -> 
         j = json.loads(p.read_text())
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{p}: cannot read the BERT config: {e}") from None
+    if isinstance(j, dict) and isinstance(j.get("model"), dict):  # a run's resolved config
+        fields = {f.name: f.type for f in dataclasses.fields(ModelConfig)}
+        model = {k: v for k, v in j["model"].items() if k in fields}
+        missing = [k for k in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+                               "max_position_embeddings", "type_vocab_size") if k not in model]
+        if missing:
+            raise CheckpointError(f"{p}: its model section lacks {missing}")
+        return dataclasses.replace(base or ModelConfig(), **model)
     keys = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_hidden_layers": "num_layers",
             "num_attention_heads": "num_heads", "intermediate_size": "intermediate_size",
             "max_position_embeddings": "max_position_embeddings", "type_vocab_size": "type_vocab_size"}
     missing = [k for k in keys if k not in j]
     if missing:
-        raise CheckpointError(f"{p}: lacks {missing}")
+        raise CheckpointError(f"{p}: lacks {missing} (neither a bert_config.json nor a run's <log>_config.json)")
     table, whose = ((HF_ACTIVATIONS, "Hugging Face's config.json") if "model_type" in j
                     else (TF_ACTIVATIONS, "Google's bert_config.json"))
     act = j.get("hidden_act", "gelu")  # both BertConfigs default to "gelu" (each with its own meaning)

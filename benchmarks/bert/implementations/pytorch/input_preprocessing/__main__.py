@@ -205,8 +205,9 @@ def _ckpt_args(p: argparse.ArgumentParser) -> None:
                    "Hugging Face directory/file, or a state dict saved by this project")
     p.add_argument("--output", required=True, help="a .pt file (our state dict) or, with --to hf, a directory")
     p.add_argument("--to", choices=("pt", "hf"), default="pt")
-    p.add_argument("--bert-config", default="", help="bert_config.json (Google's) or config.json (Hugging Face's) "
-                   "of the checkpoint (default: BERT-Large)")
+    p.add_argument("--bert-config", default="", help="the model's architecture: the run's resolved config "
+                   "(<log>_config.json beside its MLPerf log), Google's bert_config.json or Hugging Face's "
+                   "config.json (default: BERT-Large, said in the output)")
     activations = typing.get_args(typing.get_type_hints(ModelConfig)["activation"])
     p.add_argument("--activation", default="", choices=activations,
                    help="the GELU the weights were trained with (model.activation), written into a --to hf export's "
@@ -231,14 +232,18 @@ def _run_ckpt(a: argparse.Namespace) -> object:
             cfg = dataclasses.replace(cfg, activation=a.activation)
         state = load_weights(a.input, cfg)
     except CheckpointError as e:
-        raise PrepError(str(e)) from None
+        hint = "" if a.bert_config else (" (no --bert-config: BERT-Large was assumed; for a model of your own give "
+                                          "--bert-config <the run's log>_config.json)")
+        raise PrepError(f"{e}{hint}") from None
     if a.to == "hf":
         export_hf(state, cfg, a.output)
     else:
         atomic_write(Path(a.output), lambda t: torch.save(state, t))
     return {"tensors": len(state), "parameters": sum(v.numel() for k, v in state.items()
                                                      if not k.startswith("cls.predictions.decoder")),
-            "activation": cfg.activation, "output": a.output}
+            "activation": cfg.activation,
+            "architecture": a.bert_config or "BERT-Large (the default: no --bert-config)",
+            "output": a.output}
 
 
 def _check_args(p: argparse.ArgumentParser) -> None:

@@ -246,7 +246,7 @@ def demo_run_env(trained: TrainedRun, demo_data, logdir: Path, **extra: str) -> 
     env.update(PATH=demo_data.path, DATADIR=str(demo_data.train), EVALDIR=str(demo_data.eval),
                LOGDIR=str(logdir), INIT_CHECKPOINT=str(trained.checkpoint), LR="1e-4",
                EVAL_ITER_SAMPLES="64", MAX_SAMPLES_TERMINATION="640",
-               EXTRA_PARAMS=demo_data.env["EXTRA_PARAMS"] + " data.eval_samples=500")
+               EXTRA_PARAMS="data.eval_samples=500")
     env.update(extra)
     return env
 
@@ -267,7 +267,7 @@ def _start_trained(config: pytest.Config) -> None:
         env = dict(os.environ, **demo.env)
         env.update(PATH=demo.path, DATADIR=str(demo.train), EVALDIR=str(demo.eval), LOGDIR=str(out),
                    LOGFILE="result_0.txt", SEED="7", SAVE_CHECKPOINT=str(out / "model.pt"),
-                   EXTRA_PARAMS=demo.env["EXTRA_PARAMS"] + " data.eval_samples=1000")
+                   EXTRA_PARAMS="data.eval_samples=1000")
         script = './run_and_time.sh >"$1/output.txt" 2>&1; echo $? >"$1/returncode.tmp"; mv "$1/returncode.tmp" "$1/returncode"'
         config.stash[_TRAINED_RUN] = subprocess.Popen(["bash", "-c", script, "trained", str(out)], cwd=PKG, env=env,
                                                       start_new_session=True, stdin=subprocess.DEVNULL)

@@ -6,6 +6,7 @@ model on one task, and the table of the results with the GLUE average.
     sbatch --array=0-179%16 tools/glue.sub                       # the same on SLURM (GRID=...)
     python tools/glue.py table --grid GRID.yaml                  # table.md, table.json
     python tools/glue.py compare --grid GRID.yaml --task T --margin M  # pretrained vs random init
+    python tools/glue.py same-doc --text HELD_OUT_TEXT --output DIR [--pairs N]  # a task from your text
 
 Every command takes ``key=value`` overrides of the grid file after it (YAML values:
 ``seeds=[1,2]``). The grid file (YAML; keys and defaults are ``Grid``'s below):
@@ -34,6 +35,12 @@ metrics, tools/glue_metrics.py) and its median over seeds; the task's learning r
 with the best median; reported are that learning rate's per-metric medians and median score.
 The GLUE average is the mean of the task scores over GLUE's nine tasks (and without WNLI, as
 BERT's paper reports it); a task with missing runs is marked and the average with it.
+
+``same-doc`` makes the task ``SAME-DOC`` (glue_data.same_doc_task) from text pretraining never
+saw, in the format ``create`` reads (a file or a directory of them): does the second sentence
+follow the first in the same document? It needs no download: a downstream measure for a
+model pretrained on your own text (``tasks: [SAME-DOC]``, ``glue_dir: DIR``, ``inits:
+[pretrained, random]``, then ``compare``).
 
 A run writes its result file at its end, atomically, and is skipped when the file exists: a
 requeued or repeated array task redoes only what is missing. SIGTERM/SIGUSR1 (a SLURM
@@ -494,8 +501,20 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--task", required=True)
             p.add_argument("--margin", type=float, required=True, help="by how much the median score must win")
             p.add_argument("--out", type=Path, default=None, help="also write the comparison here (JSON)")
+    p = sub.add_parser("same-doc", help="make the downstream task SAME-DOC from your own held-out text")
+    p.add_argument("--text", required=True, help="a text file, or a directory of them, one sentence a line, "
+                   "a blank line between documents: text pretraining never saw")
+    p.add_argument("--output", type=Path, required=True, help="the glue_dir to write SAME-DOC/{train,dev}.tsv into")
+    p.add_argument("--pairs", type=int, default=1, help="positive pairs per training document (and as many negative)")
     a = ap.parse_args(argv)
     stop = Stop()
+    if a.command == "same-doc":
+        try:
+            print(json.dumps(glue_data.same_doc_task(a.text, a.output, a.pairs)))
+        except GlueDataError as e:
+            print(f"glue: {e}", file=sys.stderr)
+            return 2
+        return 0
     try:
         g = load_grid(a.grid or None, a.overrides)
         workdir = a.workdir.resolve()

@@ -37,6 +37,7 @@ and line.
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import math
 from dataclasses import dataclass, field
@@ -116,10 +117,10 @@ TASKS: dict[str, Task] = {t.name: t for t in (
     Task("RTE", "RTE", _PAIR, "label", _NLI2, ("accuracy",), hf_config="rte", hf_text=_PAIR, hf_label_names=_NLI2),
     Task("WNLI", "WNLI", _PAIR, "label", _BINARY, ("accuracy",), hf_config="wnli", hf_text=_PAIR,
          hf_label_names=("not_entailment", "entailment")),
-    # Not GLUE: the offline downstream task tools/pretrain_demo.py makes from standard-library
-    # docstrings held out of pretraining (does the second sentence follow the first in the same
-    # docstring?). Balanced classes: accuracy alone (F1 would reward answering 1 to everything).
-    Task("STDLIB-SAME-DOC", "STDLIB-SAME-DOC", _PAIR, "label", _BINARY, ("accuracy",), glue=False),
+    # Not GLUE: a downstream task made offline from text held out of pretraining (same_doc_task:
+    # does the second sentence follow the first in the same document?). Balanced classes:
+    # accuracy alone (F1 would reward answering 1 to everything).
+    Task("SAME-DOC", "SAME-DOC", _PAIR, "label", _BINARY, ("accuracy",), glue=False),
 )}
 GLUE_TASKS = [name for name, t in TASKS.items() if t.glue]
 
@@ -322,3 +323,63 @@ class Encoder:
             ids.append(row)
             types.append([0] * (len(x) + 2) + [1] * (len(row) - len(x) - 2))
         return ids, types
+
+
+# ---------------------------------------------------------------- a downstream task from your own text
+
+
+def document_bucket(doc: list[str], n: int = 20, salt: str = "") -> int:
+    """A document's bucket of ``n`` by a hash of its text: a split that does not depend on the
+    documents' order."""
+    return int(hashlib.md5((salt + " ".join(doc)).encode()).hexdigest(), 16) % n
+
+
+def read_documents(path: str | Path) -> list[list[str]]:
+    """The documents of a text file, or of every file of a directory (sorted), in the format
+    ``create`` reads: one sentence a line, a blank line between documents."""
+    p = Path(path)
+    files = sorted(f for f in p.iterdir() if f.is_file() and not f.name.startswith(".")) if p.is_dir() else [p]
+    if not files or not files[0].is_file():
+        raise GlueDataError(f"{p}: no such text file or directory of text files")
+    return [[" ".join(line.split()) for line in block.splitlines() if line.strip()]
+            for f in files for block in f.read_text(encoding="utf-8").split("\n\n") if block.strip()]
+
+
+def same_doc_task(text: str | Path, output: str | Path, pairs: int = 1, seed: int = 0) -> dict:
+    """Write SAME-DOC/{train,dev}.tsv under ``output`` (GLUE's layout, RTE's columns) from the
+    documents of ``text``: does the second sentence follow the first in the same document?
+    Each training document of two or more sentences gives up to ``pairs`` positive pairs (a
+    sentence and the next one; a dev document gives all of its pairs) and as many negative
+    ones (the same first sentence and a sentence of another document of its split); a
+    document's pairs all go to one split (1 in 5 documents to dev, by a hash of its text)."""
+    import random
+
+    docs = read_documents(text)
+    rng = random.Random(seed)
+    task = Path(output) / "SAME-DOC"
+    counts = {}
+    splits = {split: [d for d in docs if keep(document_bucket(d, 5, salt="dev"))]
+              for split, keep in (("train", lambda b: b != 0), ("dev", lambda b: b == 0))}
+    for split, part in splits.items():
+        if sum(len(d) >= 2 for d in part) < 2:
+            raise GlueDataError(f"{text}: the {split} split has {sum(len(d) >= 2 for d in part)} document(s) of two "
+                                f"or more sentences out of {len(docs)} documents; it needs 2 (a blank line between "
+                                "documents, one sentence a line)")
+    task.mkdir(parents=True, exist_ok=True)
+    for split, part in splits.items():
+        rows = []
+        for i, d in enumerate(part):
+            if len(d) < 2:
+                continue
+            cap = len(d) - 1 if split == "dev" else min(pairs, len(d) - 1)  # dev: every pair, for a finer measure
+            for a in rng.sample(range(len(d) - 1), cap):
+                rows.append((d[a], d[a + 1], 1))
+                other = rng.choice([j for j in range(len(part)) if j != i])
+                rows.append((d[a], rng.choice(part[other]), 0))
+        rng.shuffle(rows)
+        lines = ["index\tsentence1\tsentence2\tlabel"] + [f"{n}\t{a}\t{b}\t{y}" for n, (a, b, y) in enumerate(rows)]
+        tmp = task / f"{split}.tsv.tmp"
+        tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        tmp.replace(task / f"{split}.tsv")
+        counts[split] = {"documents": len(part), "pairs": len(rows)}
+    return counts

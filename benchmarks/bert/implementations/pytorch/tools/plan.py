@@ -23,10 +23,16 @@ overlap   buckets become ready over the backward of the *last* micro-step (2/3 o
           ones are computed; exposed = when the last bucket is through - when backward ends.
           ``--overlap F`` replaces this by: hidden = min(F x comm, window).
 eval      one pass over ``--eval-samples`` every ``--eval-every`` steps, forward only (1/3 of a
-          training sample's cost), over all GPUs.
+          training sample's cost), over all GPUs (with ``--configs``: the config's
+          data.eval_samples, or ``--eval-samples`` where it evaluates on the whole held-out set).
 ckpt      a train-state checkpoint (weights + two optimizer moments: 12 bytes per
           parameter) every ``--ckpt-minutes`` at ``--ckpt-gbps`` of storage bandwidth, plus
           ``--requeue-minutes`` of lost work and restart per ``--preempt-hours`` of running.
+
+``--configs`` reads each config as the launchers do (bert/config_script.py: what you set in
+your environment over it, each such setting named on stderr) and refuses (exit 2) a phase
+that could not start from the phase before's weights, naming the model setting (a phase 1
+with 128 positions for a phase 2 at 512), before any job is submitted.
 
 It prints each phase's days and where the time goes, then the knob that helps most (each
 knob changed alone: 2x link, bf16 on the wire, perfect overlap, 2x nodes, half the
@@ -41,6 +47,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -49,7 +56,7 @@ PKG = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PKG))
 
 from bert import config_script  # noqa: E402
-from bert.config import Config, ModelConfig, global_batch_size, padded_vocab_size  # noqa: E402
+from bert.config import Config, ConfigError, ModelConfig, global_batch_size, handover_problems, padded_vocab_size  # noqa: E402
 
 WIRE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
 
@@ -283,15 +290,21 @@ def print_plan(out: dict) -> None:
 # ---------------------------------------------------------------- configs
 
 
-def phase_from_config(path: str, name: str) -> tuple[Shape, Phase, Config, dict[str, str]]:
-    """A phase as its config script runs it (the trainer's own reading: bert.config_script)."""
-    cfg, env = config_script.load(path)
+def phase_from_config(path: str, name: str, caller: dict[str, str], eval_samples: int
+                      ) -> tuple[Shape, Phase, Config, dict[str, str]]:
+    """A phase as its config script runs it for a caller with environment ``caller`` (the
+    launchers' own reading: bert.config_script); ``eval_samples`` where the config evaluates
+    on the whole held-out set (data.eval_samples=0)."""
+    cfg, env, origins = config_script.load(path, caller)
+    for key, origin in origins.items():
+        if not origin.endswith(f" in {Path(path).name}"):
+            print(f"{name}: {key} from {origin}, over the config", file=sys.stderr)
     gpus = int(env["DGXNNODES"]) * int(env["DGXNGPU"])
     gbs = global_batch_size(cfg, gpus)
     interval = cfg.eval.interval_samples
     d = cfg.data
     phase = Phase(name, d.max_seq_length, d.max_predictions_per_seq, gbs, cfg.optim.total_steps,
-                  cfg.run.grad_accum_steps, interval // gbs if interval > 0 else 0, d.eval_samples)
+                  cfg.run.grad_accum_steps, interval // gbs if interval > 0 else 0, d.eval_samples or eval_samples)
     return Shape.of(cfg.model), phase, cfg, env
 
 
@@ -412,7 +425,19 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     nodes, gpn = 1, 8
     if a.configs:
-        loaded = [phase_from_config(c, f"phase{i + 1}") for i, c in enumerate(a.configs)]
+        try:
+            loaded = [phase_from_config(c, f"phase{i + 1}", dict(os.environ), a.eval_samples)
+                      for i, c in enumerate(a.configs)]
+        except ConfigError as e:
+            print(f"plan.py: {e}", file=sys.stderr)
+            return 2
+        # Each phase starts from the one before: the same model, or its weights cannot load.
+        for (_, _, before, _), (_, _, after, _), i in zip(loaded, loaded[1:], range(2, len(loaded) + 1)):
+            problems = handover_problems(before, after)
+            if problems:
+                print(f"plan.py: phase {i} ({a.configs[i - 1]}) could not start from phase {i - 1}'s weights "
+                      f"({a.configs[i - 2]}): " + "; ".join(problems), file=sys.stderr)
+                return 2
         shape, phases = loaded[0][0], [p for _, p, _, _ in loaded]
         first, env = loaded[0][2], loaded[0][3]
         nodes, gpn = int(env["DGXNNODES"]), int(env["DGXNGPU"])

@@ -2,7 +2,6 @@
 """The pieces of ``make pretrain-demo`` (pretrain_demo.sh) that are not existing steps.
 
     python tools/pretrain_demo.py corpus --output DIR [--max-docs N]
-    python tools/pretrain_demo.py same-doc-task --text TEXT/downstream.txt --output DIR [--pairs N]
     python tools/pretrain_demo.py fill-mask --model HF_DIR --vocab vocab.txt --text HELD_OUT.txt \\
         --train-text DIR [--sentences N] [--out result.json]
 
@@ -13,16 +12,8 @@ in the MLPerf text format; every 20th document (by a hash of its text, so the sp
 depend on the order) goes to ``eval/`` as held-out text, the rest to ``train/``.
 
 Three more in 20 by that hash go into ``downstream.txt`` instead: the text of a fine-tuning
-task that pretraining never sees.
-
-``same-doc-task``: from ``downstream.txt``, the offline downstream task ``STDLIB-SAME-DOC``
-in GLUE's layout (``<output>/STDLIB-SAME-DOC/train.tsv``, ``dev.tsv``; columns index,
-sentence1, sentence2, label, as RTE's): does the second sentence follow the first in the same
-docstring? Each training docstring of two or more sentences gives up to ``--pairs`` positive
-pairs (a sentence and the next one; a dev docstring gives all of them) and as many negative
-ones (the same first sentence and one of another docstring of the same split); a docstring's
-pairs all go to one split (every 5th document by another hash of its text to dev): no dev
-pair comes from a training docstring.
+task that pretraining never sees (``python tools/glue.py same-doc``: does the second sentence
+follow the first in the same document?).
 
 ``fill-mask``: loads the exported model with ``transformers.BertForMaskedLM`` and its
 tokenizer from the vocab, masks one word piece in each of ``--sentences`` held-out
@@ -36,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import hashlib
 import json
 import math
 import re
@@ -44,6 +34,9 @@ import sys
 import sysconfig
 from collections import Counter
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from glue_data import document_bucket  # noqa: E402  (tools/ holds scripts, not a package)
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z(\"'])")
 _CODE = re.compile(r">>>|[{}=<>\\|#@$^`~]|::")
@@ -89,18 +82,14 @@ def stdlib_documents(max_docs: int) -> list[list[str]]:
     return docs
 
 
-def _bucket(doc: list[str], n: int = 20, salt: str = "") -> int:
-    return int(hashlib.md5((salt + " ".join(doc)).encode()).hexdigest(), 16) % n
-
-
 DOWNSTREAM_BUCKETS = (1, 2, 3)  # 3 in 20 of the documents: the fine-tuning task's text
 
 
 def write_corpus(output: Path, max_docs: int, parts: int = 4) -> dict:
     docs = stdlib_documents(max_docs)
-    held = [d for d in docs if _bucket(d) == 0]
-    downstream = [d for d in docs if _bucket(d) in DOWNSTREAM_BUCKETS]
-    train = [d for d in docs if _bucket(d) != 0 and _bucket(d) not in DOWNSTREAM_BUCKETS]
+    held = [d for d in docs if document_bucket(d) == 0]
+    downstream = [d for d in docs if document_bucket(d) in DOWNSTREAM_BUCKETS]
+    train = [d for d in docs if document_bucket(d) != 0 and document_bucket(d) not in DOWNSTREAM_BUCKETS]
     (output / "train").mkdir(parents=True, exist_ok=True)
     (output / "eval").mkdir(parents=True, exist_ok=True)
     for i in range(parts):  # round-robin: parts of equal size, processed in parallel by create
@@ -111,39 +100,6 @@ def write_corpus(output: Path, max_docs: int, parts: int = 4) -> dict:
     return {"documents": len(docs), "train_documents": len(train), "eval_documents": len(held),
             "downstream_documents": len(downstream), "train_sentences": sum(map(len, train)),
             "eval_sentences": sum(map(len, held)), "downstream_sentences": sum(map(len, downstream))}
-
-
-def _read_documents(path: Path) -> list[list[str]]:
-    return [block.splitlines() for block in path.read_text().split("\n\n") if block.strip()]
-
-
-def same_doc_task(text: Path, output: Path, pairs: int = 1, seed: int = 0) -> dict:
-    """Write STDLIB-SAME-DOC/{train,dev}.tsv under ``output`` from the documents of ``text``."""
-    import random
-
-    docs = _read_documents(text)
-    rng = random.Random(seed)
-    task = output / "STDLIB-SAME-DOC"
-    task.mkdir(parents=True, exist_ok=True)
-    counts = {}
-    for split, keep in (("train", lambda b: b != 0), ("dev", lambda b: b == 0)):
-        part = [d for d in docs if keep(_bucket(d, 5, salt="dev"))]
-        rows = []
-        for i, d in enumerate(part):
-            if len(d) < 2:
-                continue
-            cap = len(d) - 1 if split == "dev" else min(pairs, len(d) - 1)  # dev: every pair, for a finer measure
-            for a in rng.sample(range(len(d) - 1), cap):
-                rows.append((d[a], d[a + 1], 1))
-                other = rng.choice([j for j in range(len(part)) if j != i])
-                rows.append((d[a], rng.choice(part[other]), 0))
-        rng.shuffle(rows)
-        lines = ["index\tsentence1\tsentence2\tlabel"] + [f"{n}\t{a}\t{b}\t{y}" for n, (a, b, y) in enumerate(rows)]
-        tmp = task / f"{split}.tsv.tmp"
-        tmp.write_text("\n".join(lines) + "\n")
-        tmp.replace(task / f"{split}.tsv")
-        counts[split] = {"documents": len(part), "pairs": len(rows)}
-    return counts
 
 
 def fill_mask(model_dir: str, vocab: str, text: str, train_text: str, sentences: int, seed: int = 0) -> dict:
@@ -209,11 +165,6 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--output", required=True)
     c.add_argument("--max-docs", type=int, default=100000)
     c.add_argument("--parts", type=int, default=4)
-    t = sub.add_parser("same-doc-task")
-    t.add_argument("--text", required=True, help="downstream.txt written by corpus")
-    t.add_argument("--output", required=True, help="the GLUE-layout root to write STDLIB-SAME-DOC/ into")
-    t.add_argument("--pairs", type=int, default=1,
-                   help="positive (and as many negative) pairs per training docstring")
     f = sub.add_parser("fill-mask")
     f.add_argument("--model", required=True)
     f.add_argument("--vocab", required=True)
@@ -224,9 +175,6 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.cmd == "corpus":
         print(json.dumps(write_corpus(Path(a.output), a.max_docs, a.parts)))
-        return 0
-    if a.cmd == "same-doc-task":
-        print(json.dumps(same_doc_task(Path(a.text), Path(a.output), a.pairs)))
         return 0
     r = fill_mask(a.model, a.vocab, a.text, a.train_text, a.sentences)
     if a.out:

@@ -4,10 +4,10 @@ cluster runs it.
 
     python tools/schedule.py CONFIG_SH [--steps N] [--json] [--plot FILE] [--set VAR=VALUE ...]
 
-The config file is sourced by bash, as ``run.sub`` users do, with nothing from the caller's
-environment but PATH and what ``--set`` gives (``--set PRECISION=fp16``); its variables
-become training overrides through the trainer's own table (``bert.config_script.load``:
-``bert.config.LAUNCHER_VARIABLES`` plus ``EXTRA_PARAMS``), resolved and validated by
+The config file is read as every launcher reads it (``bert.config_script.load``): sourced
+by bash, then what you set over it, your environment and ``--set`` (``--set PRECISION=fp16``);
+the variables become training overrides through the trainer's own table
+(``bert.config.LAUNCHER_VARIABLES``, CONFIG_PARAMS, EXTRA_PARAMS), resolved and validated by
 ``bert.config``. The rates come from the trainer's own scheduler (``bert.optim.build_scheduler``)
 stepped once per optimizer step, so what is printed is what a run applies: step k (0-based)
 is the rate of the update that follows k updates.
@@ -72,14 +72,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help='print {"lr": [...]} instead of "step rate" lines')
     ap.add_argument("--plot", type=Path, help="write a PNG of the rate against the step")
     ap.add_argument("--set", action="append", default=[], metavar="VAR=VALUE",
-                    help="an environment variable for sourcing the config (e.g. PRECISION=fp16)")
+                    help="a variable over your environment's, as the config reads it (e.g. PRECISION=fp16)")
     args = ap.parse_args(argv)
     try:
         extra = dict(item.split("=", 1) for item in args.set)
     except ValueError:
         ap.error("--set takes VAR=VALUE")
     try:
-        cfg, _ = config_script.load(args.config, {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **extra})
+        cfg, _, _ = config_script.load(args.config, {**os.environ, **extra})
     except ConfigError as e:
         print(f"error: {args.config}: {e}", file=sys.stderr)
         return 2

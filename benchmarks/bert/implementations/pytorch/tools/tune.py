@@ -12,7 +12,9 @@ The search-space keys, the objective, pruning and requeue safety: docs/tuning.md
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
+import fcntl
 import math
 import os
 import shlex
@@ -26,7 +28,7 @@ import warnings
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import yaml
 
@@ -154,22 +156,43 @@ def _pruner(spec: dict[str, Any]):
     raise SpaceError(f"pruner.name: {name!r} (median | percentile | none)")
 
 
-def open_study(space: Space, storage_url: str):
+@contextlib.contextmanager
+def study_lock(workdir: Path, space: Space) -> Iterator[None]:
+    """One worker at a time changes what the study will run next: creates it and queues its
+    ``enqueue`` settings, picks its next trial, or fails a trial and queues the retry. Each of
+    these is several storage operations, and a worker that looked in between would see a
+    study without its queued settings (and sample a trial of its own instead) or a failed
+    trial without its retry (and leave the retry waiting for a worker that never comes). An
+    exclusive flock on a file beside the trials (the workdir every worker shares; over NFS the
+    kernel takes a POSIX lock), which the kernel releases when its holder dies; a new open file
+    each time, so two threads exclude each other as two processes do."""
+    path = workdir / f"{space.study}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def open_study(space: Space, storage_url: str, workdir: Path):
     """Created on first use (load_if_exists: every worker may be first); the ``enqueue``
-    settings are queued by the worker that created it, once."""
+    settings are queued by the worker that created it, once, before any worker can ask."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = open_storage(storage_url)
-    try:
-        study = optuna.create_study(study_name=space.study, storage=storage, direction="minimize",
-                                    sampler=_sampler(space.sampler), pruner=_pruner(space.pruner))
-        for values in space.enqueue:
-            study.enqueue_trial(values)
-        return study
-    except optuna.exceptions.DuplicatedStudyError:
-        return optuna.load_study(study_name=space.study, storage=storage, sampler=_sampler(space.sampler),
-                                 pruner=_pruner(space.pruner))
+    with study_lock(workdir, space):
+        try:
+            study = optuna.create_study(study_name=space.study, storage=storage, direction="minimize",
+                                        sampler=_sampler(space.sampler), pruner=_pruner(space.pruner))
+            for values in space.enqueue:
+                study.enqueue_trial(values)
+            return study
+        except optuna.exceptions.DuplicatedStudyError:
+            return optuna.load_study(study_name=space.study, storage=storage, sampler=_sampler(space.sampler),
+                                     pruner=_pruner(space.pruner))
 
 
 # -- one run -------------------------------------------------------------------------------
@@ -179,16 +202,17 @@ def _text(value: Any) -> str:
 
 
 def run_env(space: Space, values: dict[str, Any], base: dict[str, str]) -> dict[str, str]:
-    """The environment of a trial's runs: ``base`` (the worker's), the base config, ``fixed``,
-    the trial's values."""
+    """The environment of a trial's runs: the base config, ``base`` (the worker's: what the
+    user set), ``fixed``, the trial's values."""
     return config_env(space.base_config, {**space.fixed, **values}, base)
 
 
 def config_env(base_config: Path, settings: dict[str, Any], base: dict[str, str]) -> dict[str, str]:
-    """``base`` after sourcing ``base_config``, then ``settings`` (tools/study.py's runs too).
-    Names with a dot are bert.config keys, appended to EXTRA_PARAMS (a later key=value wins
-    in bert.config's override parsing); the others are config_*.sh variables."""
-    env = config_script.source(base_config, base)
+    """A job of ``base_config`` for a caller with environment ``base`` (the one precedence:
+    bert.config_script.job_environment), then ``settings`` (tools/study.py's runs too). Names
+    with a dot are bert.config keys, appended to EXTRA_PARAMS (a later key=value wins in
+    bert.config's override parsing); the others are config_*.sh variables."""
+    env, _ = config_script.job_environment(base_config, base)
     dotted = []
     for name, value in settings.items():
         if "." in name:
@@ -334,11 +358,11 @@ def trial_dir(workdir: Path, space: Space, number: int) -> Path:
 
 
 def fail_and_retry(study, trial_id: int, space: Space, why: str) -> bool:
-    """Fail a RUNNING trial and queue its setting again (at most max_retry times). True when
-    this call made the change: the storage refuses a second one, so of two workers (or a
-    worker and its requeued self) that both try, exactly one queues the retry."""
+    """Fail a RUNNING trial and queue its setting again (at most max_retry times); the caller
+    holds ``study_lock``. True when this call made the change: the storage refuses a second
+    one, so of two workers (or a worker and its requeued self) that both try, exactly one
+    queues the retry."""
     import optuna
-    from optuna.storages import RetryHeartbeatStaleTrialCallback
     from optuna.trial import TrialState
 
     storage = study._storage  # Optuna has no public call that fails another process's trial
@@ -348,20 +372,42 @@ def fail_and_retry(study, trial_id: int, space: Space, why: str) -> bool:
             return False
     except optuna.exceptions.UpdateFinishedTrialError:
         return False
+    _retry(study, storage.get_trial(trial_id), space)
+    return True
+
+
+def _retry(study, failed, space: Space) -> None:
+    """A WAITING copy of ``failed``'s setting, unless it was retried max_retry times."""
+    import optuna
+    from optuna.storages import RetryHeartbeatStaleTrialCallback
+
     with warnings.catch_warnings():  # "experimental" since Optuna 2.8; the name is 4.9's
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         retry = RetryHeartbeatStaleTrialCallback(max_retry=space.max_retry)
-    retry(study, storage.get_trial(trial_id))  # a WAITING copy, unless retried max_retry times
-    return True
+    retry(study, failed)
+
+
+def fail_and_retry_locked(study, trial_id: int, space: Space, workdir: Path, why: str) -> bool:
+    with study_lock(workdir, space):
+        return fail_and_retry(study, trial_id, space, why)
 
 
 def reap(study, space: Space, workdir: Path, worker_id: str) -> list[int]:
     """Fail (and retry) the RUNNING trials whose worker is gone: this worker id's own (a
-    requeued task starting again) and those whose heartbeat went stale. Returns their numbers."""
+    requeued task starting again) and those whose heartbeat went stale; queue the retry of a
+    trial that was failed by a worker that died before it could (a failed trial without its
+    retry). The caller holds ``study_lock``. Returns the numbers of the trials failed here."""
     from optuna.trial import TrialState
 
+    trials = study.get_trials(deepcopy=False)
+    retried = {t.system_attrs["retry_history"][-1] for t in trials if t.system_attrs.get("retry_history")}
+    for t in trials:
+        budget = space.max_retry > len(t.system_attrs.get("retry_history", []))
+        if t.state == TrialState.FAIL and "failed_because" in t.user_attrs and t.number not in retried and budget:
+            print(f"tune: trial {t.number} was failed without its retry; queued now", flush=True)
+            _retry(study, t, space)
     reaped = []
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+    for t in (t for t in trials if t.state == TrialState.RUNNING):
         owner = t.user_attrs.get("worker")
         hb = trial_dir(workdir, space, t.number) / "heartbeat"
         last = hb.stat().st_mtime if hb.exists() else t.datetime_start.timestamp()
@@ -408,7 +454,7 @@ def run_trial(study, trial, space: Space, workdir: Path, base_env: dict[str, str
         return trial.should_prune()
 
     def on_stop() -> None:
-        fail_and_retry(study, trial._trial_id, space, f"its worker got signal {stop.signum}")
+        fail_and_retry_locked(study, trial._trial_id, space, workdir, f"its worker got signal {stop.signum}")
 
     for r in range(space.repeats):
         res = run_once(env, tdir, space.seed + r, launcher, report, stop, on_stop, heartbeat)
@@ -431,35 +477,47 @@ def run_trial(study, trial, space: Space, workdir: Path, base_env: dict[str, str
         study.tell(trial, state=TrialState.PRUNED)
         return "pruned", last
     if last.status == "error":
-        fail_and_retry(study, trial._trial_id, space,
-                       f"a run ended without run_stop (exit {last.returncode}); see {last.log.with_suffix('.out')}")
+        fail_and_retry_locked(study, trial._trial_id, space, workdir,
+                              f"a run ended without run_stop (exit {last.returncode}); see {last.log.with_suffix('.out')}")
         return "error", last
     study.tell(trial, objective(results, space.repeats))
     return ("complete" if all(r.status == "success" for r in results) else "failed (aborted)"), last
 
 
+def next_trial(study, space: Space, workdir: Path, worker_id: str):
+    """The trial this worker runs next (a queued one first: enqueued settings, retries), owned
+    by ``worker_id``; None when the study has its trials. Under ``study_lock``: the reaper's
+    view, the count and the choice are one step, and no other worker sees the trial before
+    it has its owner (a retry's copied owner is the dead worker's)."""
+    with study_lock(workdir, space):
+        reap(study, space, workdir, worker_id)
+        done, waiting = _counts(study)
+        if not waiting and done >= space.trials:
+            return None
+        trial = study.ask(space.params)  # a queued (enqueue, retry) trial keeps its values
+        trial.set_user_attr("worker", worker_id)
+        return trial
+
+
 def worker(args: argparse.Namespace) -> int:
     space = load_space(args.space)
     workdir = args.workdir.resolve()
-    study = open_study(space, args.storage or default_storage(space, workdir))
+    study = open_study(space, args.storage or default_storage(space, workdir), workdir)
     worker_id = args.worker_id or f"{socket.gethostname()}:{os.getpid()}"
     # The same seed in every worker would make each suggest the same values: salt it with the
     # worker id and the study's size (a requeued worker does not repeat its draws either).
     study.sampler = _sampler(space.sampler, zlib.crc32(worker_id.encode()) + len(study.get_trials(deepcopy=False)))
     stop = Stop()
     stop.install()
-    reap(study, space, workdir, worker_id)
     base_env = dict(os.environ)
     ran, errors = 0, 0
     while args.trials == 0 or ran < args.trials:
         if stop.signum:
             break
-        done, waiting = _counts(study)
-        if not waiting and done >= space.trials:
+        trial = next_trial(study, space, workdir, worker_id)
+        if trial is None:
             print(f"tune: study {space.study} has its {space.trials} trials", flush=True)
             break
-        trial = study.ask(space.params)  # a queued (enqueue, retry) trial keeps its values
-        trial.set_user_attr("worker", worker_id)
         state, last = run_trial(study, trial, space, workdir, base_env, args.launcher, stop)
         print(f"tune: trial {trial.number}: {state}" + (f" at {last.samples} samples" if last.samples else ""),
               flush=True)
@@ -470,7 +528,6 @@ def worker(args: argparse.Namespace) -> int:
             print(f"tune: {errors} trials in a row ended without run_stop; stopping this worker", file=sys.stderr)
             return 1
         ran += 1
-        reap(study, space, workdir, worker_id)
     return 3 if stop.signum else 0
 
 
@@ -588,7 +645,7 @@ def plot(study, space: Space, out: Path) -> list[Path]:
 def report(args: argparse.Namespace) -> int:
     space = load_space(args.space)
     workdir = args.workdir.resolve()
-    study = open_study(space, args.storage or default_storage(space, workdir))
+    study = open_study(space, args.storage or default_storage(space, workdir), workdir)
     out = (args.out or workdir / space.study).resolve()
     out.mkdir(parents=True, exist_ok=True)
     rows = table(study, space)

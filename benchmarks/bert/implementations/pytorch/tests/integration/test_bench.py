@@ -165,7 +165,7 @@ def test_gpu_script_demo_check_passes_the_checker(trained, demo_data, tmp_path):
     evaluation reaches 0.720, and the 5.0.0 checker passes the log."""
     assert trained.returncode == 0, trained.stdout[-2000:]
     extra = {"INIT_CHECKPOINT": str(trained.checkpoint), "LR": "1e-4", "EVAL_ITER_SAMPLES": "64",
-             "MAX_SAMPLES_TERMINATION": "640", "EXTRA_PARAMS": demo_data.env["EXTRA_PARAMS"] + " data.eval_samples=500"}
+             "MAX_SAMPLES_TERMINATION": "640", "EXTRA_PARAMS": "data.eval_samples=500"}
     r = demo_check.check_demo(tmp_path / "work", tmp_path, smoke=False, data_dir=demo_data.root, extra_env=extra)
     assert r["status"] == "ok" and r["exit_code"] == 0 and r["run_stop"] == "success", r
     assert r["checker"] == "PASS" and r["checker_failed_checks"] == [], r

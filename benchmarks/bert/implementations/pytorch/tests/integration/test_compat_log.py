@@ -15,7 +15,7 @@ RULESETS_WITHOUT_NAMES = ("1.0.0", "3.0.0", "3.1.0", "4.0.0", "4.1.0", "5.0.0")
 
 
 def _run(demo_data, trained, out, *extra):
-    return train.main([*demo_data.env["EXTRA_PARAMS"].split(), f"data.train_dir={demo_data.train}",
+    return train.main([*demo_data.env["CONFIG_PARAMS"].split(), f"data.train_dir={demo_data.train}",
                        f"data.eval_dir={demo_data.eval}", "data.eval_samples=300", f"log.output_dir={out}",
                        "run.local_batch_size=32", "optim.lr=1e-4", "eval.interval_samples=32",
                        "run.max_samples=320", *extra])

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from bert.config import EXTRA_PARAMS, LAUNCHER_VARIABLES
+from bert.config import CONFIG_PARAMS, CONFIG_SCRIPT, LAUNCHER_VARIABLES, launcher_variable, parse_overrides
 from conftest import PKG, mllog_events, source_config
 from configs_helpers import CONFIGS, GLOBAL_BATCH
 
@@ -45,21 +45,32 @@ def test_config_resolves_to_valid_training_config(name, demo_data, large_geometr
     else:
         launches = [ln for ln in header.splitlines() if "run.sub" in ln or "run_and_time.sh" in ln]
         assert launches and all("DATADIR=" in ln and "EVALDIR=" in ln for ln in launches), launches
-    mapped = set(LAUNCHER_VARIABLES) | {EXTRA_PARAMS}
+    mapped = set(LAUNCHER_VARIABLES) | {CONFIG_PARAMS, CONFIG_SCRIPT}
     unknown = set(cfg_env) - mapped - LAUNCH_VARS
     assert not unknown, f"{name} exports variables the trainer does not read: {sorted(unknown)}"
+    # The config's own keys: in CONFIG_PARAMS (EXTRA_PARAMS is the user's), none that a variable
+    # of the table sets (one place per key), no flags; the file names itself; a GPU system's
+    # config runs on CUDA only.
+    assert cfg_env[CONFIG_SCRIPT] == str(PKG / name)
+    own = parse_overrides(cfg_env[CONFIG_PARAMS].split())
+    assert not [k for k in own if k in LAUNCHER_VARIABLES.values()], [launcher_variable(k) for k in own
+                                                                         if k in LAUNCHER_VARIABLES.values()]
+    assert (own.get("run.device") == "cuda") == ("CPU" not in name), name
 
-    data = demo_data.root if name == "config_CPU_1x2.sh" else large_geometry_data
+    data = demo_data.root if name.startswith("config_CPU_1x2.") else large_geometry_data
     env = dict(os.environ, **cfg_env)
     env.update(PATH=demo_data.path, LAUNCHER="task", DATADIR=str(data / "train"),
                EVALDIR=str(data / "eval"), LOGDIR=str(tmp_path),
-               EXTRA_PARAMS=cfg_env.get("EXTRA_PARAMS", "") + " --dry-run data.eval_samples=8 eval.batch_size=8"
+               # a GPU config's dry run on this CPU: run.device=cpu, the user's, over the config's cuda
+               EXTRA_PARAMS="--dry-run data.eval_samples=8 eval.batch_size=8 run.device=cpu"
                + (" data.max_seq_length=512" if "_phase1" in name else ""))  # phase 1 is seq 128; this data 512
     for var in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "MASTER_ADDR"):
         env.pop(var, None)
     r = subprocess.run(["./run_and_time.sh"], cwd=PKG, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     assert "dry run: everything built, nothing trained" in r.stdout
+    assert f" in {name})" in r.stdout and "(EXTRA_PARAMS)" in r.stdout  # where each setting came from
+    assert "run.device=\"cpu\" (EXTRA_PARAMS)" in r.stdout or "CPU" in name
 
     dumped = json.loads((tmp_path / "result_0_config.json").read_text())
     ranks = int(cfg_env["DGXNNODES"]) * int(cfg_env["DGXNGPU"])
@@ -71,7 +82,7 @@ def test_config_resolves_to_valid_training_config(name, demo_data, large_geometr
     assert optim["start_warmup_step"] == int(cfg_env["START_WARMUP_STEP"])
     assert (optim["beta1"], optim["beta2"]) == (float(cfg_env["OPT_LAMB_BETA_1"]), float(cfg_env["OPT_LAMB_BETA_2"]))
     assert dumped["log"]["system"] == cfg_env["DGXSYSTEM"]
-    if name != "config_CPU_1x2.sh" and "_base_" not in name:  # the benchmark's model
+    if "CPU" not in name and "_base_" not in name:  # the benchmark's model
         assert dumped["model"]["hidden_size"] == 1024 and dumped["model"]["num_layers"] == 24
     if name == "config_DGXA100_128x8.sh":  # the paper's load balance: 4 strata of 128, snake deal per node
         assert dumped["sampler"]["mode"] == "stratified" and dumped["sampler"]["deal"] == "snake"
@@ -91,3 +102,17 @@ def test_config_has_a_system_description_passing_the_checker(name, tmp_path):
     desc = json.loads(path.read_text())
     assert desc["system_name"] == system and desc["number_of_nodes"] == source_config(name)["DGXNNODES"]
     assert desc["division"] == source_config(name)["DIVISION"]
+
+
+@pytest.mark.parametrize("name", [c for c in CONFIGS if "CPU" not in c])
+def test_a_gpu_config_without_cuda_exits_2_in_one_line_before_reading_anything(name, tmp_path):
+    """run.device=cuda on this CPU-only machine: exit 2, one line naming the setting and how to
+    run it, before any data is read (DATADIR does not even exist) or any process group made."""
+    env = dict(os.environ, **source_config(name))
+    env.update(LAUNCHER="task", DATADIR=str(tmp_path / "none"), EVALDIR=str(tmp_path / "none"), LOGDIR=str(tmp_path))
+    env.pop("EXTRA_PARAMS", None)
+    r = subprocess.run(["./run_and_time.sh"], cwd=PKG, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.splitlines() == [r.stderr.splitlines()[0]] and "config error: run.device=cuda:" in r.stderr
+    assert "CPU-only build" in r.stderr and "--gpus-per-node" in r.stderr and "run.device=cpu" in r.stderr
+    assert "settings:" not in r.stdout and not list(tmp_path.iterdir())  # nothing started, nothing written

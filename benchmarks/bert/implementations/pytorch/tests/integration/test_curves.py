@@ -27,7 +27,7 @@ def _two_rank_env(demo_data, logdir: Path, tb: Path) -> dict[str, str]:
     env = dict(os.environ, **demo_data.env)
     env.update(PATH=demo_data.path, DATADIR=str(demo_data.train), EVALDIR=str(demo_data.eval), LOGDIR=str(logdir),
                TENSORBOARD_DIR=str(tb), SEED="5", EVAL_ITER_SAMPLES="320", MAX_SAMPLES_TERMINATION="640",
-               EXTRA_PARAMS=demo_data.env["EXTRA_PARAMS"] + " data.eval_samples=500 log.progress_interval_steps=5"
+               EXTRA_PARAMS="data.eval_samples=500 log.progress_interval_steps=5"
                " ckpt.poll_steps=5 optim.max_grad_norm=1.0")
     return env
 

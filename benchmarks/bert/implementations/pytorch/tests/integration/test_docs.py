@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
+from pathlib import Path
 
 from docblocks import PKG, ROOT, anchors, strip_code
 from docs_helpers import LINK, markdown_files, the_block
@@ -83,6 +85,51 @@ def test_plan_block_runs():
     r = run_block(the_block("docs/pretraining.md", "python tools/plan.py --configs"), {})
     assert r.returncode == 0, r.stderr[-2000:]
     assert "phase1" in r.stdout and "phase2" in r.stdout
+
+
+def test_show_block_prints_each_setting_and_where_it_came_from():
+    r = run_block(the_block("docs/configuration.md", "python3 tools/config_env.py show"), {})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "global batch 65536 = run.local_batch_size 64 x run.grad_accum_steps 32 x 32" in r.stdout
+    assert "model.vocab_size=8000 (command line)" in r.stdout
+    assert "optim.total_steps=7038 (MAX_STEPS in config_A100PCIE_8x4_pretrain_large_phase1.sh)" in r.stdout
+
+
+def test_own_cluster_config_block_writes_a_config_the_launchers_read(tmp_path):
+    """cluster.md's config for 4 x 8 H100, written and shown as the block does: the global
+    batch it promises, BERT-Large on CUDA, every value the config's own."""
+    mine = tmp_path / "config_H100_4x8.sh"
+    r = run_block(the_block("docs/cluster.md", "cat > config_H100_4x8.sh"), {"config_H100_4x8.sh": str(mine)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "32 rank(s) (4 node(s) x 8), device cuda, global batch 3072 = run.local_batch_size 48 x " \
+           "run.grad_accum_steps 2 x 32" in r.stdout
+    settings = [ln for ln in r.stdout.splitlines() if ln.startswith("  ")]
+    assert settings and all(ln.endswith(" in config_H100_4x8.sh)") for ln in settings), settings
+    assert "a timed run would exit 2: run.init_checkpoint" in r.stdout  # INIT_CHECKPOINT is set at launch
+
+
+def test_walkthrough_corpus_block_makes_text_in_the_format_create_reads(tmp_path):
+    """The walkthrough's man pages -> text, as written but on 40 pages, in a directory of its
+    own: three parts, a blank line between documents, sentences of four words or more; the
+    vocab and create steps of the page then read it."""
+    if shutil.which("man") is None or not list(Path("/usr/share/man/man1").glob("*.gz")):
+        pytest.skip("no man pages here (man-db): the walkthrough's corpus is made of them")
+    block = the_block("docs/pretraining.md", "# Man pages as text")
+    assert "sed -n 1,1500p" in block.text
+    r = subprocess.run(["bash", "-euo", "pipefail", "-c", block.text.replace("sed -n 1,1500p", "sed -n 1,40p")],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    counts = {line.split()[0]: int(line.split()[1]) for line in r.stdout.splitlines()}
+    assert counts["train"] > counts["downstream"] > counts["heldout"] >= 1 and sum(counts.values()) <= 40, counts
+    assert not list((tmp_path / "man").glob("raw_*"))
+    docs = (tmp_path / "man" / "train" / "part-00.txt").read_text().split("\n\n")
+    assert len(docs) == counts["train"] and all(len(line.split()) >= 4 for d in docs for line in d.split("\n") if line)
+    from input_preprocessing.create import CreateOptions, create
+    from input_preprocessing.toy_corpus import train_vocab
+
+    vocab = train_vocab([tmp_path / "man" / "train" / "part-00.txt"], tmp_path / "vocab.txt", size=500)
+    made = create(tmp_path / "man" / "train", vocab, tmp_path / "parts", CreateOptions(128, 20, dupe_factor=1))
+    assert made["samples_written_now"] > 0, made
 
 
 def test_schedule_block_runs_with_its_options():

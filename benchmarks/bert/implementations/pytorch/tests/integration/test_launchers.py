@@ -333,6 +333,51 @@ def test_run_sub_names_missing_variables(tmp_path):
     assert "missing variable(s): DGXNGPU DATADIR EVALDIR SLURM_JOB_ID" in r.stderr
 
 
+def test_run_sub_asks_for_the_gpus_a_cuda_config_names_and_takes_sbatch_options(demo_data, tmp_path):
+    """A cluster whose node has 2 GPUs as SLURM sees them (stand-in device files): the CPU
+    config made a GPU job by the user's EXTRA_PARAMS (run.device=cuda, DGXNGPU=2). On a shared
+    node without a GPU request the job stops before any run, saying what to ask for; with
+    --gpus-per-node=2 it passes that check and the trainer, on this CPU-only torch, refuses the
+    CUDA run in one line. sbatch's own options give a partition, an account, memory and a
+    shared node over run.sub's #SBATCH lines (--exclusive --mem=0)."""
+    from slurm_cluster import SlurmCluster, slurm_unavailable
+
+    why = slurm_unavailable()
+    if why:
+        pytest.skip(why)
+    cluster = SlurmCluster(tmp_path / "slurm", gpus=2)
+    (tmp_path / "slurm").mkdir()
+    env = dict(os.environ, **demo_data.env)
+    env.update(PATH=demo_data.path, SLURM_CONF=str(cluster.conf), DATADIR=str(demo_data.train),
+               EVALDIR=str(demo_data.eval), LOGDIR=str(tmp_path / "logs"), NEXP="1", CLEAR_CACHES="0",
+               CHECK_COMPLIANCE="0", STEP_WAIT_S="5", EXTRA_PARAMS="run.device=cuda")
+    try:
+        cluster.start()
+
+        def job(*flags: str) -> tuple[dict[str, str], str]:
+            out = tmp_path / f"job{len(list(tmp_path.glob('job*.out')))}.out"
+            sub = subprocess.run(["sbatch", "--parsable", "-N", "1", "-t", "5", "-o", str(out), "-p", "ci", "-A", "lab",
+                                  "--mem=100M", "--oversubscribe", "--ntasks-per-node=2", *flags, "run.sub"], cwd=PKG, env=env,
+                                 capture_output=True, text=True, timeout=60)
+            assert sub.returncode == 0, sub.stderr
+            job_id = sub.stdout.strip().split(";")[0]
+            fields = cluster.job_fields(job_id)
+            assert (fields["Partition"], fields["Account"], fields["MinMemoryNode"], fields["OverSubscribe"]) == \
+                ("ci", "lab", "100M", "YES"), fields
+            return cluster.wait_job(job_id, timeout_s=240), out.read_text()
+
+        state, text = job()
+        assert state["ExitCode"] == "2:0", text
+        assert "run.sub: the config runs on GPUs (run.device=cuda), 2 per node, and the job has no GPU(s) per node: " \
+               "submit with sbatch --gpus-per-node=2 (or --gres=gpu:2)" in text
+        assert "== run 1/1" not in text
+        state, text = job("--gpus-per-node=2")
+        assert "== run 1/1" in text and "config error: run.device=cuda: this torch" in text, text[-3000:]
+        assert "== run 1/1: training exit 2" in text and state["ExitCode"] == "1:0", text[-3000:]
+    finally:
+        cluster.stop()
+
+
 def test_mpirun_two_ranks_through_mpi4py(trained, demo_data, tmp_path):
     if shutil.which("mpirun") is None:
         pytest.skip("Open MPI not installed; .ci/run installs openmpi-bin")

@@ -26,7 +26,7 @@ def ten_runs(trained, demo_data, tmp_path_factory):
     out = tmp_path_factory.mktemp("ten_runs")
     logs = []
     for i in range(1, 11):
-        rc = train.main([*demo_data.env["EXTRA_PARAMS"].split(), f"data.train_dir={demo_data.train}",
+        rc = train.main([*demo_data.env["CONFIG_PARAMS"].split(), f"data.train_dir={demo_data.train}",
                          f"data.eval_dir={demo_data.eval}", "data.eval_samples=300", f"log.output_dir={out}",
                          f"log.log_file=run_{i}.log", f"log.system={SYSTEM}",
                          f"run.init_checkpoint={trained.checkpoint}", "run.local_batch_size=32", "optim.lr=1e-4",

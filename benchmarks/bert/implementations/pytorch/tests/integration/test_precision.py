@@ -69,7 +69,7 @@ def test_bf16_trains_demo_model_to_target_from_scratch(demo_data, small_demo, tm
     geometry = ["model.vocab_size=32", "model.max_position_embeddings=64", "data.max_seq_length=64",
                 "data.max_predictions_per_seq=10", "model.hidden_size=64", "model.num_layers=1", "model.num_heads=2",
                 "model.intermediate_size=256"]
-    rc = train.main([*demo_data.env["EXTRA_PARAMS"].split(), *geometry, f"data.train_dir={small_demo / 'train'}",
+    rc = train.main([*demo_data.env["CONFIG_PARAMS"].split(), *geometry, f"data.train_dir={small_demo / 'train'}",
                      f"data.eval_dir={small_demo / 'eval'}", "data.eval_samples=500", f"log.output_dir={tmp_path}",
                      "precision.dtype=bf16", f"model.autocast_residual={residual}", "run.local_batch_size=32",
                      "optim.lr=0.02", "optim.warmup_steps=50", "optim.total_steps=2000", "eval.interval_samples=1600", "run.max_samples=32000",

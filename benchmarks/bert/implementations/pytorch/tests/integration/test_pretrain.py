@@ -9,6 +9,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import time
 
 import pytest
@@ -58,8 +59,10 @@ def test_pretrain_mode_ends_at_its_step_count_with_curves(demo_data, tmp_path):
 
 
 def test_pretrain_demo_small_both_phases_and_transformers(tmp_path, no_procps_path):
-    """pretrain_demo.sh at test size: real text (stdlib docstrings), both phases, HF export, the
-    downstream fine-tuning of the pretrained model and its random twin."""
+    """pretrain_demo.sh at test size: real text (stdlib docstrings), both phases
+    (config_CPU_1x2_pretrain_phase1.sh and phase2.sh through run_and_time.sh, as
+    docs/pretraining.md's local recipe runs them), HF export from the run's own config, the
+    downstream task (glue.py same-doc) fine-tuned from the pretrained model and its random twin."""
     env = dict(os.environ, PATH=no_procps_path, PD_OUT=str(tmp_path / "pd"),
                PD_MAX_DOCS="1500", PD_VOCAB="1000", PD_DUPE="2", PD_EVAL_SAMPLES="200", PD_HIDDEN="64",
                PD_LAYERS="2", PD_HEADS="2", PD_STEPS1="300", PD_BATCH1="32", PD_ACCUM1="1", PD_LR1="2e-2",
@@ -83,7 +86,7 @@ def test_pretrain_demo_small_both_phases_and_transformers(tmp_path, no_procps_pa
     # the downstream task: both inits fine-tuned on every seed, the table written
     c = json.loads((out / "same_doc_compare.json").read_text())
     assert {i: len(c[i]["per_seed"]) for i in ("pretrained", "random")} == {"pretrained": 2, "random": 2}, c
-    assert "| STDLIB-SAME-DOC | acc " in (out / "glue" / "same_doc" / "table.md").read_text()
+    assert "| SAME-DOC | acc " in (out / "glue" / "same_doc" / "table.md").read_text()
 
 
 # ---------------------------------------------------------------- SLURM: both phases, chained
@@ -106,7 +109,7 @@ def test_submit_pretrain_chains_phases_and_survives_a_preemption(demo_data, tmp_
         (tmp_path / f"phase{p}.sh").write_text(
             f"export DGXSYSTEM=CPU_1x2 DGXNNODES=1 DGXNGPU=2 WALLTIME=10 CPU_THREADS_PER_RANK=1 DIVISION=open\n"
             f"export BATCHSIZE=16 GRADIENT_STEPS=2 LR=0.005 MAX_STEPS={steps} WARMUP_STEPS=2 EVAL_ITER_SAMPLES=640\n"
-            f"export EXTRA_PARAMS=\"run.mode=pretrain {demo['EXTRA_PARAMS']} data.eval_samples=200 "
+            f"export CONFIG_PARAMS=\"run.mode=pretrain {demo['CONFIG_PARAMS']} data.eval_samples=200 "
             f"log.progress_interval_steps=5 ckpt.poll_steps=5\"\n")
     try:
         cluster.start()
@@ -141,3 +144,119 @@ def test_submit_pretrain_chains_phases_and_survives_a_preemption(demo_data, tmp_
         assert (out1 / "phase1_1_curves.png").exists()
     finally:
         cluster.stop()
+
+
+# ---------------------------------------------------------------- how a run ends, as the docs launch it
+
+
+def _launch(demo_data, out, extra_params: str, **env_extra) -> subprocess.CompletedProcess:
+    """config_CPU_1x2.sh through run_and_time.sh, as docs/pretraining.md's local recipe runs a
+    phase: the config sourced, your variables and EXTRA_PARAMS after it."""
+    env = dict(os.environ, **demo_data.env)
+    env.update(PATH=demo_data.path, DATADIR=str(demo_data.train), EVALDIR=str(demo_data.eval), LOGDIR=str(out),
+               SEED="5", EXTRA_PARAMS=extra_params, **env_extra)
+    return subprocess.run(["./run_and_time.sh"], cwd=PKG, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_a_pretraining_phase_stops_at_its_step_count_whatever_the_sample_limit(demo_data, tmp_path):
+    """run.mode=pretrain with config_CPU_1x2.sh: MAX_STEPS=12 ends the phase at step 12 although
+    a sample limit of 1,600 (25 steps) would go on, at a rate that never reaches 0 (END_LR); the
+    start says so. A benchmark run whose sample limit lies past the schedule's zero rate ends
+    there (aborted), said too."""
+    r = _launch(demo_data, tmp_path / "p", "run.mode=pretrain data.eval_samples=200 eval.interval_samples=640",
+                MAX_STEPS="12", WARMUP_STEPS="2", DIVISION="open", END_LR="1e-4", MAX_SAMPLES_TERMINATION="1600")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert "note: run.max_samples=1600 (MAX_SAMPLES_TERMINATION) is above the step count and does not end a " \
+           "pretraining phase: it ends at optim.total_steps=12 (768 samples)" in r.stdout
+    assert "run_stop success after 12 steps, 768 samples" in r.stdout
+    stops = [e for e in mllog_events(tmp_path / "p" / "result_0.txt") if e["key"] == "run_stop"]
+    assert [s["metadata"]["status"] for s in stops] == ["success"]
+    # MLPerf mode, end_lr 0: past step 12 the rate is 0; a sample limit of 100,000 ends at step 12.
+    r = _launch(demo_data, tmp_path / "m", "data.eval_samples=200 eval.interval_samples=640",
+                MAX_STEPS="12", WARMUP_STEPS="2", MAX_SAMPLES_TERMINATION="100000", TARGET_MLM_ACCURACY="0.99")
+    assert r.returncode == 1, (r.stdout + r.stderr)[-3000:]
+    assert "note: the rate is 0 from step 12 (optim.end_lr=0 where the decay ends): the run ends there, after " \
+           "768 samples, not at 100000" in r.stdout
+    assert "run_stop aborted after 12 steps, 768 samples" in r.stdout
+
+
+# ---------------------------------------------------------------- submit_pretrain.sh: what the jobs receive
+
+
+def _submit(tmp_path, demo_data, configs, **env_extra) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """submit_pretrain.sh with tests/support/standin/sbatch first on the PATH: what each job
+    would receive (options and environment), as recorded; nothing is run."""
+    record = tmp_path / "sbatch"
+    env = dict(os.environ, PATH=f"{PKG / 'tests' / 'support' / 'standin'}:{demo_data.path}", SBATCH_RECORD=str(record),
+               DATADIR1=str(demo_data.train), EVALDIR1=str(demo_data.eval), DATADIR2=str(demo_data.train),
+               EVALDIR2=str(demo_data.eval), OUTDIR=str(tmp_path / "out"))
+    for var in ("EXTRA_PARAMS", "CONFIG_PARAMS", "CONFIG_SCRIPT", "LR", "SBATCH_EXTRA"):
+        env.pop(var, None)
+    env.update(env_extra)
+    r = subprocess.run(["./submit_pretrain.sh", *configs], cwd=PKG, env=env, capture_output=True, text=True, timeout=120)
+    jobs = [json.loads(p.read_text()) for p in sorted(record.glob("job_*.json"))] if record.exists() else []
+    return r, jobs
+
+
+def _resolved(job: dict, *keys: str) -> list[str]:
+    """The settings a job's run resolves to, read from the environment it received (the
+    trainer's own reading: tools/config_env.py get)."""
+    r = subprocess.run([sys.executable, "tools/config_env.py", "get", *keys], cwd=PKG, env=job["env"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()
+
+
+def test_submit_pretrain_passes_what_the_user_set_and_asks_for_the_gpus(tmp_path, demo_data):
+    """A shell that sourced the CPU config earlier, then set LR and EXTRA_PARAMS: each job gets
+    its phase's config with the user's LR and EXTRA_PARAMS over it (the config's own keys in
+    CONFIG_PARAMS), none of the stale CPU config's values, the GPUs its config names
+    (--gpus-per-node=DGXNGPU) and sbatch's own partition and account variables."""
+    stale = source_config("config_CPU_1x2.sh")
+    configs = ("config_A100PCIE_8x4_pretrain_large_phase1.sh", "config_A100PCIE_8x4_pretrain_large_phase2.sh")
+    r, jobs = _submit(tmp_path, demo_data, configs, **{**stale, "LR": "1e-3", "EXTRA_PARAMS": "model.vocab_size=8000",
+                                                      "SBATCH_PARTITION": "gpu", "SBATCH_ACCOUNT": "lab"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "model.vocab_size=8000 (EXTRA_PARAMS)" in r.stdout and "optim.lr=0.001 (LR in the environment)" in r.stdout
+    assert len(jobs) == 2
+    for phase, (job, config) in enumerate(zip(jobs, configs), 1):
+        argv, env = job["argv"], job["env"]
+        assert "--gpus-per-node=4" in argv and argv[argv.index("-N") + 1] == "8" and argv[-1] == "run.sub"
+        assert env["SBATCH_PARTITION"] == "gpu" and env["SBATCH_ACCOUNT"] == "lab"
+        assert env["EXTRA_PARAMS"] == "model.vocab_size=8000" and env["LR"] == "1e-3"
+        assert env["CONFIG_SCRIPT"] == str(PKG / config) and "run.mode=pretrain" in env["CONFIG_PARAMS"]
+        assert "CPU_THREADS_PER_RANK" not in env and env["BATCHSIZE"] == source_config(config)["BATCHSIZE"]
+        assert env["DATADIR"] == str(demo_data.train) and env["LOGDIR"] == str(tmp_path / "out" / f"phase{phase}")
+        assert _resolved(job, "model.vocab_size", "optim.lr", "run.device", "optim.total_steps") == \
+            ["8000", "0.001", "cuda", source_config(config)["MAX_STEPS"]]
+    assert jobs[1]["env"]["INIT_CHECKPOINT"] == str(tmp_path / "out" / "phase1" / "final.pt")
+    assert f"--dependency=afterok:{1001}" in jobs[1]["argv"]
+
+
+def test_submit_pretrain_refuses_before_submitting_what_would_fail_in_the_job(tmp_path, demo_data):
+    """Checked before any sbatch: a phase 1 with 128 positions for a phase 2 at 512 (phase 2
+    could not load its weights), and an eval set smaller than data.eval_samples (2,000 demo
+    samples, 10,000 asked): exit 2 naming the setting, nothing submitted. A resubmission
+    after phase 2 failed runs phase 2 again, and leaves a completed phase 1 done."""
+    phase1 = tmp_path / "config_mine_phase1.sh"
+    phase1.write_text((PKG / "config_A100PCIE_8x4_pretrain_large_phase1.sh").read_text().replace(
+        "data.max_seq_length=128", "data.max_seq_length=128 model.max_position_embeddings=128"))
+    phase2 = PKG / "config_A100PCIE_8x4_pretrain_large_phase2.sh"
+    r, jobs = _submit(tmp_path / "a", demo_data, (str(phase1), str(phase2)))
+    assert r.returncode == 2 and not jobs, r.stdout + r.stderr
+    assert "model.max_position_embeddings: phase 1 has 128, phase 2 needs 512 (data.max_seq_length=512)" in r.stderr
+    r, jobs = _submit(tmp_path / "b", demo_data, (str(phase2.with_name("config_A100PCIE_8x4_pretrain_large_phase1.sh")),
+                                                  str(phase2)), EXTRA_PARAMS="data.eval_samples=10000")
+    assert r.returncode == 2 and not jobs, r.stdout + r.stderr
+    assert f"data.eval_samples=10000 but data.eval_dir={demo_data.eval} holds 1000 samples" in r.stderr
+    out = tmp_path / "c" / "out"
+    for p, line in ((1, "done 1 0 0"), (2, "done 1 4 0")):
+        (out / f"phase{p}").mkdir(parents=True)
+        (out / f"phase{p}" / f"phase{p}_state.txt").write_text(line + "\n")
+    r, jobs = _submit(tmp_path / "c", demo_data, ("config_A100PCIE_8x4_pretrain_large_phase1.sh", str(phase2)),
+                      OUTDIR=str(out))
+    assert r.returncode == 0 and len(jobs) == 2, r.stdout + r.stderr
+    assert "phase 1: completed before" in r.stdout and "phase 2: failed before (training exit 4): run again, from the " \
+                                                     "start" in r.stdout
+    assert (out / "phase1" / "phase1_state.txt").read_text() == "done 1 0 0\n"
+    assert (out / "phase2" / "phase2_state.txt").read_text() == ""

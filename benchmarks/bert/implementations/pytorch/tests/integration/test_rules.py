@@ -64,7 +64,7 @@ _AUDITED_RUN = textwrap.dedent("""
 
 def _demo_args(demo_data, trained, out, *extra):
     """One rank of the demo config from the trained model: the first eval reaches the target."""
-    return [*demo_data.env["EXTRA_PARAMS"].split(), f"data.train_dir={demo_data.train}",
+    return [*demo_data.env["CONFIG_PARAMS"].split(), f"data.train_dir={demo_data.train}",
             f"data.eval_dir={demo_data.eval}", "data.eval_samples=300", f"log.output_dir={out}",
             f"run.init_checkpoint={trained.checkpoint}", "run.local_batch_size=32", "optim.lr=1e-4",
             "eval.interval_samples=32", "run.max_samples=320", *extra]
@@ -145,7 +145,7 @@ def test_submission_fields_come_from_the_launcher(demo_data, tmp_path):
     env.update(PATH=demo_data.path, LAUNCHER="task", DATADIR=str(demo_data.train),
                EVALDIR=str(demo_data.eval), LOGDIR=str(tmp_path / "set"), SUBMISSION_ORG="someorg",
                SUBMISSION_PLATFORM="box_1x2", SUBMISSION_STATUS="cloud",
-               EXTRA_PARAMS=demo_data.env["EXTRA_PARAMS"] + " --dry-run data.eval_samples=100")
+               EXTRA_PARAMS="--dry-run data.eval_samples=100")
     r = subprocess.run(["./run_and_time.sh"], cwd=PKG, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     keys = {e["key"]: e["value"] for e in mllog_events(tmp_path / "set" / "result_0.txt")}

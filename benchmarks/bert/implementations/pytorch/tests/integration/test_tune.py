@@ -64,17 +64,20 @@ def test_space_file_is_checked_and_names_the_key(tmp_path):
 
 
 def test_trial_env_layers_config_fixed_and_trial_values(tmp_path):
-    """The worker's environment < the base config < fixed < the trial's values; dotted keys
-    are appended to EXTRA_PARAMS (after the config's own, so they win)."""
+    """The base config < the worker's environment (what the user set) < fixed < the trial's
+    values; dotted keys are appended to EXTRA_PARAMS, the config's own stay in CONFIG_PARAMS."""
     space = tune.load_space(write_space(tmp_path / "s.yaml", params={
         "LR": {"low": 1e-3, "high": 1e-1, "log": True}, "optim.beta2": {"low": 0.9, "high": 0.999}}))
     env = tune.run_env(space, {"LR": 0.0123, "optim.beta2": 0.95},
-                       {"PATH": os.environ["PATH"], "LR": "9", "DATADIR": "/data", "EVAL_ITER_SAMPLES": "1"})
+                       {"PATH": os.environ["PATH"], "LR": "9", "DATADIR": "/data", "EVAL_ITER_SAMPLES": "1",
+                        "WARMUP_STEPS": "7", "OPT_LAMB_BETA_2": "0.98", "EXTRA_PARAMS": "log.progress_interval_steps=5"})
     assert env["LR"] == "0.0123" and env["DATADIR"] == "/data"
     assert env["EVAL_ITER_SAMPLES"] == "320" and env["DGXNGPU"] == "1"  # fixed
-    assert env["OPT_LAMB_BETA_1"] == "0.9"  # the config's
-    extra = env["EXTRA_PARAMS"].split()
-    assert extra[-2:] == ["data.eval_samples=500", "optim.beta2=0.95"] and "model.hidden_size=128" in extra
+    assert env["OPT_LAMB_BETA_1"] == "0.9" and env["MAX_STEPS"] == "2000"  # the config's
+    assert env["WARMUP_STEPS"] == "0"  # fixed over the worker's 7 over the config's 50
+    assert env["OPT_LAMB_BETA_2"] == "0.98"  # the worker's over the config's 0.999
+    assert env["EXTRA_PARAMS"].split() == ["log.progress_interval_steps=5", "data.eval_samples=500", "optim.beta2=0.95"]
+    assert "model.hidden_size=128" in env["CONFIG_PARAMS"].split()
 
 
 def test_study_on_slurm_prunes_tiny_rate_and_picks_a_setting_that_reaches_target(

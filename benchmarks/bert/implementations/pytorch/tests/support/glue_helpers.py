@@ -29,7 +29,7 @@ HEADERS = {
     "QNLI": "index\tquestion\tsentence\tlabel",
     "RTE": "index\tsentence1\tsentence2\tlabel",
     "WNLI": "index\tsentence1\tsentence2\tlabel",
-    "STDLIB-SAME-DOC": "index\tsentence1\tsentence2\tlabel",
+    "SAME-DOC": "index\tsentence1\tsentence2\tlabel",
 }
 
 
@@ -48,7 +48,7 @@ def row(task: str, i: int, a: str, b: str | None, y: str, dev: bool = False) -> 
     if task == "MNLI":
         labels = f"{y}\t{y}\t{y}\t{y}\t{y}\t{y}" if dev else f"{y}\t{y}"
         return f"{i}\t{31193 + i}\t{31193 + i}n\tgovernment\t( ( {a} ) )\t( {b} )\t(ROOT (S {a}))\t(ROOT (S {b}))\t{a}\t{b}\t{labels}"
-    return f"{i}\t{a}\t{b}\t{y}"  # QNLI, RTE, WNLI, STDLIB-SAME-DOC
+    return f"{i}\t{a}\t{b}\t{y}"  # QNLI, RTE, WNLI, SAME-DOC
 
 
 WORDS = ("the cat dog sat ran on a mat hat big small red blue old new it is was not very good bad "

@@ -18,7 +18,7 @@ TINY = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "mode
 
 
 def _demo(demo_data, out, *extra):
-    return [*demo_data.env["EXTRA_PARAMS"].split(), f"data.train_dir={demo_data.train}",
+    return [*demo_data.env["CONFIG_PARAMS"].split(), f"data.train_dir={demo_data.train}",
             f"data.eval_dir={demo_data.eval}", f"log.output_dir={out}", *extra]
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 def _scratch_args(demo_data, out, *extra):
     """The demo model from random weights, one rank, a few steps (never reaches the target)."""
-    return [*demo_data.env["EXTRA_PARAMS"].split(), f"data.train_dir={demo_data.train}",
+    return [*demo_data.env["CONFIG_PARAMS"].split(), f"data.train_dir={demo_data.train}",
             f"data.eval_dir={demo_data.eval}", "data.eval_samples=100", "eval.batch_size=100",
             f"log.output_dir={out}", "run.local_batch_size=32", "run.threads=1", *extra]
 

@@ -151,9 +151,13 @@ class NetnsNet:
 class SlurmCluster:
     """munged + slurmctld on the host, and one slurmd per node (see the module docstring)."""
 
-    def __init__(self, root: Path, net: NetnsNet | None = None):
+    def __init__(self, root: Path, net: NetnsNet | None = None, gpus: int = 0):
+        """``gpus``: that many GPUs per node as SLURM sees them (gres gpu, GresTypes=gpu), for
+        what a job asks for and gets (SLURM_GPUS_ON_NODE); their device files are stand-ins
+        (/dev/null, /dev/zero, ...: task/none constrains no device), no GPU is behind them."""
         self.root = root
         self.net = net
+        self.gpus = gpus
         self.node_names = list(net.nodes) if net else ["localhost"]
         self.pidfiles = {name: root / f"{name}.pid" for name in ("munged", "slurmctld")}
         for node in self.node_names:
@@ -189,6 +193,13 @@ class SlurmCluster:
         else:
             ctl, node_list = "localhost", "localhost"
             nodes = f"NodeName=localhost CPUs={cpus} RealMemory=1000 State=UNKNOWN"
+        gres = ""
+        if self.gpus:
+            devices = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")[:self.gpus]
+            assert len(devices) == self.gpus, f"at most 5 stand-in GPUs, not {self.gpus}"
+            (r / "gres.conf").write_text("AutoDetect=off\n" + "".join(f"Name=gpu File={d}\n" for d in devices))
+            gres = "GresTypes=gpu\n"
+            nodes = nodes.replace(" CPUs=", f" Gres=gpu:{self.gpus} CPUs=")
         # %n: each slurmd's own PID file, spool and log (several slurmds on one file system).
         self.conf.write_text(f"""\
 ClusterName=bertci
@@ -215,7 +226,7 @@ ReturnToService=2
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 SchedulerType=sched/builtin
-{nodes}
+{gres}{nodes}
 PartitionName=ci Nodes={node_list} Default=YES MaxTime=INFINITE State=UP
 """)
         subprocess.run(["slurmctld", "-i", "-f", str(self.conf)], check=True, env=self.env, timeout=30)

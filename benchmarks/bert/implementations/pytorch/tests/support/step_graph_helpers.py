@@ -27,7 +27,7 @@ def one_thread():
 
 def _cfg(demo_data, tmp_path, *extra):
     return build_config(parse_overrides([
-        *demo_data.env["EXTRA_PARAMS"].split(), f"data.train_dir={demo_data.train}",
+        *demo_data.env["CONFIG_PARAMS"].split(), f"data.train_dir={demo_data.train}",
         f"data.eval_dir={demo_data.eval}", f"log.output_dir={tmp_path}", *TINY, *extra]))
 
 

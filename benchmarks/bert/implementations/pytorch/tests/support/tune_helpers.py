@@ -26,4 +26,4 @@ def write_space(path: Path, **over) -> Path:
 
 def load(space_file: Path, workdir: Path):
     space = tune.load_space(space_file)
-    return space, tune.open_study(space, tune.default_storage(space, workdir))
+    return space, tune.open_study(space, tune.default_storage(space, workdir), workdir)

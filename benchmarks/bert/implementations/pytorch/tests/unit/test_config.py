@@ -75,8 +75,7 @@ def test_dump_round_trips(tmp_path):
 
 def test_launcher_variables_name_real_keys_and_the_doc_lists_them():
     """The one table of launcher variables: every key it names is a config key of its
-    variable's type (a launcher passes strings), EXTRA_PARAMS' key=value words come after the
-    variables, flags are the command line's, and docs/cluster.md lists the table as it is."""
+    variable's type (a launcher passes strings), and docs/cluster.md lists the table as it is."""
     from pathlib import Path
 
     from bert.config import LAUNCHER_VARIABLES, launcher_overrides
@@ -86,12 +85,35 @@ def test_launcher_variables_name_real_keys_and_the_doc_lists_them():
     for var, key in LAUNCHER_VARIABLES.items():
         section, name = key.split(".")
         assert hasattr(getattr(cfg, section), name), (var, key)
-    got = launcher_overrides({"LR": "0.5", "BATCHSIZE": "3", "EXTRA_PARAMS": "--dry-run optim.lr=0.25 run.seed=4"})
-    assert got == {"optim.lr": "0.25", "run.local_batch_size": "3", "run.seed": "4"}
-    assert launcher_overrides({"LR": "0.5", "EXTRA_PARAMS": "optim.lr=0.25"}, extra=False) == {"optim.lr": "0.5"}
     doc = (Path(__file__).resolve().parents[2] / "docs" / "cluster.md").read_text()
     rows = [f"| `{var}` | `{key}` |" for var, key in LAUNCHER_VARIABLES.items()]
     assert "\n".join(["| variable | override |", "|---|---|", *rows]) in doc
+
+
+def test_one_precedence_and_where_each_setting_came_from():
+    """Lowest first: the defaults, a --config file, the config script (its CONFIG_PARAMS and its
+    variables), the user's variables set over the script's and EXTRA_PARAMS, the command line.
+    A variable is the script's where the script sets it to that value, else the environment's;
+    flags in EXTRA_PARAMS are not settings; the start of a run lists the settings that differ
+    from the defaults with their origin, in the sections' order."""
+    from bert.config import COMMAND_LINE, Setting, launcher_settings, origin_lines, resolve
+
+    script = {"LR": "0.5", "BATCHSIZE": "3", "CONFIG_PARAMS": "optim.lr=0.9 run.seed=1 data.eval_samples=7"}
+    env = {**script, "BATCHSIZE": "4", "WARMUP_STEPS": "2",
+           "EXTRA_PARAMS": "--dry-run run.seed=2 model.vocab_size=8000", "CONFIG_SCRIPT": "/x/config_X.sh"}
+    settings = launcher_settings(env, script, "config_X.sh") + [Setting("model.vocab_size", "9000", COMMAND_LINE)]
+    cfg, origins = resolve(settings)
+    assert (cfg.optim.lr, cfg.run.local_batch_size, cfg.optim.warmup_steps) == (0.5, 4, 2)  # LR over CONFIG_PARAMS
+    assert (cfg.run.seed, cfg.model.vocab_size, cfg.data.eval_samples) == (2, 9000, 7)
+    assert origins == {"optim.lr": "LR in config_X.sh", "run.seed": "EXTRA_PARAMS",
+                       "data.eval_samples": "CONFIG_PARAMS in config_X.sh", "run.local_batch_size": "BATCHSIZE in the environment",
+                       "optim.warmup_steps": "WARMUP_STEPS in the environment", "model.vocab_size": COMMAND_LINE}
+    assert origin_lines(cfg, origins) == [
+        "model.vocab_size=9000 (command line)", "data.eval_samples=7 (CONFIG_PARAMS in config_X.sh)",
+        "optim.lr=0.5 (LR in config_X.sh)", "optim.warmup_steps=2 (WARMUP_STEPS in the environment)",
+        "run.local_batch_size=4 (BATCHSIZE in the environment)", "run.seed=2 (EXTRA_PARAMS)"]
+    # Without the script's own values every variable is the environment's.
+    assert resolve(launcher_settings({"LR": "0.5"}))[1] == {"optim.lr": "LR in the environment"}
 
 
 def test_what_a_resume_may_change_names_real_keys_and_the_doc_lists_it():
@@ -120,3 +142,60 @@ def test_what_a_resume_may_change_names_real_keys_and_the_doc_lists_it():
                                          "optim.lr=0.25 (the checkpointed run's: 0.5)"]
     doc = (Path(__file__).resolve().parents[2] / "docs" / "faults.md").read_text()
     assert all(f"`{entry}`" in doc for entry in RESUME_MAY_DIFFER), [e for e in RESUME_MAY_DIFFER if f"`{e}`" not in doc]
+
+
+def test_how_a_run_ends_and_what_its_start_says():
+    """A pretraining phase ends at its step count whatever run.max_samples says (said, below or
+    above); a benchmark run at run.max_samples, said when it cuts the schedule short; neither
+    trains past the update from which the rate stays 0 (said), nor past run.max_steps."""
+    from bert.config import run_end, start_notes
+
+    def end(*words):
+        return run_end(build_config(parse_overrides(["run.local_batch_size=32", "optim.total_steps=150", *words])), 2)
+
+    assert end("run.mode=pretrain") == (9600, [])
+    samples, (note,) = end("run.mode=pretrain", "run.max_samples=256000")
+    assert samples == 9600 and "run.max_samples=256000 (MAX_SAMPLES_TERMINATION) is above the step count" in note
+    samples, (note,) = end("run.mode=pretrain", "run.max_samples=640")
+    assert samples == 9600 and "is below the step count and does not end a pretraining phase" in note
+    assert end("run.mode=pretrain", "run.max_steps=20")[0] == 1280
+    samples, (note,) = end("run.max_samples=256000")  # end_lr 0: past step 150 nothing changes
+    assert samples == 9600 and note.startswith("the rate is 0 from step 150") and "not at 256000" in note
+    samples, (note,) = end("run.max_samples=256000", "optim.end_lr=1e-5")
+    assert samples == 256000 and "trains past the schedule's end (step 150) at the rate optim.end_lr=1e-05" in note
+    samples, (note,) = end("run.max_samples=640")
+    assert samples == 640 and note == "run.max_samples=640 ends the run at step 10, before its schedule's end " \
+                                      "(optim.total_steps=150)"
+    samples, (note,) = end("optim.lr_max_steps=100")  # the decay (to 0) ends before the step count
+    assert samples == 6400 and note.startswith("the rate is 0 from step 100")
+    assert end()[1] == [] and end("run.max_steps=150")[1] == []
+    with pytest.raises(ConfigError, match="optim.lr_max_steps: the schedule's rate is 0 from the first update"):
+        build_config(parse_overrides(["run.division=open", "optim.schedule=published", "optim.lr_max_steps=1"]))
+    phase1 = build_config(parse_overrides(["run.mode=pretrain", "model.max_position_embeddings=128",
+                                           "data.max_seq_length=128"]))
+    assert any("a phase 2 at a longer sequence cannot start from these weights" in n for n in start_notes(phase1, 1))
+
+
+def test_the_rate_is_zero_from_the_step_the_config_says():
+    """zero_rate_step against the trainer's own schedule (bert.optim.lr_at), for both formulas."""
+    from bert.config import zero_rate_step
+    from bert.optim import lr_at
+
+    for words in (["optim.total_steps=50", "optim.warmup_steps=5"], ["optim.total_steps=80", "optim.lr_max_steps=30"],
+                  ["run.division=open", "optim.schedule=published", "optim.total_steps=60", "optim.lr_max_steps=40",
+                   "optim.warmup_steps=8", "optim.start_warmup_step=-2"]):
+        o = build_config(parse_overrides(words)).optim
+        z = zero_rate_step(o)
+        assert lr_at(z - 1, o) > 0 and all(lr_at(k, o) == 0 for k in range(z, z + 30)), (words, z)
+    assert zero_rate_step(build_config(parse_overrides(["optim.end_lr=1e-6"])).optim) is None
+
+
+def test_phase_two_must_have_the_model_phase_one_makes():
+    from bert.config import handover_problems
+
+    p2 = build_config(parse_overrides(["model.vocab_size=8000"]))
+    p1 = build_config(parse_overrides(["model.vocab_size=8000", "model.max_position_embeddings=128",
+                                       "data.max_seq_length=128"]))
+    assert handover_problems(p1, p2) == ["model.max_position_embeddings: phase 1 has 128, phase 2 needs 512 "
+                                         "(data.max_seq_length=512)"]
+    assert handover_problems(p2, p2) == []

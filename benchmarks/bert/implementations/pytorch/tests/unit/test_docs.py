@@ -99,7 +99,21 @@ BLOCKS: dict[tuple[str, str, str], object] = {
         "tests/integration/test_bench.py::test_grad_sync_bench_smoke_prints_the_interface_keys", ("grad_sync",),
         "minutes of BERT-base steps on two cores; the test runs it at smoke size"),
     ("docs/pretraining.md", "Pretraining from scratch (outside MLPerf's rules)", "set -euo pipefail"): RUN,
-    ("docs/pretraining.md", "Pretraining from scratch (outside MLPerf's rules)", "DATADIR1=..."): Covered(
+    ("docs/pretraining.md", "Locally, without SLURM", "set -e"): Covered(
+        "tests/integration/test_pretrain.py::test_pretrain_demo_small_both_phases_and_transformers",
+        ("pretrain_demo.sh", "config_CPU_1x2_pretrain_phase1.sh", "run_and_time.sh"),
+        "vocab.txt and p1/, p2/ are your data; pretrain_demo.sh runs both configs through run_and_time.sh "
+        "on its own, smaller"),
+    ("docs/pretraining.md", "A downstream task from your own text (`tools/glue.py same-doc`)",
+     "python tools/glue.py same-doc"): Covered(
+        "tests/integration/test_pretrain.py::test_pretrain_demo_small_both_phases_and_transformers",
+        ("pretrain_demo.sh", "SAME-DOC", "same_doc_compare"),
+        "HELD_OUT_TEXT and OUTDIR are yours; pretrain_demo.sh makes the task from its set-apart docstrings and "
+        "runs this grid, table and compare"),
+    ("docs/configuration.md", "One precedence, whichever launcher", "python3 tools/config_env.py show"): RUN,
+    ("docs/pretraining.md", "A walkthrough: a few MB of your own text, end to end", "# Man pages as text"): RUN,
+    ("docs/cluster.md", "A config for your own cluster", "cat > config_H100_4x8.sh"): RUN,
+    ("docs/pretraining.md", "On a SLURM cluster", "DATADIR1=..."): Covered(
         "tests/integration/test_pretrain.py::test_submit_pretrain_chains_phases_and_survives_a_preemption",
         ("submit_pretrain.sh",), "the paths are yours, and the configs want 32 GPUs"),
     ("docs/pretraining.md", "The plan before the spend (`tools/plan.py`)", "python tools/plan.py --configs"): RUN,

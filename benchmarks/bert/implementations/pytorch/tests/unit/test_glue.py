@@ -304,19 +304,19 @@ def test_table_rule_best_rate_by_median_and_the_glue_average(tmp_path):
 
 
 def test_compare_wins_only_when_every_pretrained_seed_beats_every_random_one_by_the_margin(tmp_path, capsys):
-    g = glue.load_grid(None, ["model=m", "glue_dir=d", "tasks=[STDLIB-SAME-DOC]", "inits=[pretrained, random]",
+    g = glue.load_grid(None, ["model=m", "glue_dir=d", "tasks=[SAME-DOC]", "inits=[pretrained, random]",
                               "lrs=[1e-4, 3e-4]", "seeds=[1, 2, 3]"])
     root = tmp_path / g.name
     scores = {("pretrained", 1e-4): [0.70, 0.70, 0.70], ("pretrained", 3e-4): [0.80, 0.75, 0.78],
               ("random", 1e-4): [0.50, 0.55, 0.52], ("random", 3e-4): [0.60, 0.65, 0.70]}
     for (init, lr), values in scores.items():
         for seed, v in zip((1, 2, 3), values):
-            _result(root, init, "STDLIB-SAME-DOC", lr, seed, {"accuracy": v})
-    c = glue.compare(g, tmp_path, "STDLIB-SAME-DOC", 0.05)
+            _result(root, init, "SAME-DOC", lr, seed, {"accuracy": v})
+    c = glue.compare(g, tmp_path, "SAME-DOC", 0.05)
     assert c["pretrained"]["best_lr"] == 3e-4 and c["random"]["best_lr"] == 3e-4  # each at its own best rate
     assert c["worst_minus_best"] == pytest.approx(0.75 - 0.70) and c["median_difference"] == pytest.approx(0.78 - 0.65)
-    args = ["compare", "--task", "STDLIB-SAME-DOC", "--workdir", str(tmp_path), "model=m", "glue_dir=d",
-            "tasks=[STDLIB-SAME-DOC]", "inits=[pretrained, random]", "lrs=[1e-4, 3e-4]", "seeds=[1, 2, 3]"]
+    args = ["compare", "--task", "SAME-DOC", "--workdir", str(tmp_path), "model=m", "glue_dir=d",
+            "tasks=[SAME-DOC]", "inits=[pretrained, random]", "lrs=[1e-4, 3e-4]", "seeds=[1, 2, 3]"]
     assert glue.main([*args, "--margin", "0.049"]) == 0
     assert glue.main([*args, "--margin", "0.051"]) == 1
     assert "does NOT win" in capsys.readouterr().out
@@ -338,19 +338,19 @@ def test_a_signal_stops_a_run_without_a_result_and_the_rerun_does_it(tmp_path, t
 
 def test_the_downstream_task_is_made_from_documents_pretraining_never_sees(tmp_path):
     """tools/pretrain_demo.py: the corpus keeps its downstream documents out of the training
-    and held-out text; same-doc-task's positives are a sentence and the next of one docstring,
+    and held-out text; `glue.py same-doc`'s positives are a sentence and the next of one docstring,
     its negatives a sentence and one of another, no docstring in both train and dev."""
     import pretrain_demo
 
     summary = pretrain_demo.write_corpus(tmp_path / "text", max_docs=400)
-    train = [d for part in sorted((tmp_path / "text" / "train").glob("*.txt")) for d in pretrain_demo._read_documents(part)]
-    held = pretrain_demo._read_documents(tmp_path / "text" / "eval" / "eval.txt")
-    down = pretrain_demo._read_documents(tmp_path / "text" / "downstream.txt")
+    train = [d for part in sorted((tmp_path / "text" / "train").glob("*.txt")) for d in glue_data.read_documents(part)]
+    held = glue_data.read_documents(tmp_path / "text" / "eval" / "eval.txt")
+    down = glue_data.read_documents(tmp_path / "text" / "downstream.txt")
     assert len(train) + len(held) + len(down) == summary["documents"] == 400 and 30 < len(down) < 100
     keys = [{" ".join(d) for d in part} for part in (train, held, down)]
     assert not (keys[0] & keys[2]) and not (keys[1] & keys[2])
-    counts = pretrain_demo.same_doc_task(tmp_path / "text" / "downstream.txt", tmp_path / "glue", pairs=1)
-    data = glue_data.read_glue_dir(tmp_path / "glue", glue_data.TASKS["STDLIB-SAME-DOC"])
+    counts = glue_data.same_doc_task(tmp_path / "text" / "downstream.txt", tmp_path / "glue", pairs=1)
+    data = glue_data.read_glue_dir(tmp_path / "glue", glue_data.TASKS["SAME-DOC"])
     assert len(data.train) == counts["train"]["pairs"] and len(data.dev[""]) == counts["dev"]["pairs"]
     nxt = {(d[k], d[k + 1]) for d in down for k in range(len(d) - 1)}
     for rows in (data.train, data.dev[""]):
@@ -363,3 +363,26 @@ def test_the_downstream_task_is_made_from_documents_pretraining_never_sees(tmp_p
     docs_of = [{i for e in rows for i in owners[e.text_a]} for rows in (data.train, data.dev[""])]
     unique = [{i for e in rows if len(owners[e.text_a]) == 1 for i in owners[e.text_a]} for rows in (data.train, data.dev[""])]
     assert not (unique[0] & docs_of[1]) and not (unique[1] & docs_of[0])  # no docstring on both sides
+
+
+def test_same_doc_from_a_directory_of_your_own_text_and_too_little_of_it(tmp_path, capsys):
+    """`glue.py same-doc` on text of the user's own (a directory of parts in create's format,
+    a tab inside a sentence): GLUE-layout TSVs of four fields a row, each sentence of the
+    text; text with fewer than two documents of two sentences in a split stops with exit 2."""
+    text = tmp_path / "text"
+    text.mkdir()
+    docs = [[f"Document {d} says thing {s}\tin a sentence." for s in range(3)] for d in range(40)]
+    for part in range(2):
+        (text / f"part-{part:02d}.txt").write_text("\n\n".join("\n".join(d) for d in docs[part::2]) + "\n")
+    assert glue.main(["same-doc", "--text", str(text), "--output", str(tmp_path / "out"), "--pairs", "2"]) == 0
+    counts = json.loads(capsys.readouterr().out)
+    assert counts["train"]["documents"] + counts["dev"]["documents"] == 40
+    sentences = {" ".join(s.split()) for d in docs for s in d}
+    for split in ("train", "dev"):
+        rows = (tmp_path / "out" / "SAME-DOC" / f"{split}.tsv").read_text().splitlines()[1:]
+        assert len(rows) == counts[split]["pairs"] and all(len(r.split("\t")) == 4 for r in rows)
+        assert all(r.split("\t")[1] in sentences and r.split("\t")[2] in sentences for r in rows)
+    (tmp_path / "few.txt").write_text("One sentence here only.\n\nAnd another lone one.\n")
+    assert glue.main(["same-doc", "--text", str(tmp_path / "few.txt"), "--output", str(tmp_path / "o2")]) == 2
+    assert "document(s) of two or more sentences out of 2 documents; it needs 2" in capsys.readouterr().err
+    assert not (tmp_path / "o2").exists()

@@ -178,7 +178,7 @@ def test_a_run_with_warm_up_ends_where_one_without_does(demo_data, tmp_path, cap
     final = {}
     for n in (0, 2):
         out = tmp_path / f"w{n}"
-        rc = train.main([*demo_data.env["EXTRA_PARAMS"].split(), f"data.train_dir={demo_data.train}",
+        rc = train.main([*demo_data.env["CONFIG_PARAMS"].split(), f"data.train_dir={demo_data.train}",
                          f"data.eval_dir={demo_data.eval}", f"log.output_dir={out}", *TINY,
                          f"run.warmup_steps={n}", "run.max_samples=24", "eval.interval_samples=24",
                          "run.threads=1", f"run.save_checkpoint={out / 'final.pt'}"])

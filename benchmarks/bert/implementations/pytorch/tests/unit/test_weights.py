@@ -170,7 +170,17 @@ def test_checkpoint_cli_converts_both_ways_with_a_bert_config(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["activation"] == "gelu_erf"
     assert json.loads((tmp_path / "hf_erf" / "config.json").read_text())["hidden_act"] == "gelu"
     assert main(["checkpoint", "--input", str(tmp_path / "ours.pt"), "--output", str(tmp_path / "x.pt")]) == 2
-    assert "ours.pt: 352 missing tensors" in capsys.readouterr().err  # BERT-Large has 22 more layers
+    err = capsys.readouterr().err  # BERT-Large has 22 more layers: assumed, and said so
+    assert "ours.pt: 352 missing tensors" in err and "no --bert-config: BERT-Large was assumed" in err
+    # The run's own resolved config (what bert.train writes beside its log) is an architecture too.
+    from bert.config import Config, dumps
+
+    run_cfg = Config()
+    run_cfg.model = TINY
+    (tmp_path / "result_0_config.json").write_text(dumps(run_cfg, {"world_size": 2}))
+    assert main(["checkpoint", "--input", str(tmp_path / "ours.pt"), "--output", str(tmp_path / "hf2"), "--to", "hf",
+                 "--bert-config", str(tmp_path / "result_0_config.json")]) == 0
+    assert json.loads((tmp_path / "hf2" / "config.json").read_text()) == json.loads((tmp_path / "hf" / "config.json").read_text())
 
 
 @pytest.mark.parametrize("writer, hidden_act, activation", [
