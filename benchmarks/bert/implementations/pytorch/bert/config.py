@@ -533,6 +533,11 @@ RESUME_MAY_DIFFER = ("data.train_dir", "data.eval_dir", "data.read_timeout_s", "
                      "run.max_nonfinite_steps", "run.exclusive", "run.cache_cleared", "run.threads",
                      "eval.target_accuracy", "run.max_samples", "run.max_steps")
 
+# What a saved config that lacks a key meant by it: the value the code that wrote it ran, where
+# that is not today's default. Checkpoints and resolved configs written before model.activation
+# existed come from a model that computed the exact erf GELU.
+ABSENT_MEANT = {"model.activation": "gelu_erf"}
+
 
 def may_differ_on_resume(key: str) -> bool:
     return any(key == p or (p.endswith(".*") and key.startswith(p[:-1])) for p in RESUME_MAY_DIFFER)
@@ -541,10 +546,12 @@ def may_differ_on_resume(key: str) -> bool:
 def resume_changes(saved: Mapping[str, Any], cfg: Config) -> list[str]:
     """The settings of ``cfg`` that differ from ``saved`` (the checkpointed run's config, as
     ``to_dict`` and JSON give it) and may not (RESUME_MAY_DIFFER), each 'key=now (the
-    checkpointed run's: then)'. A key ``saved`` lacks (a field added since) compares with its
-    default; a key only ``saved`` has (a field removed since) is not read by this code."""
+    checkpointed run's: then)'. A key ``saved`` lacks (a field added since) compares with what
+    its absence meant (``ABSENT_MEANT``), else its default; a key only ``saved`` has (a field
+    removed since) is not read by this code."""
     then: dict[str, Any] = {}
     _flatten("", json.loads(json.dumps(to_dict(Config()))), then)  # the defaults, for keys added since
+    then.update(ABSENT_MEANT)
     _flatten("", dict(saved), then)
     now: dict[str, Any] = {}
     _flatten("", json.loads(json.dumps(to_dict(cfg))), now)  # tuples as lists, as the saved JSON has them

@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
-from .config import ModelConfig
+from .config import ABSENT_MEANT, ModelConfig
 from .model import BertForPreTraining
 from .tf_bundle import BundleError, read_bundle
 
@@ -319,6 +319,10 @@ def config_from_bert_json(path: str | Path, base: ModelConfig | None = None) -> 
                                "max_position_embeddings", "type_vocab_size") if k not in model]
         if missing:
             raise CheckpointError(f"{p}: its model section lacks {missing}")
+        for key, meant in ABSENT_MEANT.items():  # a config written before the key existed
+            section, _, name = key.partition(".")
+            if section == "model":
+                model.setdefault(name, meant)
         return dataclasses.replace(base or ModelConfig(), **model)
     keys = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_hidden_layers": "num_layers",
             "num_attention_heads": "num_heads", "intermediate_size": "intermediate_size",

@@ -119,7 +119,7 @@ def test_one_precedence_and_where_each_setting_came_from():
 def test_what_a_resume_may_change_names_real_keys_and_the_doc_lists_it():
     """RESUME_MAY_DIFFER: each entry a config key or a section; resume_changes names every
     other setting that differs from the checkpointed run's, with both values, compares a key
-    the saved config lacks (a field added since) with its default and ignores one only it has
+    the saved config lacks (a field added since) with what its absence meant, else its default, and ignores one only it has
     (a field removed since); lists compare as lists; docs/faults.md names every entry."""
     from pathlib import Path
 
@@ -140,6 +140,12 @@ def test_what_a_resume_may_change_names_real_keys_and_the_doc_lists_it():
     assert resume_changes(then, now) == ["model.fused_qkv=false (the checkpointed run's: true)",
                                          "data.token_budgets=\"auto\" (the checkpointed run's: [1024, 4096])",
                                          "optim.lr=0.25 (the checkpointed run's: 0.5)"]
+    # A checkpoint from before model.activation existed ran the erf GELU: resuming it under the
+    # tanh default is a change (ABSENT_MEANT), resuming it with gelu_erf is not.
+    del then["model"]["activation"]
+    assert "model.activation=\"gelu_tanh\" (the checkpointed run's: \"gelu_erf\")" in resume_changes(then, now)
+    now.model.activation = "gelu_erf"
+    assert not any(c.startswith("model.activation") for c in resume_changes(then, now))
     doc = (Path(__file__).resolve().parents[2] / "docs" / "faults.md").read_text()
     assert all(f"`{entry}`" in doc for entry in RESUME_MAY_DIFFER), [e for e in RESUME_MAY_DIFFER if f"`{e}`" not in doc]
 

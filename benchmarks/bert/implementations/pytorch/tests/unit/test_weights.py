@@ -181,6 +181,13 @@ def test_checkpoint_cli_converts_both_ways_with_a_bert_config(tmp_path, capsys):
     assert main(["checkpoint", "--input", str(tmp_path / "ours.pt"), "--output", str(tmp_path / "hf2"), "--to", "hf",
                  "--bert-config", str(tmp_path / "result_0_config.json")]) == 0
     assert json.loads((tmp_path / "hf2" / "config.json").read_text()) == json.loads((tmp_path / "hf" / "config.json").read_text())
+    # A run's config written before model.activation existed comes from the erf model: exported so.
+    saved = json.loads((tmp_path / "result_0_config.json").read_text())
+    del saved["model"]["activation"]
+    (tmp_path / "old_config.json").write_text(json.dumps(saved))
+    assert main(["checkpoint", "--input", str(tmp_path / "ours.pt"), "--output", str(tmp_path / "hf3"), "--to", "hf",
+                 "--bert-config", str(tmp_path / "old_config.json")]) == 0
+    assert json.loads((tmp_path / "hf3" / "config.json").read_text())["hidden_act"] == "gelu"
 
 
 @pytest.mark.parametrize("writer, hidden_act, activation", [
