@@ -88,7 +88,7 @@ def shard(input_dir: str | Path, output_dir: str | Path, num_shards: int, layout
                                 f"{max_seq_length} / {max_predictions}")
     out = prepare_output(output_dir, "shard", {"num_shards": num_shards, "layout": layout,
                                                "max_seq_length": max_seq_length, "max_predictions": max_predictions,
-                                               "inputs": file_fingerprint(paths, Path(input_dir))})
+                                               "inputs": file_fingerprint(paths, Path(input_dir), workers)})
     starts = tuple(int(x) for x in np.concatenate([[0], np.cumsum(sizes)]))
     runs = [r for r in np.array_split(np.arange(num_shards), max(1, min(workers, num_shards))) if len(r)]
     jobs = [_Job(tuple(int(j) for j in r), tuple(paths), starts, out, num_shards, layout, max_seq_length,

@@ -95,7 +95,7 @@ def stratify(input_dir: str | Path, output_dir: str | Path, bounds: list[int] | 
                         "longer samples would belong to no stratum")
     out = prepare_output(output_dir, "stratify", {
         "bounds": [hi for _, hi in ranges], "max_seq_length": max_seq_length,
-        "inputs": file_fingerprint(paths, Path(input_dir)), "format": FORMAT})
+        "inputs": file_fingerprint(paths, Path(input_dir), workers), "format": FORMAT})
     jobs = [_Job(i, p, out, tuple(ranges), max_seq_length) for i, p in enumerate(paths)]
     records = parallel_map(_split_one, jobs, workers, "stratify")
 

@@ -27,6 +27,33 @@ def test_shard_errors(parts, tmp_path):
         shard(src, tmp_path / "c", 3)
 
 
+def test_a_rerun_over_inputs_changed_in_place_at_the_same_size_is_refused(parts, tmp_path):
+    """shard, stratify and eval recognise their inputs by content: an input part remade with
+    the same samples in another order (the same size to the byte, other bytes) is another run,
+    refused naming the inputs, not a resume that keeps the old output."""
+    import shutil
+
+    from bert.shards import list_shards, write_shard
+    from input_preprocessing.stratify import stratify
+
+    src, ev = parts
+    mine = tmp_path / "src"
+    shutil.copytree(src, mine)
+    shard(mine, tmp_path / "sh", 2)
+    stratify(mine, tmp_path / "st", [32, 64], max_seq_length=64)
+    pick_eval(mine, tmp_path / "ev", num_samples=50)
+    part = list_shards(mine)[1]
+    size, data = part.stat().st_size, read_shard(part)
+    write_shard(part, data.subset(np.arange(len(data))[::-1]), "fixed", 64, 10)
+    assert part.stat().st_size == size
+    shard(mine, tmp_path / "sh2", 2)  # the same inputs again: a new directory is made as before
+    for step in (lambda: shard(mine, tmp_path / "sh", 2),
+                 lambda: stratify(mine, tmp_path / "st", [32, 64], max_seq_length=64),
+                 lambda: pick_eval(mine, tmp_path / "ev", num_samples=50)):
+        with pytest.raises(PrepError, match=r"already holds a different run \(different inputs\)"):
+            step()
+
+
 def test_eval_pick_count_spacing_and_determinism(parts, tmp_path):
     _, ev = parts
     np.testing.assert_array_equal(pick_indices(10, 4), [0, 2, 5, 7])
