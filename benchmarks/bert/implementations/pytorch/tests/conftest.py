@@ -141,6 +141,14 @@ def catches(pid: int, signum: int) -> bool:
     return bool(int(mask, 16) >> (signum - 1) & 1)
 
 
+def sigint_default() -> None:
+    """SIGINT at its default action in a child, as a terminal starts a command: under a suite
+    started in the background without job control (``make test &``, nohup) it is inherited
+    ignored, and a script cannot trap a signal ignored at its entry, so a test's Ctrl-C would
+    be lost."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_and_time_signalled(env: dict[str, str], at_step: int | None = None, sig: int = signal.SIGUSR1,
                            act=None) -> tuple[int, str]:
     """./run_and_time.sh with ``env``, in a session of its own (as a terminal starts a
@@ -150,7 +158,7 @@ def run_and_time_signalled(env: dict[str, str], at_step: int | None = None, sig:
     signal lands. ``at_step``: when its progress line for that step appears instead (for a
     run with no natural end before it). Returns (exit status, output)."""
     proc = subprocess.Popen(["./run_and_time.sh"], cwd=PKG, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True, preexec_fn=sigint_default)
     lines = []
     pattern = rf"step +{at_step} \|" if at_step is not None else r"STARTING TIMING RUN AT "
     try:

@@ -26,7 +26,7 @@ import torch
 
 from bert.mlperf_log import read_events
 from conftest import PKG, catches, children, mllog_events, run_and_time_signalled
-from checkpoint_helpers import (STEPS, TINY, WORLD, WRITE_FAILED, _run_and_time_env, checkpoints, last_event,
+from checkpoint_helpers import (ENDLESS, STEPS, TINY, WORLD, WRITE_FAILED, _run_and_time_env, checkpoints, last_event,
                                 launch, no_partial_files, rank_output, tiny_data, train_args, wait_all)  # noqa: F401 - fixtures: tiny_data
 
 
@@ -336,7 +336,7 @@ def test_second_ctrl_c_ends_a_rank_at_once(tiny_data, tmp_path):
     the process is where it must be (its handler installed; then that handler run and SIGINT's
     default back), read from /proc, so no timing is assumed."""
     (proc,) = launch(tiny_data, tmp_path, f"ckpt.poll_steps={10**9}", f"eval.interval_samples={10**9}",
-                     f"run.max_samples={10**12}", world=1)
+                     *ENDLESS, world=1)
     wait_for(lambda: catches(proc.pid, signal.SIGUSR1), [proc], "the trainer's handlers")  # SIGINT's with them
     proc.send_signal(signal.SIGINT)
     wait_for(lambda: not catches(proc.pid, signal.SIGINT), [proc], "the first SIGINT handled")
@@ -408,7 +408,7 @@ def test_kill9_of_run_and_time_leaves_nothing_running(tiny_data, tmp_path, no_pr
     """kill -9 of run_and_time.sh (nothing can trap it) mid-run: torchrun dies with it and the
     workers with torchrun (their parent-death signal, bert/tether.py), instead of training
     on as orphans beside the requeued run; nothing more is written to the run's directory."""
-    env = _run_and_time_env(tiny_data, tmp_path, no_procps_path, f"run.max_samples={10**12}")
+    env = _run_and_time_env(tiny_data, tmp_path, no_procps_path, *ENDLESS)
     proc = subprocess.Popen(["./run_and_time.sh"], cwd=PKG, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     try:
@@ -457,7 +457,7 @@ def test_second_ctrl_c_ends_run_and_time_at_once(tiny_data, tmp_path, no_procps_
     run): the script ends torchrun and every worker at once, says so, exits 130; no
     traceback. The second is sent once both workers have handled the first (/proc)."""
     env = _run_and_time_env(tiny_data, tmp_path, no_procps_path, f"ckpt.poll_steps={10**9}",
-                            f"eval.interval_samples={10**9}", f"run.max_samples={10**12}")
+                            f"eval.interval_samples={10**9}", *ENDLESS)
     workers = []
 
     def ctrl_c_twice(proc):

@@ -27,6 +27,9 @@ TINY = ["model.vocab_size=128", "model.hidden_size=32", "model.num_layers=1", "m
         "optim.lr=2e-3", "optim.warmup_steps=5", "optim.total_steps=100", "log.progress_interval_steps=1",
         "run.threads=1", "run.device=cpu", f"run.max_samples={16 * STEPS}", "dist.backend=gloo",
         "run.seed=12345"]  # explicit: a resumed run is compared with an uninterrupted one
+# A run with no end before the test stops it: no sample limit, and a schedule whose rate does
+# not reach zero (a run also ends where its rate stays 0: bert.config.run_end).
+ENDLESS = (f"run.max_samples={10**12}", f"optim.total_steps={10**9}")
 
 
 @pytest.fixture(scope="module")
