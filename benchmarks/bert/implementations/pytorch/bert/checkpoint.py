@@ -323,6 +323,13 @@ class StopFlag:
         self.signum = 0  # SIGTERM / SIGUSR1
         self.interrupted = False  # SIGINT
 
+    def reason(self) -> str | None:
+        """What asked the run to stop, in words (None: nothing did): for a wait that cannot
+        reach the next poll (bert/watchdog.py)."""
+        if self.interrupted:
+            return "interrupted (Ctrl-C)"
+        return f"stopped by signal {signal.Signals(self.signum).name}" if self.signum else None
+
     def _handle(self, signum: int, _frame: Any) -> None:
         self.signum = signum
 

@@ -20,12 +20,12 @@ from typing import Any, Callable, Iterator, Protocol, Sequence
 import numpy as np
 
 from . import watchdog
-from .integrity import Manifest
 from .batches import collate, collate_packed, pinned
 from .budget import BudgetCollate, Layout
 from .config import DataConfig, ModelConfig, SamplerConfig
+from .reader import ShardReader
 from .sampler import IdReader, IndexLoader, LengthIndex, build_sampler
-from .shards import SHARD_SUFFIXES, Bounds, DataError, Sample, Shard, list_shards, read_shard, shard_size
+from .shards import SHARD_SUFFIXES, Bounds, DataError, Sample, Shard, list_shards, shard_size
 
 
 # ---------------------------------------------------------------- sampling policy
@@ -75,21 +75,22 @@ class SampleStream:
     Yields ``(epoch, offset, sample)``, ``offset`` counting this rank's samples within the
     epoch, so a position can be saved and resumed. With ``prefetch`` the next shard is read
     while the current one is consumed, so file I/O overlaps the training step (torch kernels
-    release the GIL); costs one extra shard in memory. Every read runs under the watchdog
-    (bert/watchdog.py, ``read_timeout_s`` per file), checked against the directory's md5
-    manifest where there is one (``manifest``) and against the model's ``bounds``.
+    release the GIL); costs one extra shard in memory. Every read goes through ``reader``
+    (bert/reader.py: the watchdog, the md5 list, the model's bounds).
     """
 
-    def __init__(self, paths: Sequence[Path], policy: ShardPolicy, max_seq_length: int | None = None,
-                 prefetch: bool = True, *, bounds: Bounds | None = None, manifest: Manifest | None = None,
-                 read_timeout_s: float = 60.0):
-        self.paths, self.policy = list(paths), policy
-        self.max_seq_length, self.prefetch = max_seq_length, prefetch
-        self.bounds, self.manifest, self.read_timeout_s = bounds, manifest, read_timeout_s
+    def __init__(self, paths: Sequence[Path], policy: ShardPolicy, reader: ShardReader, prefetch: bool = True):
+        self.paths, self.policy, self.reader, self.prefetch = list(paths), policy, reader, prefetch
         self.pending: watchdog.Read | None = None  # the read in flight (the poll looks at it)
 
     def _count(self, epoch: int, shard: int) -> int:
-        return len(self.policy.select(epoch, shard, shard_size(self.paths[shard])))
+        path = self.paths[shard]
+
+        def size(read: watchdog.Read) -> int:
+            read.at(path)
+            return shard_size(path)
+
+        return len(self.policy.select(epoch, shard, self.reader.wait(path, size)))
 
     def _plan(self, epoch: int, offset: int) -> Iterator[tuple[int, int, int]]:
         """Endless (epoch, shard, samples of it to skip), starting at ``offset`` of ``epoch``.
@@ -113,13 +114,10 @@ class SampleStream:
         path = self.paths[shard]
 
         def load(read: watchdog.Read) -> tuple[Shard, np.ndarray]:
-            read.at(path)
-            if self.manifest is not None:
-                self.manifest.check(path)
-            data = read_shard(path, self.max_seq_length, self.bounds)
+            data = self.reader.whole(read, path)
             return data, self.policy.select(epoch, shard, len(data))
 
-        self.pending = watchdog.Read(path, load, self.read_timeout_s)
+        self.pending = self.reader.start(path, load)
         return self.pending
 
     def failure(self) -> str | None:
@@ -162,15 +160,15 @@ class TrainLoader:
 
     def __init__(self, train_dir: str | Path, rank: int, world_size: int, local_batch_size: int,
                  seed: int, unpad: bool, max_seq_length: int, *, prefetch: bool = True,
-                 policy: ShardPolicy | None = None, collate_fn: Any = None, bounds: Bounds | None = None,
-                 verify_md5: bool = True, read_timeout_s: float = 60.0):
+                 policy: ShardPolicy | None = None, collate_fn: Any = None, reader: ShardReader | None = None):
         if local_batch_size <= 0:
             raise ValueError(f"local_batch_size must be positive, got {local_batch_size}")
         self.paths = list_shards(train_dir)
         self.policy = policy or RandomShardOrder(len(self.paths), rank, world_size, seed)
-        self.stream = SampleStream(self.paths, self.policy, max_seq_length, prefetch, bounds=bounds,
-                                   manifest=Manifest.find(train_dir) if verify_md5 else None,
-                                   read_timeout_s=read_timeout_s)
+        # None: structure and values checked, the md5 list where there is one, no model bounds
+        reader = reader or ShardReader(train_dir, max_seq_length=max_seq_length, bounds=None, verify_md5=True,
+                                       timeout_s=60.0)
+        self.stream = SampleStream(self.paths, self.policy, reader, prefetch)
         self.rank, self.world_size = rank, world_size
         self.local_batch_size, self.unpad, self.max_seq_length = local_batch_size, unpad, max_seq_length
         # samples -> batch; None = ``collate`` in the ``unpad`` layout (bert.budget's pads it).
@@ -252,7 +250,7 @@ class EvalSet:
 
     def __init__(self, eval_dir_or_file: str | Path, rank: int, world_size: int, limit: int = 0,
                  max_seq_length: int | None = None, *, bounds: Bounds | None = None, verify_md5: bool = True,
-                 read_timeout_s: float = 60.0):
+                 read_timeout_s: float = 60.0, stopped: Callable[[], str | None] | None = None):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
         if limit < 0:
@@ -261,15 +259,13 @@ class EvalSet:
         if not p.exists():
             raise DataError(f"{p}: no such eval file or directory")
         paths = [p] if p.is_file() else list_shards(p)
-        manifest = Manifest.find(p) if verify_md5 else None
+        reader = ShardReader(p.parent if p.is_file() else p, max_seq_length=max_seq_length, bounds=bounds,
+                             verify_md5=verify_md5, timeout_s=read_timeout_s, stopped=stopped)
 
         def load(read: watchdog.Read) -> tuple[list[Shard], int]:
             parts, total = [], 0
             for path in paths:  # each file under the watchdog's bound, checked as training shards are
-                read.at(path)
-                if manifest is not None:
-                    manifest.check(path)
-                shard = read_shard(path, max_seq_length, bounds)
+                shard = reader.whole(read, path)
                 if limit and total + len(shard) > limit:
                     shard = shard.subset(np.arange(limit - total))
                 parts.append(shard)
@@ -278,7 +274,7 @@ class EvalSet:
                     break
             return parts, total
 
-        parts, total = watchdog.read(p, load, read_timeout_s)
+        parts, total = reader.wait(p, load)
         if limit and total < limit:
             raise DataError(f"data.eval_samples={limit} but {p} holds {total} samples: set data.eval_samples="
                             f"{total} (or 0 = all), or point data.eval_dir (EVALDIR) at the full eval set")
@@ -307,30 +303,56 @@ def batch_collate(unpad: bool, pack: bool, max_seq_length: int, budget: Layout |
     return (lambda b: pinned(fn(b))) if pin else fn
 
 
+def check_train_dir(train_dir: str, sm: SamplerConfig) -> bool:
+    """Whether ``train_dir`` is a strata directory (``input_preprocessing stratify``'s, with
+    its manifest.json), refusing the kinds of directory a run cannot use as asked: one stratum
+    of a strata directory (it would train on one length range only, and its md5 list is one
+    level up), and a plain directory given to the stratified sampler without
+    ``sampler.strata_width``. A strata directory serves every sampler: the closed division's
+    uniform order reads it by id, through the same guards. Two stats; after run_start."""
+    root = Path(train_dir)
+    if not train_dir:
+        return False
+    if (root / "manifest.json").exists():
+        return True
+    if root.name.startswith("stratum_") and (root.parent / "manifest.json").exists():
+        raise DataError(f"data.train_dir={train_dir} is one stratum of the strata directory {root.parent}: a run on "
+                        f"it would train on one range of lengths only; point data.train_dir (DATADIR) at {root.parent}")
+    if sm.mode == "stratified" and not sm.strata_width:
+        raise DataError(f"sampler.mode=stratified needs length strata, but data.train_dir={train_dir} is a plain "
+                        "directory of shards (no manifest.json): point data.train_dir (DATADIR) at the strata directory "
+                        "made from it by `python -m input_preprocessing stratify` (prepare_data.sh: "
+                        "hdf5/training_<N>_strata), or set sampler.strata_width to cut strata from its lengths")
+    return False
+
+
 def train_batches(d: DataConfig, sm: SamplerConfig, m: ModelConfig, local_batch: int, seed: int, rank: int,
                   world_size: int, budget: Layout | None = None, pin: bool = False,
-                  read_timeout_s: float = 60.0) -> Any:
+                  read_timeout_s: float = 60.0, stopped: Callable[[], str | None] | None = None) -> Any:
     """The training batch iterator of ``local_batch`` samples per rank, chosen once from the
     data, sampler and model sections; ``budget`` is the static token budget layout
-    (``bert.ladder.layout_for``; None when data.token_budgets is off); ``read_timeout_s``
-    the seconds a shard may take to read (``config.read_timeout_s``).
+    (``bert.budget.layout_for``; None when data.token_budgets is off); ``read_timeout_s``
+    the seconds a shard may take to read (``config.read_timeout_s``); ``stopped()`` why the
+    run must stop now (a wait for data ends on it).
 
-    Closed-division sampling (random, no deal) on a plain directory keeps
-    ``bert.data.TrainLoader`` (each rank reads its own shards). Everything else -- a strata
-    manifest, a deal, packed rows -- goes through the id-based ``IndexLoader``; its
-    ``random`` is a uniform permutation of all samples per epoch. ``pin``: batches in pinned
-    host memory (a CUDA run).
+    Closed-division sampling (random, no deal) on a plain directory keeps ``TrainLoader``
+    (each rank reads its own shards). Everything else -- a strata manifest, a deal, packed
+    rows -- goes through the id-based ``IndexLoader`` (bert/sampler.py); its ``random`` is a
+    uniform permutation of all samples per epoch. Both read through one ``ShardReader``
+    (bert/reader.py), under the same guards. ``pin``: batches in pinned host memory (a CUDA
+    run).
     """
     # Static token budgets (data.token_budgets): training batches only; eval stays exact.
     fn = batch_collate(m.unpad, m.pack, d.max_seq_length, budget, pin=pin)
-    stratified_dir = (Path(d.train_dir) / "manifest.json").exists() if d.train_dir else False
+    reader = ShardReader(d.train_dir, max_seq_length=d.max_seq_length, bounds=Bounds(m.vocab_size, m.type_vocab_size),
+                         verify_md5=d.verify_md5, timeout_s=read_timeout_s, stopped=stopped)
+    stratified_dir = check_train_dir(d.train_dir, sm)
     if sm.mode == "random" and sm.deal == "none" and not stratified_dir and not m.pack:
         return TrainLoader(d.train_dir, rank, world_size, local_batch, seed, m.unpad, d.max_seq_length,
-                           collate_fn=fn, bounds=Bounds(m.vocab_size, m.type_vocab_size), verify_md5=d.verify_md5,
-                           read_timeout_s=read_timeout_s)
-    index = LengthIndex.from_dir(d.train_dir)
+                           collate_fn=fn, reader=reader)
+    index = LengthIndex.from_dir(d.train_dir, reader)
     sampler = build_sampler(sm, index, rank, world_size, local_batch, seed, d.max_seq_length, m.hidden_size)
-    return IndexLoader(sampler, IdReader(index), fn, gather=sm.lengths == "gather")
+    return IndexLoader(sampler, IdReader(index, reader), fn, gather=sm.lengths == "gather")
 
 
 def eval_batches(eval_set: Any, batch_size: int, unpad: bool, pack: bool, max_seq_length: int,

@@ -42,19 +42,19 @@ What a run builds from these (``train_batches``) is in bert/loader.py; packing i
 
 from __future__ import annotations
 
-import concurrent.futures
 import heapq
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-import h5py
 import numpy as np
 import torch
 
+from . import watchdog
 from .config import ConfigError, SamplerConfig  # ConfigError: a ValueError
-from .shards import DataError, Sample, Shard, list_shards, read_shard, row_offsets
+from .reader import ShardReader
+from .shards import DataError, Sample, list_shards, row_offsets
 
 MANIFEST_FORMAT = "mlperf-bert-strata/1"
 DEALS = ("none", "snake", "greedy", "cost")
@@ -252,14 +252,16 @@ class LengthIndex:
         return LengthIndex(paths, lengths, row_offsets(np.array([len(p) for p in parts])), tuple(bounds))
 
     @staticmethod
-    def from_dir(directory: str | Path) -> LengthIndex:
+    def from_dir(directory: str | Path, reader: ShardReader) -> LengthIndex:
         """A stratified dir (it has ``manifest.json``), else a plain dir of shards whose
-        lengths are measured here: one full read of the data at start-up."""
+        lengths are measured here: one full read of the data at start-up, every shard read
+        through ``reader`` (watchdog, md5 list, bounds: those shards are then hashed for the
+        run)."""
         d = Path(directory)
         if (d / "manifest.json").exists():
             return LengthIndex.from_manifest(d)
         paths = list_shards(d)
-        parts = [read_shard(p).lengths.astype(np.uint16) for p in paths]
+        parts = reader.wait(d, lambda read: [reader.whole(read, p).lengths.astype(np.uint16) for p in paths])
         return LengthIndex(paths, np.concatenate(parts), row_offsets(np.array([len(p) for p in parts])))
 
     def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -389,46 +391,38 @@ def build_sampler(cfg: SamplerConfig, index: LengthIndex, rank: int, world_size:
 # ---------------------------------------------------------------- reading by id
 
 
-def read_rows(path: Path, rows: np.ndarray) -> Shard:
-    """Rows ``rows`` (any order, no repeats) of one shard, either layout, as a Shard in
-    that order. Reads only those rows (h5py needs increasing indices; we sort, then undo)."""
-    order = np.argsort(rows, kind="stable")
-    srt = rows[order]
-    with h5py.File(path, "r") as f:
-        ids = f["input_ids"]
-        data = {k: f[k][srt] for k in f.keys() if isinstance(f[k], h5py.Dataset)}
-        fixed = ids.ndim == 2
-    nsp = data["next_sentence_labels"].reshape(-1)
-    samples = []
-    for i in range(len(srt)):
-        if fixed:
-            n = int(data["input_mask"][i].sum())
-            tok, seg = data["input_ids"][i, :n], data["segment_ids"][i, :n]
-        else:
-            tok, seg = data["input_ids"][i], data["segment_ids"][i]
-        pos, mid = data["masked_lm_positions"][i], data["masked_lm_ids"][i]
-        real = pos != 0  # position 0 is [CLS]: a padding prediction slot
-        samples.append(Sample(tok, seg, pos[real], mid[real], int(nsp[i])))
-    back = np.empty_like(order)
-    back[order] = np.arange(len(order))
-    return Shard.from_samples([samples[j] for j in back], str(path))
-
-
 class IdReader:
-    """Samples by global id: groups the ids by shard and reads only those rows."""
+    """Samples by global id: groups the ids by shard and reads only those rows, each shard's
+    through the one guarded reader (bert/reader.py). The lengths read must be the index's:
+    an index made for other data (a directory changed after ``stratify``) is named, not
+    trained on."""
 
-    def __init__(self, index: LengthIndex):
-        self.index = index
+    def __init__(self, index: LengthIndex, reader: ShardReader):
+        self.index, self.reader = index, reader
 
-    def read(self, ids: np.ndarray) -> list[Sample]:
-        shard, row = self.index.locate(np.asarray(ids, dtype=np.int64))
+    def load(self, read: watchdog.Read, ids: np.ndarray) -> list[Sample]:
+        """The samples of ``ids`` in that order; inside ``read`` (``ShardReader.start``)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        shard, row = self.index.locate(ids)
         out: list[Sample | None] = [None] * len(ids)
         for s in np.unique(shard):
             sel = np.flatnonzero(shard == s)
-            part = read_rows(self.index.paths[int(s)], row[sel])
+            path = self.index.paths[int(s)]
+            part = self.reader.rows(read, path, row[sel])
+            want = self.index.lengths[ids[sel]]
+            wrong = np.flatnonzero(part.lengths != want)
+            if len(wrong):
+                j = int(wrong[0])
+                raise DataError(f"{path}: sample {int(row[sel][j])} has {int(part.lengths[j])} tokens, but the "
+                                f"length index of {self.reader.root} says {int(want[j])}: the index was made "
+                                "for other data (remake the strata: python -m input_preprocessing stratify)")
             for j, i in enumerate(sel):
                 out[i] = part[j]
         return out  # type: ignore[return-value]
+
+    def read(self, ids: np.ndarray) -> list[Sample]:
+        """``load`` under the watchdog, waited for here."""
+        return self.reader.wait(self.reader.root, lambda read: self.load(read, ids))
 
 
 # ---------------------------------------------------------------- batches
@@ -472,8 +466,8 @@ class GatherLengths:
 class IndexLoader:
     """Endless local batches from an ``IndexSampler``; ``state_dict`` is the step counter.
 
-    With lengths from the index the next step's rows are read by a background thread while
-    the current step trains (one batch of samples in memory extra).
+    With lengths from the index the next step's rows are read ahead, under the watchdog,
+    while the current step trains (one batch of samples in memory extra).
     """
 
     def __init__(self, sampler: IndexSampler, reader: IdReader, collate_fn: Callable[[list[Sample]], dict],
@@ -481,9 +475,8 @@ class IndexLoader:
         self.sampler, self.reader, self.collate_fn = sampler, reader, collate_fn
         self.gather = GatherLengths(sampler, reader) if gather else None
         self.step = 0
-        self._pool = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rows-prefetch")
-                      if prefetch and not gather else None)
-        self._pending: tuple[int, concurrent.futures.Future] | None = None
+        self.prefetch = prefetch and not gather
+        self._pending: tuple[int, watchdog.Read] | None = None  # the read in flight (the poll looks at it)
 
     def samples(self, step: int) -> list[Sample]:
         if self.gather is not None:
@@ -493,19 +486,28 @@ class IndexLoader:
             return [have[i] for i in ids.tolist()]
         return self.reader.read(self.sampler.ids(step))
 
+    def _start(self, step: int) -> watchdog.Read:
+        read = self.reader.reader.start(f"the rows of step {step}",
+                                        lambda r: self.reader.load(r, self.sampler.ids(step)))
+        self._pending = (step, read)
+        return read
+
     def __iter__(self) -> IndexLoader:
         return self
 
     def __next__(self) -> dict:
-        if self._pool is None:
+        if not self.prefetch:
             out = self.samples(self.step)
         else:
-            if self._pending is None or self._pending[0] != self.step:
-                self._pending = (self.step, self._pool.submit(self.samples, self.step))
-            out = self._pending[1].result()
-            self._pending = (self.step + 1, self._pool.submit(self.samples, self.step + 1))
+            read = self._pending[1] if self._pending is not None and self._pending[0] == self.step else None
+            out = (read or self._start(self.step)).result()  # bounded: data.read_timeout_s per file
+            self._start(self.step + 1)
         self.step += 1
         return self.collate_fn(out)
+
+    def failure(self) -> str | None:
+        """A read ahead of the loop that failed or overran (bert.checkpoint's poll asks)."""
+        return self._pending[1].failure() if self._pending is not None else None
 
     def state_dict(self) -> dict[str, int]:
         s = self.sampler
@@ -519,9 +521,8 @@ class IndexLoader:
         self.step, self._pending = int(state["step"]), None
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+        """Nothing to stop: a read in flight ends in its daemon thread, its result unused."""
+        self._pending = None
 
 
 # ---------------------------------------------------------------- what train.py builds

@@ -160,20 +160,22 @@ class Data:
     eval_samples: int  # across all ranks
 
 
-def open_data(cfg: Config, rank: int, world_size: int, pin: bool = False, timed: bool = True) -> Data:
+def open_data(cfg: Config, rank: int, world_size: int, pin: bool = False, timed: bool = True,
+              stopped: Callable[[], str | None] | None = None) -> Data:
     """The training stream and the eval set: the run's first touch of the data (listing,
     manifest, length index, hdf5 opens), so called only after run_start. Reading and
     collating the eval set (10,000 samples, ~1 s) is therefore timed, as the rules want.
     ``pin``: batches in pinned host memory (a CUDA device); ``timed``: a timed run's rules
-    apply (the closed division's full eval set)."""
+    apply (the closed division's full eval set); ``stopped()``: why the run must stop now
+    (a wait for data ends on it)."""
     d = cfg.data
     batches = loader.train_batches(d, cfg.sampler, cfg.model, cfg.run.local_batch_size, cfg.run.seed, rank,
                                     world_size, train_layout(cfg, world_size), pin=pin,
-                                    read_timeout_s=read_timeout_s(cfg))
+                                    read_timeout_s=read_timeout_s(cfg), stopped=stopped)
     check_eval_dir(d.train_dir, d.eval_dir)  # never evaluate on training samples
     eval_set = EvalSet(d.eval_dir, rank, world_size, d.eval_samples, d.max_seq_length,
                        bounds=Bounds(cfg.model.vocab_size, cfg.model.type_vocab_size), verify_md5=d.verify_md5,
-                       read_timeout_s=read_timeout_s(cfg))
+                       read_timeout_s=read_timeout_s(cfg), stopped=stopped)
     if timed and is_benchmark_model(cfg) and cfg.run.division == "closed" and eval_set.total_samples != 10000:
         raise DataError(f"data.eval_dir={d.eval_dir} holds {eval_set.total_samples} samples; a closed BERT-Large "
                         "run evaluates on the full 10,000-sample eval set: point data.eval_dir (EVALDIR) at it")
@@ -326,7 +328,8 @@ class Trainer:
     def open_data(self, timed: bool = True) -> None:
         """The training stream and the eval set (``open_data``), after run_start; a resumed
         stream continues where its checkpoint left it."""
-        data = open_data(self.cfg, self.denv.rank, self.denv.world_size, pin=self.device.type == "cuda", timed=timed)
+        data = open_data(self.cfg, self.denv.rank, self.denv.world_size, pin=self.device.type == "cuda", timed=timed,
+                         stopped=self.checkpointer.stop.reason)
         self.batches, self.eval_batches, self.eval_samples = iter(data.batches), data.eval_batches, data.eval_samples
         if self._loader_state is not None:
             self.batches.load_state_dict(self._loader_state)

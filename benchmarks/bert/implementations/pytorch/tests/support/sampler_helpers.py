@@ -26,10 +26,11 @@ def make_sample(uid: int, length: int, rng: np.random.Generator) -> Sample:
     """A valid sample whose token 1 is 5 + uid, so it can be traced after reading."""
     ids = rng.integers(5, 30000, size=length)
     ids[0], ids[-1], ids[1] = 2, 3, 5 + uid
-    a = max(2, length // 2)
+    a = max(2, length // 2)  # sentence A's [SEP]
     seg = (np.arange(length) > a).astype(np.int8)
-    m = int(min(P, length - 2))
-    pos = np.sort(rng.choice(np.arange(2, length), size=m, replace=False))
+    content = np.setdiff1d(np.arange(2, length - 1), [a])  # never [CLS], token 1 (the uid) or a [SEP]
+    m = int(min(P, len(content)))
+    pos = np.sort(rng.choice(content, size=m, replace=False))
     return Sample(ids.astype(np.int16), seg, pos.astype(np.int16),
                   rng.integers(5, 100, size=m).astype(np.int16), int(rng.integers(0, 2)))
 

@@ -20,7 +20,8 @@ from bert.config import ConfigError, ModelConfig, SamplerConfig, build_config
 from bert import batches
 from bert.batches import collate
 from bert.model import BertForPreTraining
-from bert.shards import Shard, read_shard, write_shard
+from bert.reader import ShardReader
+from bert.shards import Shard, read_rows, read_shard, write_shard
 from sampler_helpers import (BOUNDS, P, PKG, S, _cfg, _loader, make_sample, strata_dir, uid_of)  # noqa: F401 - fixtures: strata_dir
 
 
@@ -176,8 +177,8 @@ def test_read_rows_equals_read_shard(tmp_path, layout):
     samples = [make_sample(i, int(rng.integers(5, S + 1)), rng) for i in range(30)]
     write_shard(tmp_path / "a.hdf5", Shard.from_samples(samples), layout, S, P)
     whole = read_shard(tmp_path / "a.hdf5")
-    rows = np.array([17, 3, 29, 4])
-    part = smp.read_rows(tmp_path / "a.hdf5", rows)
+    rows = np.array([17, 3, 29, 4, 3])
+    part = read_rows(tmp_path / "a.hdf5", rows)
     for j, i in enumerate(rows):
         for a, b in zip(part[j], whole[int(i)]):
             assert np.array_equal(np.asarray(a), np.asarray(b))
@@ -187,7 +188,7 @@ def test_manifest_index_matches_files(strata_dir):
     root, lengths = strata_dir
     index = smp.LengthIndex.from_manifest(root)
     assert index.lengths.tolist() == lengths
-    reader = smp.IdReader(index)
+    reader = smp.IdReader(index, ShardReader(root, max_seq_length=S, bounds=None, verify_md5=True, timeout_s=60))
     ids = np.array([0, 95, 50, 3])
     got = reader.read(ids)
     assert [uid_of(s) for s in got] == ids.tolist()
