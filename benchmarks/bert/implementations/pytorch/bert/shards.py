@@ -174,7 +174,7 @@ def _open(path: str | Path) -> h5py.File:
         return h5py.File(path, "r")
     except FileNotFoundError:
         raise DataError(f"{path}: no such file (removed or moved since the directory was listed?)") from None
-    except (OSError, ValueError) as e:
+    except (OSError, RuntimeError, ValueError) as e:
         raise DataError(f"{path}: cannot open as hdf5: {e}") from None
 
 
@@ -195,9 +195,12 @@ def _detect_layout(path: Any, f: h5py.File) -> str:
 def shard_size(path: str | Path) -> int:
     """Number of samples in a shard, from metadata only (no data read)."""
     with _open(path) as f:
-        if "next_sentence_labels" not in f:
-            raise DataError(f"{path}: missing dataset 'next_sentence_labels'")
-        return int(f["next_sentence_labels"].shape[0])
+        try:
+            if "next_sentence_labels" not in f:
+                raise DataError(f"{path}: missing dataset 'next_sentence_labels'")
+            return int(f["next_sentence_labels"].shape[0])
+        except (OSError, RuntimeError, KeyError) as e:
+            raise DataError(f"{path}: cannot read (truncated or corrupt?): {e}") from None
 
 
 def _check_int(path: Any, name: str, dtype: np.dtype) -> None:
@@ -344,33 +347,41 @@ def _decode(path: str | Path, rows: np.ndarray | None, max_seq_length: int | Non
     checked: the file's structure (every dataset, integer dtypes, one row per sample in each),
     then the rows' values, and with ``bounds`` what the model can take."""
     with _open(path) as f:
-        layout = _detect_layout(path, f)
-        names = FIXED_DATASETS if layout == "fixed" else VARIABLE_DATASETS
-        missing = [k for k in names if k not in f]
-        if missing:
-            raise DataError(f"{path}: missing dataset(s) {missing} for a {layout}-length shard "
-                            f"(has: {sorted(f.keys())})")
-        n = f["input_ids"].shape[0]
-        for k in names:
-            ds = f[k]
-            base = h5py.check_vlen_dtype(ds.dtype) if layout == "variable" else None
-            _check_int(path, k, np.dtype(base) if base is not None else ds.dtype)
-            if not ds.ndim or ds.shape[0] != n:
-                raise DataError(f"{path}: dataset '{k}' has shape {ds.shape}; 'input_ids' has {n} rows")
-        nsp = f["next_sentence_labels"]
-        if nsp.ndim != 1 and nsp.shape[1:] != (1,):
-            raise DataError(f"{path}: 'next_sentence_labels' has shape {nsp.shape}; expected ({n},)")
-        if rows is not None and len(rows) and int(rows[-1]) >= n:
-            raise DataError(f"{path}: holds {n} samples, but sample {int(rows[-1])} was asked for: the length "
-                            "index does not describe these shards (a directory changed after it was made?)")
         try:
-            shard = _read_fixed(path, f, rows) if layout == "fixed" else _read_variable(path, f, rows)
-        except OSError as e:  # a truncated or damaged file can open and fail mid-read
+            shard = _structure_and_rows(path, f, rows)
+        except DataError:
+            raise
+        # A damaged file opens and fails wherever HDF5 trips: OSError mid-read, RuntimeError
+        # or KeyError from a broken object header (ValueError: DataError's own base, above).
+        except (OSError, RuntimeError, KeyError, ValueError) as e:
             raise DataError(f"{path}: cannot read (truncated or corrupt?): {e}") from None
     _check_values(shard, max_seq_length, rows)
     if bounds is not None:
         _check_bounds(shard, bounds, rows)
     return shard
+
+
+def _structure_and_rows(path: str | Path, f: h5py.File, rows: np.ndarray | None) -> Shard:
+    layout = _detect_layout(path, f)
+    names = FIXED_DATASETS if layout == "fixed" else VARIABLE_DATASETS
+    missing = [k for k in names if k not in f]
+    if missing:
+        raise DataError(f"{path}: missing dataset(s) {missing} for a {layout}-length shard "
+                        f"(has: {sorted(f.keys())})")
+    n = f["input_ids"].shape[0]
+    for k in names:
+        ds = f[k]
+        base = h5py.check_vlen_dtype(ds.dtype) if layout == "variable" else None
+        _check_int(path, k, np.dtype(base) if base is not None else ds.dtype)
+        if not ds.ndim or ds.shape[0] != n:
+            raise DataError(f"{path}: dataset '{k}' has shape {ds.shape}; 'input_ids' has {n} rows")
+    nsp = f["next_sentence_labels"]
+    if nsp.ndim != 1 and nsp.shape[1:] != (1,):
+        raise DataError(f"{path}: 'next_sentence_labels' has shape {nsp.shape}; expected ({n},)")
+    if rows is not None and len(rows) and int(rows[-1]) >= n:
+        raise DataError(f"{path}: holds {n} samples, but sample {int(rows[-1])} was asked for: the length "
+                        "index does not describe these shards (a directory changed after it was made?)")
+    return _read_fixed(path, f, rows) if layout == "fixed" else _read_variable(path, f, rows)
 
 
 def read_shard(path: str | Path, max_seq_length: int | None = None, bounds: Bounds | None = None) -> Shard:

@@ -246,3 +246,23 @@ def test_the_wrong_kind_of_directory_is_refused_naming_the_right_one(tmp_path):
         _batches(dirs["plain"], ROADS["strata"][1])
     assert len(next(_batches(dirs["plain"], {**ROADS["strata"][1], "sampler.strata_width": 16}))["nsp_labels"]) == 4
 
+
+
+@pytest.mark.parametrize("error", [RuntimeError("Unable to synchronously check link existence (free block size is "
+                                                "zero?)"), KeyError("bad object header version number"),
+                                   OSError("Can't synchronously read data")])
+def test_a_damaged_file_is_named_whatever_h5py_raises(tmp_path, monkeypatch, error):
+    """h5py reports a damaged header or heap as RuntimeError, KeyError or OSError, depending on
+    where HDF5 trips (bytes zeroed at 1536 or 2048 of a demo strata file: each of them): every
+    one is bad input naming the file, on both roads, never a traceback."""
+    from bert import shards
+
+    path = _shard(tmp_path)
+
+    def damaged(*_args):
+        raise error
+
+    monkeypatch.setattr(shards, "_structure_and_rows", damaged)
+    for read in (lambda: read_shard(path), lambda: read_rows(path, [2])):
+        with pytest.raises(DataError, match=rf"^{path}: cannot read \(truncated or corrupt\?\): "):
+            read()
