@@ -54,6 +54,7 @@ import torch
 
 from . import distributed, rng, storage
 from .config import CheckpointConfig, Config, resume_changes
+from .loader import TrainStream
 from .shards import DataError
 from .state import Learner, TrainState
 from .weights import CheckpointError  # one error type for every checkpoint problem
@@ -408,7 +409,7 @@ class Checkpointer:
         self.stop_checkpoint: Path | None = None  # the one written by the stop the ranks agreed on
         self.signum = 0  # the SIGTERM / SIGUSR1 the ranks agreed to stop for (the largest number)
 
-    def at_boundary(self, learner: Learner, state: TrainState, batches: Any) -> str | None:
+    def at_boundary(self, learner: Learner, state: TrainState, batches: TrainStream) -> str | None:
         """After a step; the same answer on every rank. None: go on. "preempted" (SIGTERM /
         SIGUSR1; a checkpoint written) or "interrupted" (Ctrl-C; a checkpoint written first
         where ``saves_on_interrupt``): stop. Raises storage.WriteFailed when a write failed."""
@@ -435,12 +436,12 @@ class Checkpointer:
                 return "interrupted" if interrupted else "preempted"
         return None
 
-    def _poll(self, batches: Any, state: TrainState) -> tuple[bool, bool, bool, int]:
+    def _poll(self, batches: TrainStream, state: TrainState) -> tuple[bool, bool, bool, int]:
         clock = self.cfg.interval_minutes > 0 and time.monotonic() - self.last_write >= 60 * self.cfg.interval_minutes
         # A shard read ahead of the loop that failed or overran its bound (bert/watchdog.py:
         # the stream's ``failure``) stops every rank here with its message (exit 2).
         failure = self.pending()
-        bad_data = batches.failure() if hasattr(batches, "failure") else None
+        bad_data = batches.failure()
         # A rank may get a signal (or cross the minute mark, or fail a write or a read) a step
         # before another: agree by max. One 24-byte all_reduce and a host sync per poll.
         flags = torch.tensor([self.stop.signum, clock, self.stop.interrupted, failure is not None, bad_data is not None],
@@ -458,7 +459,7 @@ class Checkpointer:
         limit = self.max_nonfinite_steps
         return bool(signum), bool(clock), bool(interrupted), streak if limit and streak >= limit else 0
 
-    def save(self, learner: Learner, state: TrainState, batches: Any) -> Path:
+    def save(self, learner: Learner, state: TrainState, batches: TrainStream) -> Path:
         """Every rank calls this at the same step; returns the checkpoint's directory.
         ``batches``: the training stream (its ``state_dict`` is this rank's position). A failed
         write on any rank: the temp directory removed, storage.WriteFailed on every rank."""

@@ -25,7 +25,7 @@ import numpy as np
 
 from . import watchdog
 from .integrity import Manifest
-from .shards import Bounds, Shard, read_rows, read_shard
+from .shards import Bounds, Shard, read_rows, read_shard, shard_size
 
 
 class ShardReader:
@@ -55,6 +55,11 @@ class ShardReader:
         if self.manifest is not None:
             self.manifest.check(path)
         return read_rows(path, rows, self.max_seq_length, self.bounds)
+
+    def size(self, read: watchdog.Read, path: Path) -> int:
+        """Samples in ``path``, from its metadata (no data read, nothing hashed); inside ``read``."""
+        read.at(path)
+        return shard_size(path)
 
     def start(self, what: str | Path, fn: Callable[[watchdog.Read], Any]) -> watchdog.Read:
         """``fn(read)`` in a thread of its own, under the bound; its ``result()`` waits."""

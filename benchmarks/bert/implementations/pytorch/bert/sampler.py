@@ -1,12 +1,15 @@
 """Which samples each rank trains on at each step: stratified sampling, local presorting,
 global exchange and packing (the load-balance techniques of Kim et al. 2024).
 
-The closed division keeps ``bert.loader.RandomShardOrder`` (each rank reads its own shards).
-Every other mode here works on *global sample ids* (sample ``i`` of the dataset = row
-``i - offset[s]`` of shard ``s``) and a length per id (``LengthIndex``, from the data
-pipeline's ``length_index.npz`` or measured once at start-up), so that any rank can compute
-what any other rank of its group will draw without exchanging anything, and read exactly
-its own samples by row.
+Every policy (``Policy``) names the samples one rank trains on by global id, a row of a
+shard, draw after draw (``Draw``); the loader (bert/loader.py) reads whatever is named the
+same way, so the sampling modes differ here only. The closed division's ``ShardOrder`` deals
+whole shards to ranks (each rank reads its own shards, whole; no index needed, the shard
+sizes come from their metadata). Every other mode works on dense ids (sample ``i`` of the
+dataset = row ``i - offset[s]`` of shard ``s``) and a length per id (``LengthIndex``, from
+the data pipeline's ``length_index.npz`` or measured once at start-up), so that any rank can
+compute what any other rank of its group will draw without exchanging anything, and read
+exactly its own samples by row (``IdOrder``; ``GatherDeal`` learns the lengths by exchange).
 
 Modes (``SamplerConfig``), each a pure function of (seed, step), hence deterministic and
 resumable from the step counter alone:
@@ -44,14 +47,13 @@ from __future__ import annotations
 
 import heapq
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Iterator, Protocol, Sequence
 
 import numpy as np
 import torch
 
-from . import watchdog
 from .config import ConfigError, SamplerConfig  # ConfigError: a ValueError
 from .reader import ShardReader
 from .shards import DataError, Sample, list_shards, row_offsets
@@ -374,7 +376,7 @@ class IndexSampler:
         return self.deal_group(ids, self.lengths[ids])
 
 
-def build_sampler(cfg: SamplerConfig, index: LengthIndex, rank: int, world_size: int, local_batch: int,
+def build_sampler(cfg: SamplerConfig, index: LengthIndex, *, rank: int, world_size: int, local_batch: int,
                   seed: int, max_seq_length: int, hidden: int) -> IndexSampler:
     """``cfg`` is a ``SamplerConfig``; strata from ``cfg.strata_width`` or the manifest."""
     strata = None
@@ -388,55 +390,155 @@ def build_sampler(cfg: SamplerConfig, index: LengthIndex, rank: int, world_size:
                         counts=cfg.counts, rounding=cfg.rounding, hidden=hidden)
 
 
-# ---------------------------------------------------------------- reading by id
+# ---------------------------------------------------------------- what a rank draws, by global id
+
+# Where a rank's stream is: (epoch, samples of the epoch taken) for the shard order, (step,
+# samples of the step taken) for the id-based policies. What a checkpoint saves.
+Position = tuple[int, int]
 
 
-class IdReader:
-    """Samples by global id: groups the ids by shard and reads only those rows, each shard's
-    through the one guarded reader (bert/reader.py). The lengths read must be the index's:
-    an index made for other data (a directory changed after ``stratify``) is named, not
-    trained on."""
+@dataclass
+class Draw:
+    """The samples a rank takes next, in training order, by global id: sample i is row
+    ``row[i]`` of shard ``shard[i]`` (its index in the listing of the training directory, or
+    of the strata manifest). ``at`` is the position of its first sample, ``end`` the position
+    after its last. ``lengths``: what the length index says each holds (None: no index),
+    checked as the rows are read; ``known``: samples already read, by their place in the
+    draw (the gather deal reads a rank's own draw to learn its lengths)."""
 
-    def __init__(self, index: LengthIndex, reader: ShardReader):
-        self.index, self.reader = index, reader
+    shard: np.ndarray  # int64 [n]
+    row: np.ndarray  # int64 [n]
+    at: Position
+    end: Position
+    lengths: np.ndarray | None = None
+    known: dict[int, Sample] = field(default_factory=dict)
 
-    def load(self, read: watchdog.Read, ids: np.ndarray) -> list[Sample]:
-        """The samples of ``ids`` in that order; inside ``read`` (``ShardReader.start``)."""
-        ids = np.asarray(ids, dtype=np.int64)
+    def __len__(self) -> int:
+        return len(self.row)
+
+    def after(self, i: int) -> Position:
+        """The position after sample ``i``: where a resume continues."""
+        return self.end if i + 1 == len(self) else (self.at[0], self.at[1] + i + 1)
+
+
+class Source(Protocol):
+    """What a policy may ask of the data while it draws (the loader's, under the guards)."""
+
+    def size(self, shard: int) -> int:
+        """Samples in ``shard`` (its metadata only)."""
+        ...
+
+    def samples(self, draw: Draw) -> list[Sample]:
+        """The samples of ``draw``, read and checked."""
+        ...
+
+
+class Policy(Protocol):
+    """Which samples one rank trains on, in which order: endless draws from a position on,
+    each a pure function of the seed, the rank and the position (so a resume continues
+    exactly). ``main_thread``: its draws hold a collective, so they are made in the main
+    thread, in step order, and not read ahead. ``name``: what a checkpoint records."""
+
+    name: str
+    main_thread: bool
+
+    def draws(self, position: Position, source: Source) -> Iterator[Draw]: ...
+
+
+class ShardOrder:
+    """The closed division's random order, deterministic from ``seed``.
+
+    Epoch e shuffles the shard list with ``seed + e``. With at least as many shards as
+    ranks, the shuffled list is dealt round-robin (rank r reads shards r, r+W, ...), so each
+    sample is read by exactly one rank per epoch; with fewer shards every rank reads every
+    shard and keeps samples r, r+W, ... of its permutation. Inside a shard the samples are
+    permuted with (seed, epoch, shard index in the sorted list). A draw is one shard's
+    samples (the loader reads it whole); the positions are (epoch, samples of it taken), so
+    a resume skips whole shards from their metadata alone (one open each, no data read).
+    """
+
+    name, main_thread = "shard_order", False
+
+    def __init__(self, num_shards: int, rank: int, world_size: int, seed: int):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside world_size {world_size}")
+        if seed < 0:
+            raise ValueError(f"seed must be >= 0, got {seed}")
+        self.num_shards, self.rank, self.world_size, self.seed = num_shards, rank, world_size, seed
+        self.dealt = num_shards >= world_size
+
+    def shards(self, epoch: int) -> list[int]:
+        order = np.random.default_rng(self.seed + epoch).permutation(self.num_shards)
+        return order[self.rank::self.world_size].tolist() if self.dealt else order.tolist()
+
+    def select(self, epoch: int, shard: int, num_samples: int) -> np.ndarray:
+        perm = np.random.default_rng([self.seed, epoch, shard]).permutation(num_samples)
+        return perm if self.dealt else perm[self.rank::self.world_size]
+
+    def draws(self, position: Position, source: Source) -> Iterator[Draw]:
+        epoch, skip = position
+        idle = 0  # shards in a row that gave this rank nothing
+        while True:
+            order, taken = self.shards(epoch), 0
+            for j, s in enumerate(order):
+                rows = self.select(epoch, s, source.size(s))
+                n = len(rows)
+                if skip and skip >= n:  # wholly before the position
+                    skip, taken = skip - n, taken + n
+                    continue
+                first, rows = taken + skip, rows[skip:]
+                taken, skip = taken + n, 0
+                if not len(rows):
+                    idle += 1
+                    if idle > 2 * self.num_shards:  # else a rank with nothing to read spins forever
+                        raise DataError(f"this rank got no samples from {idle} shards in a row: too few samples "
+                                        "for the world size")
+                    continue
+                idle = 0
+                end = (epoch + 1, 0) if j == len(order) - 1 else (epoch, taken)
+                yield Draw(np.full(len(rows), s, dtype=np.int64), rows.astype(np.int64), (epoch, first), end)
+            epoch, skip = epoch + 1, 0
+
+
+class IdOrder:
+    """An ``IndexSampler``'s draws (stratified or random, any deal from the length index): one
+    draw per step, located in the index's shards (``name`` "ids")."""
+
+    name, main_thread = "ids", False
+
+    def __init__(self, sampler: IndexSampler, index: LengthIndex):
+        self.sampler, self.index = sampler, index
+
+    def _draw(self, step: int, ids: np.ndarray, known: dict[int, Sample] | None = None) -> Draw:
         shard, row = self.index.locate(ids)
-        out: list[Sample | None] = [None] * len(ids)
-        for s in np.unique(shard):
-            sel = np.flatnonzero(shard == s)
-            path = self.index.paths[int(s)]
-            part = self.reader.rows(read, path, row[sel])
-            want = self.index.lengths[ids[sel]]
-            wrong = np.flatnonzero(part.lengths != want)
-            if len(wrong):
-                j = int(wrong[0])
-                raise DataError(f"{path}: sample {int(row[sel][j])} has {int(part.lengths[j])} tokens, but the "
-                                f"length index of {self.reader.root} says {int(want[j])}: the index was made "
-                                "for other data (remake the strata: python -m input_preprocessing stratify)")
-            for j, i in enumerate(sel):
-                out[i] = part[j]
-        return out  # type: ignore[return-value]
+        return Draw(shard.astype(np.int64), row.astype(np.int64), (step, 0), (step + 1, 0),
+                    self.index.lengths[ids], known or {})
 
-    def read(self, ids: np.ndarray) -> list[Sample]:
-        """``load`` under the watchdog, waited for here."""
-        return self.reader.wait(self.reader.root, lambda read: self.load(read, ids))
+    def draws(self, position: Position, source: Source) -> Iterator[Draw]:
+        step, skip = position
+        while True:
+            d = self._draw(step, self.sampler.ids(step))
+            if skip:  # a position inside a step: only from a batch cut across steps
+                d = Draw(d.shard[skip:], d.row[skip:], (step, skip), d.end, d.lengths[skip:])
+            yield d
+            step, skip = step + 1, 0
 
 
-# ---------------------------------------------------------------- batches
+class GatherDeal(IdOrder):
+    """The deal with the group's lengths learnt by exchange (``sampler.lengths=gather``):
+    each rank reads its own draw, all_gathers the lengths within its group (one small
+    collective per step: a sync point), so the same deal is computed without trusting the
+    index's lengths; the rows it read are not read again."""
 
+    name, main_thread = "ids", True
 
-class GatherLengths:
-    """The group's lengths by exchange: each rank reads its own draw, all_gathers the
-    lengths within its group (one small collective per step: a sync point), so the same
-    deal is computed without a length index."""
+    def __init__(self, sampler: IndexSampler, index: LengthIndex):
+        import torch.distributed as dist  # only this policy exchanges anything
 
-    def __init__(self, sampler: IndexSampler, reader: IdReader):
-        import torch.distributed as dist
-
-        self.sampler, self.reader, self.dist = sampler, reader, dist
+        super().__init__(sampler, index)
+        if sampler.draw != "rank":
+            raise ConfigError("sampler.lengths=gather needs sampler.draw=rank (each rank draws its own)")
+        self.dist = dist
         g, size = sampler.rank // sampler.group, sampler.group
         self.pg = None
         if size == 1:  # one rank (a single-process run): nothing to exchange
@@ -447,84 +549,26 @@ class GatherLengths:
             if j == g:
                 self.pg = pg
 
-    def ids(self, step: int) -> tuple[np.ndarray, dict[int, Sample]]:
-        s = self.sampler
-        if s.draw != "rank":
-            raise ValueError("sampler.lengths=gather needs sampler.draw=rank (each rank draws its own)")
-        own = s.unit_ids(step, s.rank)
-        samples = dict(zip(own.tolist(), self.reader.read(own)))
-        mine = torch.tensor([len(samples[i].input_ids) for i in own.tolist()], dtype=torch.int64)
-        if self.pg is None:
-            lengths = mine.numpy()
-        else:
-            parts = [torch.empty_like(mine) for _ in range(s.group)]
-            self.dist.all_gather(parts, mine, group=self.pg)
-            lengths = torch.cat(parts).numpy()
-        return s.deal_group(s.group_ids(step), lengths), samples
+    def draws(self, position: Position, source: Source) -> Iterator[Draw]:
+        step, s = position[0], self.sampler
+        while True:
+            own = s.unit_ids(step, s.rank)
+            have = dict(zip(own.tolist(), source.samples(self._draw(step, own))))
+            mine = torch.tensor([len(have[i].input_ids) for i in own.tolist()], dtype=torch.int64)
+            if self.pg is None:
+                lengths = mine.numpy()
+            else:
+                parts = [torch.empty_like(mine) for _ in range(s.group)]
+                self.dist.all_gather(parts, mine, group=self.pg)
+                lengths = torch.cat(parts).numpy()
+            ids = s.deal_group(s.group_ids(step), lengths)
+            yield self._draw(step, ids, {j: have[i] for j, i in enumerate(ids.tolist()) if i in have})
+            step += 1
 
 
-class IndexLoader:
-    """Endless local batches from an ``IndexSampler``; ``state_dict`` is the step counter.
-
-    With lengths from the index the next step's rows are read ahead, under the watchdog,
-    while the current step trains (one batch of samples in memory extra).
-    """
-
-    def __init__(self, sampler: IndexSampler, reader: IdReader, collate_fn: Callable[[list[Sample]], dict],
-                 *, gather: bool = False, prefetch: bool = True):
-        self.sampler, self.reader, self.collate_fn = sampler, reader, collate_fn
-        self.gather = GatherLengths(sampler, reader) if gather else None
-        self.step = 0
-        self.prefetch = prefetch and not gather
-        self._pending: tuple[int, watchdog.Read] | None = None  # the read in flight (the poll looks at it)
-
-    def samples(self, step: int) -> list[Sample]:
-        if self.gather is not None:
-            ids, have = self.gather.ids(step)
-            missing = [i for i in ids.tolist() if i not in have]
-            have.update(zip(missing, self.reader.read(np.array(missing, dtype=np.int64))))
-            return [have[i] for i in ids.tolist()]
-        return self.reader.read(self.sampler.ids(step))
-
-    def _start(self, step: int) -> watchdog.Read:
-        read = self.reader.reader.start(f"the rows of step {step}",
-                                        lambda r: self.reader.load(r, self.sampler.ids(step)))
-        self._pending = (step, read)
-        return read
-
-    def __iter__(self) -> IndexLoader:
-        return self
-
-    def __next__(self) -> dict:
-        if not self.prefetch:
-            out = self.samples(self.step)
-        else:
-            read = self._pending[1] if self._pending is not None and self._pending[0] == self.step else None
-            out = (read or self._start(self.step)).result()  # bounded: data.read_timeout_s per file
-            self._start(self.step + 1)
-        self.step += 1
-        return self.collate_fn(out)
-
-    def failure(self) -> str | None:
-        """A read ahead of the loop that failed or overran (bert.checkpoint's poll asks)."""
-        return self._pending[1].failure() if self._pending is not None else None
-
-    def state_dict(self) -> dict[str, int]:
-        s = self.sampler
-        return {"step": self.step, "rank": s.rank, "world_size": s.world_size, "samples": len(s.lengths)}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        s = self.sampler
-        for key, mine in (("world_size", s.world_size), ("samples", len(s.lengths))):
-            if key in state and state[key] != mine:
-                raise ValueError(f"loader state was saved with {key}={state[key]}, this run has {mine}")
-        self.step, self._pending = int(state["step"]), None
-
-    def close(self) -> None:
-        """Nothing to stop: a read in flight ends in its daemon thread, its result unused."""
-        self._pending = None
-
-
-# ---------------------------------------------------------------- what train.py builds
-
-
+def build_policy(cfg: SamplerConfig, index: LengthIndex, *, rank: int, world_size: int, local_batch: int,
+                 seed: int, max_seq_length: int, hidden: int) -> IdOrder:
+    """The id-based policy of ``cfg`` over ``index`` (``build_sampler``'s draws)."""
+    sampler = build_sampler(cfg, index, rank=rank, world_size=world_size, local_batch=local_batch, seed=seed,
+                            max_seq_length=max_seq_length, hidden=hidden)
+    return (GatherDeal if cfg.lengths == "gather" else IdOrder)(sampler, index)

@@ -12,10 +12,11 @@ import pytest
 from bert import integrity, loader, reader as reader_mod, watchdog
 from bert.config import build_config
 from bert.reader import ShardReader
-from bert.sampler import IdReader, LengthIndex
+from bert.trainer import train_plan
+from bert.sampler import LengthIndex
 from bert.shards import Bounds, DataError, Shard, read_rows, read_shard, write_shard
 from input_preprocessing.checksum import checksum
-from sampler_helpers import P, S, make_sample, write_stratified
+from sampler_helpers import MODES, P, S, make_sample, read_ids, road_dirs, write_stratified
 
 
 def _shard(tmp_path, layout="variable", n=12, change=None, name="a.hdf5"):
@@ -168,62 +169,34 @@ def test_an_index_made_for_other_data_is_named(tmp_path):
     write_stratified(root, [8, 4, 4])
     index = LengthIndex.from_manifest(root)
     index.lengths[2] += 1  # as if the shard changed after stratify
-    ids = IdReader(index, ShardReader(root, max_seq_length=S, bounds=None, verify_md5=True, timeout_s=10))
     with pytest.raises(DataError, match=r"stratum_0_1-12/part_00000\.hdf5: sample 2 has \d+ tokens, but the length "
                                         r"index of .* says \d+: the index was made for other data"):
-        ids.read(np.array([5, 2]))
-
-
-ROADS = {  # the sampling modes, by the loader each takes
-    "closed": ("plain", {}),
-    "snake": ("plain", {"run.division": "open", "sampler.deal": "snake", "sampler.group_size": 2}),
-    "strata": ("strata", {"run.division": "open", "sampler.mode": "stratified", "sampler.deal": "snake",
-                          "sampler.group_size": 2}),
-    "strata_closed": ("strata", {}),
-    "packed": ("plain", {"run.division": "open", "model.pack": "true", "model.unpad": "false"}),
-}
-
-
-def _road_dirs(tmp_path, change=None):
-    """The same samples as a plain directory of shards and as a strata directory."""
-    plain, strata = tmp_path / "plain", tmp_path / "strata"
-    write_stratified(strata, [16, 8, 8], shards_per_stratum=2)
-    plain.mkdir()
-    for i, f in enumerate(sorted(strata.glob("stratum_*/*.hdf5"))):
-        shard = read_shard(f)
-        write_shard(plain / f"part_{i}.hdf5", shard, "variable")
-    for d in (plain, strata):
-        if change is not None:
-            for f in sorted(d.rglob("*.hdf5")):
-                shard = read_shard(f)
-                change(shard)
-                write_shard(f, shard, "variable")
-    return {"plain": plain, "strata": strata}
+        read_ids(index, root, [5, 2])
 
 
 def _batches(train_dir, overrides, world=2, rank=0):
     cfg = build_config({"data.train_dir": str(train_dir), "data.max_seq_length": S, "model.max_position_embeddings": S,
                         "data.max_predictions_per_seq": P, "run.local_batch_size": 4, "run.seed": 3,
                         "model.vocab_size": 30000, **overrides})
-    return loader.train_batches(cfg.data, cfg.sampler, cfg.model, cfg.run.local_batch_size, cfg.run.seed, rank, world,
-                                read_timeout_s=10)
+    return loader.train_batches(data=cfg.data, sampler=cfg.sampler, model=cfg.model, plan=train_plan(cfg, world),
+                                seed=cfg.run.seed, rank=rank, world_size=world, read_timeout_s=10)
 
 
-@pytest.mark.parametrize("road", sorted(ROADS))
+@pytest.mark.parametrize("road", sorted(MODES))
 def test_every_road_reads_through_the_guards(tmp_path, road):
     """Every sampling mode trains on the same checks: an id past model.vocab_size in every
     shard, a changed file under an md5 list, each named with its file, whatever the loader."""
-    kind, overrides = ROADS[road]
+    kind, overrides = MODES[road]
 
     def bad_id(shard):
         shard.tokens[shard.offsets[1] + 2] = 30001
 
-    dirs = _road_dirs(tmp_path / "ids", bad_id)
+    dirs = road_dirs(tmp_path / "ids", bad_id)
     with pytest.raises(DataError, match=r"\.hdf5: sample 1: token id 30001 >= model\.vocab_size=30000"):
         stream = _batches(dirs[kind], overrides)
         for _ in range(8):
             next(stream)
-    dirs = _road_dirs(tmp_path / "md5")
+    dirs = road_dirs(tmp_path / "md5")
     checksum(dirs[kind])
     for f in dirs[kind].rglob("*.hdf5"):
         data = bytearray(f.read_bytes())
@@ -236,15 +209,15 @@ def test_every_road_reads_through_the_guards(tmp_path, road):
 
 
 def test_the_wrong_kind_of_directory_is_refused_naming_the_right_one(tmp_path):
-    dirs = _road_dirs(tmp_path)
+    dirs = road_dirs(tmp_path)
     stratum = dirs["strata"] / "stratum_0_1-12"
     with pytest.raises(DataError, match=rf"data\.train_dir={stratum} is one stratum of the strata directory "
                                         rf"{dirs['strata']}: .*point data\.train_dir \(DATADIR\) at {dirs['strata']}$"):
         _batches(stratum, {})
     with pytest.raises(DataError, match=rf"sampler\.mode=stratified needs length strata, but data\.train_dir="
                                         rf"{dirs['plain']} is a plain directory .* input_preprocessing stratify"):
-        _batches(dirs["plain"], ROADS["strata"][1])
-    assert len(next(_batches(dirs["plain"], {**ROADS["strata"][1], "sampler.strata_width": 16}))["nsp_labels"]) == 4
+        _batches(dirs["plain"], MODES["strata"][1])
+    assert len(next(_batches(dirs["plain"], {**MODES["strata"][1], "sampler.strata_width": 16}))["nsp_labels"]) == 4
 
 
 

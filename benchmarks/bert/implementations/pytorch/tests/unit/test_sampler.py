@@ -20,9 +20,10 @@ from bert.config import ConfigError, ModelConfig, SamplerConfig, build_config
 from bert import batches
 from bert.batches import collate
 from bert.model import BertForPreTraining
-from bert.reader import ShardReader
 from bert.shards import Shard, read_rows, read_shard, write_shard
-from sampler_helpers import (BOUNDS, P, PKG, S, _cfg, _loader, make_sample, strata_dir, uid_of)  # noqa: F401 - fixtures: strata_dir
+from sampler_helpers import (BOUNDS, P, PKG, S, _cfg, _loader, make_sample, read_ids, strata_dir, uid_of)  # noqa: F401 - fixtures: strata_dir
+
+ONE_RANK = dict(rank=0, world_size=1, local_batch=16, seed=0, max_seq_length=512, hidden=1024)
 
 
 def test_wikipedia_manifest_counts_are_6_3_2_5(tmp_path):
@@ -43,12 +44,12 @@ def test_wikipedia_manifest_counts_are_6_3_2_5(tmp_path):
         "length_index": "length_index.npz"}))
     index = smp.LengthIndex.from_manifest(tmp_path)
     assert index.bounds == ((1, 128), (129, 256), (257, 384), (385, 512))
-    s = smp.build_sampler(SamplerConfig(mode="stratified"), index, 0, 1, 16, 0, 512, 1024)
+    s = smp.build_sampler(SamplerConfig(mode="stratified"), index, **ONE_RANK)
     assert s.counts.tolist() == [6, 3, 2, 5]
-    s = smp.build_sampler(SamplerConfig(mode="stratified", counts=[5, 4, 2, 5]), index, 0, 1, 16, 0, 512, 1024)
+    s = smp.build_sampler(SamplerConfig(mode="stratified", counts=[5, 4, 2, 5]), index, **ONE_RANK)
     assert s.counts.tolist() == [5, 4, 2, 5]
     with pytest.raises(ValueError, match="summing to 16"):
-        smp.build_sampler(SamplerConfig(mode="stratified", counts=[5, 4, 2, 4]), index, 0, 1, 16, 0, 512, 1024)
+        smp.build_sampler(SamplerConfig(mode="stratified", counts=[5, 4, 2, 4]), index, **ONE_RANK)
 
 
 def test_largest_remainder():
@@ -188,9 +189,8 @@ def test_manifest_index_matches_files(strata_dir):
     root, lengths = strata_dir
     index = smp.LengthIndex.from_manifest(root)
     assert index.lengths.tolist() == lengths
-    reader = smp.IdReader(index, ShardReader(root, max_seq_length=S, bounds=None, verify_md5=True, timeout_s=60))
-    ids = np.array([0, 95, 50, 3])
-    got = reader.read(ids)
+    ids = np.array([0, 95, 50, 3, 50])
+    got = read_ids(index, root, ids)
     assert [uid_of(s) for s in got] == ids.tolist()
     assert [len(s.input_ids) for s in got] == [lengths[i] for i in ids]
 
