@@ -6,8 +6,10 @@ A checkpoint is a directory ``step_000000123/`` holding
   train.pt     (rank 0) model, optimizer, LR schedule, grad scaler (when there is one), the
                loop's TrainState, and what must match on resume (world size, global batch)
   rank_<r>.pt  (every rank) its RNG states (python, numpy, torch CPU, CUDA), the position
-               of its training-data stream (``batches.state_dict()``), and its gradient-sync
-               state (PowerSGD's residuals and factors; empty otherwise), and the step
+               of its training-data stream (``batches.state_dict()``: with its sampling
+               road, world size and the identity of its training data, which a resume must
+               match), and its gradient-sync state (PowerSGD's residuals and factors; empty
+               otherwise), and the step
   config.json  (rank 0) the run's settings (bert.config.dumps), what a resume is compared
                with (``check_settings``)
   meta.json    written last by rank 0: step, samples, world size, global batch, and each
@@ -191,15 +193,26 @@ def verify(path: Path, rank: int) -> str | None:
     return None
 
 
-def choose(directory: Path, newest: Path, mode: str, rank: int) -> Path:
+def choose(directory: Path, newest: Path, mode: str, rank: int, world_size: int) -> Path:
     """The checkpoint to resume from, every rank agreeing, starting at ``newest`` (``plan``):
     the newest one that verifies (``verify`` on every rank; one small gather per checkpoint
     tried). Under ``ckpt.resume=auto`` a damaged one is moved aside (``<name>.damaged``, rank 0;
     kept for a look) and the next older one tried, saying so; ``require`` refuses, naming the
-    damage and the newest checkpoint that verifies. None verifying: refused."""
+    damage and the newest checkpoint that verifies. None verifying: refused. A checkpoint of
+    another world size is refused for that, before anything is called damaged (its rank files
+    are not this run's ranks'), and nothing is moved."""
     candidates = [p for p in complete_checkpoints(directory) if p.name <= newest.name][::-1]
     damaged: list[tuple[Path, str]] = []
     for path in candidates:
+        try:
+            written_by = _meta(path).get("world_size")
+        except CheckpointError:
+            written_by = world_size  # unreadable: verify names it
+        if written_by != world_size:
+            raise CheckpointError(f"{path}: written by a run of world_size={written_by}, this run has {world_size}: "
+                                  "a resume continues each rank's own data stream and state, so it keeps the world "
+                                  f"size; resume with {written_by} ranks, or start a fresh run with another ckpt.dir "
+                                  "and log.output_dir")
         seen = distributed.all_gather_object(verify(path, rank))
         why = next((f"{t} (on rank {r})" for r, t in enumerate(seen) if t is not None), None)
         if why is None:

@@ -12,6 +12,8 @@ loop the same ``TrainStream``. The eval set is read through the same reader.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
@@ -127,16 +129,18 @@ class TrainLoader:
     ranks never disagree on the number of steps.
 
     ``state_dict()`` is the position of the next sample not handed out, with what it is a
-    position of (the policy, the world size, ``data``: the training data's description), so
-    a resume continues with the same batches, or is refused naming what differs."""
+    position of (the policy, the world size, the training data's identity: ``data()``,
+    described once, when a checkpoint first asks), so a resume continues with the same
+    batches, or is refused naming what differs."""
 
     def __init__(self, *, policy: Policy, reader: ShardReader, paths: Sequence[Path],
                  collate: Callable[[Sequence[Sample]], dict], batch_size: int, world_size: int,
-                 data: dict[str, Any], prefetch: bool = True):
+                 data: Callable[[], dict[str, Any]], prefetch: bool = True):
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         self.policy, self.reader, self.paths, self.collate = policy, reader, list(paths), collate
-        self.batch_size, self.world_size, self.data = batch_size, world_size, data
+        self.batch_size, self.world_size, self._describe = batch_size, world_size, data
+        self._data: dict[str, Any] | None = None
         self.prefetch = prefetch and not policy.main_thread
         self._position: Position = (0, 0)
         self._it: Iterator[tuple[Sample, Position]] | None = None
@@ -234,18 +238,27 @@ class TrainLoader:
         """Why the read in flight cannot deliver (bad data, or past its bound), without waiting."""
         return self._pending.failure() if self._pending is not None else None
 
+    @property
+    def data(self) -> dict[str, Any]:
+        """The training data's identity (``describe_data``), described once."""
+        if self._data is None:
+            self._data = self._describe()
+        return self._data
+
     def state_dict(self) -> dict[str, Any]:
         return {"policy": self.policy.name, "position": list(self._position), "world_size": self.world_size,
                 "data": self.data}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue at ``state``'s position; ``DataError`` naming what differs when it is a
-        position of another world size, sampling road or training data."""
+        position of another world size, sampling road or training data (a part of the
+        identity that one side lacks, an md5 list, is not compared)."""
         state = _current(state)
         theirs = {"policy": state.get("policy"), "world_size": state.get("world_size"), **state.get("data", {})}
         mine = {"policy": self.policy.name, "world_size": self.world_size, **self.data}
         differ = [f"{k} {theirs.get(k)} there, {v} here" for k, v in mine.items()
-                  if theirs.get(k) != v and (k in theirs or not state.get("older"))]
+                  if theirs.get(k) != v and v is not None and (theirs.get(k) is not None or not state.get("older"))
+                  and not (k == "md5sums.txt" and theirs.get(k) is None)]
         if differ:
             raise DataError(f"its training stream was drawn otherwise: {'; '.join(differ)}")
         self.close()
@@ -271,6 +284,29 @@ def _current(state: dict[str, Any]) -> dict[str, Any]:
         return {"policy": "ids", "position": [state["step"], 0], "world_size": state.get("world_size"), "older": True,
                 "data": {"samples": state.get("samples")}}
     raise DataError(f"its training stream's position is not one this loader knows: {sorted(state)}")
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.md5(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def describe_data(root: Path, paths: Sequence[Path], index: LengthIndex | None) -> dict[str, Any]:
+    """The training data's identity, what a checkpoint records and a resume must match: the
+    kind of directory, its shards (their names relative to it and sizes: the same data
+    under another path is the same), the strata's bounds and manifest, the length index's
+    sample count, and the md5 list where there is one. Stats every shard and reads the two
+    small lists: after run_start, and only when a checkpoint or a resume asks."""
+    names = [[p.relative_to(root).as_posix(), p.stat().st_size] for p in paths]
+    md5 = root / "md5sums.txt"
+    out: dict[str, Any] = {
+        "directory": "strata" if (root / "manifest.json").exists() else "plain", "shards": len(paths),
+        "files": _digest(names), "md5sums.txt": _digest(md5.read_text()) if md5.is_file() else None}
+    if index is not None:
+        out["samples"] = int(len(index.lengths))
+    if index is not None and index.bounds:
+        out["strata bounds"] = [list(b) for b in index.bounds]
+        out["manifest.json"] = _digest((root / "manifest.json").read_text())
+    return out
 
 
 def check_train_dir(train_dir: str, sm: SamplerConfig) -> bool:
@@ -314,16 +350,18 @@ def train_batches(*, data: DataConfig, sampler: SamplerConfig, model: ModelConfi
                          verify_md5=d.verify_md5, timeout_s=read_timeout_s, stopped=stopped)
     stratified_dir = check_train_dir(d.train_dir, sm)
     policy: Policy
+    index: LengthIndex | None = None
     if sm.mode == "random" and sm.deal == "none" and not stratified_dir and not m.pack:
         paths = list_shards(d.train_dir)
-        policy, about = ShardOrder(len(paths), rank, world_size, seed), {"shards": len(paths)}
+        policy = ShardOrder(len(paths), rank, world_size, seed)
     else:
         index = LengthIndex.from_dir(d.train_dir, reader)
-        paths, about = index.paths, {"shards": len(index.paths), "samples": len(index.lengths)}
+        paths = index.paths
         policy = build_policy(sm, index, rank=rank, world_size=world_size, local_batch=plan.batch_size, seed=seed,
                               max_seq_length=d.max_seq_length, hidden=m.hidden_size)
     return TrainLoader(policy=policy, reader=reader, paths=paths, collate=plan.collate, batch_size=plan.batch_size,
-                       world_size=world_size, data=about, prefetch=prefetch)
+                       world_size=world_size, data=lambda: describe_data(Path(d.train_dir), paths, index),
+                       prefetch=prefetch)
 
 
 # ---------------------------------------------------------------- evaluation

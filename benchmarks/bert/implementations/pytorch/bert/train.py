@@ -80,7 +80,8 @@ def run(cfg: Config, dry_run: bool = False, pending_signals: Path | None = None)
             if start_from is None and denv.is_main:
                 checkpoint.clear(files.checkpoints)  # a finished run's checkpoints must not mix with this run's
             if start_from is not None:  # the newest that proves its bytes on every rank
-                start_from = checkpoint.choose(files.checkpoints, start_from, cfg.ckpt.resume, denv.rank)
+                start_from = checkpoint.choose(files.checkpoints, start_from, cfg.ckpt.resume, denv.rank,
+                                               denv.world_size)
                 checkpoint.check_settings(start_from, cfg)  # under the settings it was written with
             # Only now: a resume refused above adds nothing to the log of the run it would continue.
             mllog.init_start(cfg.run.cache_cleared)

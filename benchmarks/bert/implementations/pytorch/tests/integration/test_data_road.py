@@ -9,8 +9,10 @@ that resumes ends as the uninterrupted run, bit for bit."""
 from __future__ import annotations
 
 import re
+import shutil
 import signal
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -229,15 +231,14 @@ def test_the_wrong_kind_of_directory_is_refused_naming_the_right_one(road_data, 
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(road_data, tmp_path_factory, no_procps_path) -> dict[str, torch.Tensor]:
-    """Each road's final weights without a stop."""
-    weights = {}
+def uninterrupted(road_data, tmp_path_factory, no_procps_path) -> dict[str, Path]:
+    """Each road's run without a stop: its output directory (final.pt, its checkpoints)."""
+    outs = {}
     for road in BOTH:
-        out = tmp_path_factory.mktemp(f"uninterrupted_{road}")
-        rc, said, _ = run_and_time(road_env(road_data, road, road_data / ROADS[road][0], out, no_procps_path))
+        outs[road] = tmp_path_factory.mktemp(f"uninterrupted_{road}")
+        rc, said, _ = run_and_time(road_env(road_data, road, road_data / ROADS[road][0], outs[road], no_procps_path))
         assert rc == 1, said[-3000:]
-        weights[road] = torch.load(out / "final.pt", weights_only=True)
-    return weights
+    return outs
 
 
 @pytest.mark.parametrize("road", BOTH)
@@ -256,4 +257,46 @@ def test_sigterm_then_resume_ends_as_the_uninterrupted_run(road_data, uninterrup
     rc, said, left = run_and_time(env)
     assert rc == 1 and "resumed from" in said and not left, said[-3000:]
     got = torch.load(out / "final.pt", weights_only=True)
-    assert all(torch.equal(got[k], v) for k, v in uninterrupted[road].items()), f"{road}: weights differ"
+    want = torch.load(uninterrupted[road] / "final.pt", weights_only=True)
+    assert all(torch.equal(got[k], v) for k, v in want.items()), f"{road}: weights differ"
+
+
+def _resumable(done: Path, out: Path) -> Path:
+    """``done``'s checkpoints copied to ``out``, as if that run had been stopped after them."""
+    shutil.copytree(done / "checkpoints", out / "checkpoints")
+    (out / "checkpoints" / "finished.json").unlink()
+    return out / "checkpoints"
+
+
+@pytest.mark.parametrize("case", ["restratified", "strata_for_shards", "four_ranks"])
+def test_a_resume_on_other_data_or_ranks_is_refused_naming_it(road_data, uninterrupted, tmp_path, no_procps_path,
+                                                               case):
+    """A checkpoint records the identity of its data and road: the same samples restratified
+    (other bounds), the strata directory given to a checkpoint of the shard order, or twice
+    the ranks, are refused on every rank, exit 2, naming what differs; the checkpoints stay."""
+    out = tmp_path / "out"
+    if case == "restratified":
+        from input_preprocessing.stratify import stratify
+
+        other = tmp_path / "strata_16"
+        stratify(road_data / "train", other, bounds=(16, 64), max_seq_length=64)
+        ckpts = _resumable(uninterrupted["strata"], out)
+        env = road_env(road_data, "strata", other, out, no_procps_path)
+        message = (r"a resume continues the checkpointed run, but its training stream was drawn otherwise: .*strata "
+                   r"bounds \[\[1, 32\], \[33, 64\]\] there, \[\[1, 16\], \[17, 64\]\] here")
+    elif case == "strata_for_shards":
+        ckpts = _resumable(uninterrupted["shards"], out)
+        env = road_env(road_data, "shards", road_data / "strata", out, no_procps_path)
+        message = r"drawn otherwise: policy shard_order there, ids here; directory plain there, strata here"
+    else:
+        ckpts = _resumable(uninterrupted["shards"], out)
+        env = road_env(road_data, "shards", road_data / "train", out, no_procps_path)
+        env["DGXNGPU"] = "4"
+        message = r"written by a run of world_size=2, this run has 4: a resume continues each rank's own data stream"
+    before = sorted(p.name for p in ckpts.iterdir())
+    rc, said, left = run_and_time(env)
+    assert rc == 2, said[-3000:]
+    lines = [ln for ln in said.splitlines() if ln.startswith("error: rank")]
+    assert len(lines) == (4 if case == "four_ranks" else 2) and all(re.search(message, ln) for ln in lines), said[-3000:]
+    assert "damaged" not in said and "Traceback" not in said and not left, said[-3000:]
+    assert sorted(p.name for p in ckpts.iterdir()) == before

@@ -95,7 +95,7 @@ def read_ids(index, root, ids, bounds=None):
 
     reader = ShardReader(root, max_seq_length=S, bounds=bounds, verify_md5=True, timeout_s=60)
     stream = TrainLoader(policy=IdOrder(None, index), reader=reader, paths=index.paths, collate=list, batch_size=1,
-                         world_size=1, data={})
+                         world_size=1, data=dict)
     shard, row = index.locate(np.asarray(ids))
     return stream.samples(Draw(shard, row, (0, 0), (1, 0), index.lengths[np.asarray(ids)]))
 

@@ -240,7 +240,7 @@ def shard_loader(d: Path, rank: int, world: int, batch: int, seed: int, unpad: b
     paths = list_shards(d)
     return TrainLoader(policy=ShardOrder(len(paths), rank, world, seed), paths=paths, batch_size=batch,
                        reader=ShardReader(d, max_seq_length=seq, bounds=None, verify_md5=True, timeout_s=60),
-                       collate=lambda b: collate(b, unpad, seq), world_size=world, data={"shards": len(paths)},
+                       collate=lambda b: collate(b, unpad, seq), world_size=world, data=lambda: {"shards": len(paths)},
                        prefetch=prefetch)
 
 

@@ -101,3 +101,61 @@ def test_the_batch_plan_warms_up_every_shape_the_loader_makes(dirs):
     shapes = {next(stream)["input_ids"].numel() for _ in range(6)}
     assert shapes <= set(plan.layout.rungs)
     assert np.all([b["masked_index"].numel() == 4 * 5 for b in warm])
+
+
+def test_a_resume_on_other_data_is_refused_naming_what_differs(tmp_path, dirs):
+    """The state names the data it was drawn from: the same samples under another path
+    resume; other files, another md5 list, other strata bounds are refused, each by name."""
+    import shutil
+
+    from input_preprocessing.checksum import checksum
+    from input_preprocessing.stratify import stratify
+    from sampler_helpers import road_dirs
+
+    here = road_dirs(tmp_path / "here")
+    for d in here.values():
+        checksum(d)
+    strata = _stream(here, "strata")
+    next(strata)
+    state = strata.state_dict()
+    assert state["data"]["strata bounds"] == [[1, 12], [13, 20], [21, 32]]
+    moved = {k: tmp_path / "moved" / k for k in here}
+    for k in here:
+        shutil.copytree(here[k], moved[k])
+    again = _stream(moved, "strata")
+    again.load_state_dict(state)
+    assert _same(next(again), next(strata))
+
+    restratified = tmp_path / "restratified"
+    stratify(here["plain"], restratified, bounds=(16, 32), max_seq_length=32)
+    with pytest.raises(DataError, match=r"strata bounds \[\[1, 12\], \[13, 20\], \[21, 32\]\] there, "
+                                        r"\[\[1, 16\], \[17, 32\]\] here"):
+        _stream({"strata": restratified}, "strata").load_state_dict(state)
+
+    changed = tmp_path / "changed"
+    shutil.copytree(here["strata"], changed)
+    (changed / "md5sums.txt").write_text((changed / "md5sums.txt").read_text().replace("a", "b", 1))
+    with pytest.raises(DataError, match=r"drawn otherwise: md5sums\.txt [0-9a-f]{16} there, [0-9a-f]{16} here$"):
+        _stream({"strata": changed}, "strata").load_state_dict(state)
+
+    closed = _stream(here, "closed")
+    next(closed)
+    state = closed.state_dict()
+    (moved["plain"] / "part_3.hdf5").unlink()
+    with pytest.raises(DataError, match=r"shards 6 there, 5 here; files [0-9a-f]{16} there, [0-9a-f]{16} here"):
+        _stream(moved, "closed").load_state_dict(state)
+
+
+def test_a_checkpoint_of_another_world_size_is_refused_as_such(tmp_path):
+    """Not "damaged": its rank files are another world's; nothing is moved aside."""
+    import json
+
+    from bert import checkpoint
+
+    ckpt = tmp_path / "step_000000004"
+    ckpt.mkdir()
+    (ckpt / "meta.json").write_text(json.dumps({"step": 4, "samples": 64, "world_size": 2, "global_batch": 16}))
+    with pytest.raises(checkpoint.CheckpointError, match=r"step_000000004: written by a run of world_size=2, this run "
+                                                         r"has 4: a resume continues each rank's own data stream"):
+        checkpoint.choose(tmp_path, ckpt, "auto", 0, 4)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000000004"]
