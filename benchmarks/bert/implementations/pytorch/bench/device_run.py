@@ -12,7 +12,7 @@ The order (``plan``), so that a run cut short keeps what matters most:
    nested whose test passed, else sdpa (``fast_attention`` and ``checks.attention`` record
    the choice and every verdict); a case on a backend whose test failed is skipped, but
    for sdpa, the last resort (its cases run and carry the verdict, ``attention_check``);
-2. ``baseline`` at the small batch (16): the 2026-11-29 stack, this run's own baseline;
+2. ``baseline`` at the small batch (16): the first measured stack (``BASELINE``), this run's own baseline;
 3. ``fast`` at the big batch (96): the headline, with its kernel-class profile; then ``fast``
    at 16;
 4. ``check_gpu``: the other tests of tests/integration/test_gpu.py in a child (fp16 loss scaling on

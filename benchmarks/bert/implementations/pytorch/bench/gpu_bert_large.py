@@ -82,8 +82,8 @@ CHOSEN = "chosen"  # FAST's attention value: replaced by --fast-attention when a
 # from the graph without launch cost), inductor per encoder layer.
 FAST = {"model.attention_backend": CHOSEN, "data.token_budgets": "auto", "run.cuda_graphs": "true",
         "run.warmup_steps": "1", "model.compile_layers": "true"}
-# The stack the 2026-11-29 run measured (207 seq/s at local batch 16): SDPA on the padded
-# grid, the config's LAMB (foreach without apex), eager.
+# The first stack measured on the device (BENCHMARKS.md section 3 has its seq/s): SDPA on the
+# padded grid, the config's LAMB (foreach without apex), eager.
 BASELINE = {"model.attention_backend": "sdpa"}
 
 
@@ -164,7 +164,7 @@ def fp8_case(big: int) -> Case:
 def ablations(big: int) -> list[Case]:
     """One technique of the fast stack off or swapped at ``big``, ordered by what a GPU
     default depends on: CUDA graphs, the other attention backends (the chosen one is the
-    headline itself), LAMB's variant, the per-layer compile, issue 26's levers (the fused
+    headline itself), LAMB's variant, the per-layer compile, the model's levers (the fused
     QKV projection, the padded vocabulary), the residual stream in bf16, FP8's rowwise recipe.
     **A new lever is a new entry here** (a ``_case`` with its overrides and expected seconds)."""
     return [_case("fast_no_graphs", big, EST_SAME_COMPILE, f=without(FAST, run__cuda_graphs="false")),
@@ -180,8 +180,8 @@ def ablations(big: int) -> list[Case]:
 
 def other_cases(big: int, old: int, fast_sweep: list[int], default_sweep: list[int]) -> list[Case]:
     """The rest, for a run with time left or a rerun's ``--only``: budgets off, budgets or
-    compiled LAMB alone on the default stack, the AdamW pair, the sweeps, the 2026-11-29
-    cases at ``old``."""
+    compiled LAMB alone on the default stack, the AdamW pair, the sweeps, the first measured
+    stack's cases at ``old``."""
     return [
         # CUDA graphs need static shapes: without budgets the graphs go too.
         _case("fast_no_budget_no_graphs", big, EST_SAME_COMPILE,

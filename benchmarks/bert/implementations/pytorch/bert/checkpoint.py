@@ -1,5 +1,5 @@
 """Train-state checkpoints (write atomically, find the newest, restore exactly), the stop
-flag that SIGTERM / SIGUSR1 / SIGINT raise, and what the loops do at a step boundary.
+flag that SIGTERM / SIGUSR1 / SIGINT raise, and what the training loop does at a step boundary.
 
 A checkpoint is a directory ``step_000000123/`` holding
 
@@ -318,7 +318,7 @@ def agree_finite(learner: Learner, device: torch.device) -> bool:
 
 
 class StopFlag:
-    """Set by signals, read by the loops at their next poll (``Checkpointer.at_boundary``) and
+    """Set by signals, read by the training loop at its next poll (``Checkpointer.at_boundary``) and
     between evaluation batches (``interrupted``).
 
     SIGTERM / SIGUSR1 (``ckpt.on_signal``): write a checkpoint, then stop (exit 3); without
@@ -399,11 +399,11 @@ def _pending_signals(path: Path | None) -> list[signal.Signals]:
 
 
 class Checkpointer:
-    """What both loops do after every step: write a checkpoint when one is due (every N steps,
+    """What the training loop does after every step: write a checkpoint when one is due (every N steps,
     every M minutes, on SIGTERM/SIGUSR1, on Ctrl-C where asked), and stop where the ranks
     agreed to."""
 
-    def __init__(self, cfg: CheckpointConfig, directory: Path, rank: int, world_size: int,
+    def __init__(self, *, cfg: CheckpointConfig, directory: Path, rank: int, world_size: int,
                  device: torch.device, global_batch: int, stop: StopFlag,
                  pending: Callable[[], storage.Failure | None] = lambda: None, max_nonfinite_steps: int = 0,
                  settings: str = ""):

@@ -282,8 +282,8 @@ class IndexSampler:
     ``group * local_batch``, which rounds finer). ``group=0`` means all ranks.
     """
 
-    def __init__(self, lengths: np.ndarray, strata: Strata | None, rank: int, world_size: int,
-                 local_batch: int, seed: int, *, group: int = 1, draw: str = "rank",
+    def __init__(self, lengths: np.ndarray, strata: Strata | None, *, rank: int, world_size: int,
+                 local_batch: int, seed: int, group: int = 1, draw: str = "rank",
                  deal_policy: str = "none", counts: Sequence[int] = (), rounding: str = "fixed",
                  hidden: int = 1024):
         if not 0 <= rank < world_size:
@@ -385,7 +385,7 @@ def build_sampler(cfg: SamplerConfig, index: LengthIndex, *, rank: int, world_si
         if not bounds:
             raise DataError("sampler.mode=stratified needs a strata manifest or sampler.strata_width > 0")
         strata = Strata.from_lengths(index.lengths, bounds)
-    return IndexSampler(index.lengths, strata, rank, world_size, local_batch, seed,
+    return IndexSampler(index.lengths, strata, rank=rank, world_size=world_size, local_batch=local_batch, seed=seed,
                         group=cfg.group_size, draw=cfg.draw, deal_policy=cfg.deal,
                         counts=cfg.counts, rounding=cfg.rounding, hidden=hidden)
 

@@ -141,7 +141,8 @@ def build_learner(cfg: Config, world_size: int, device: torch.device) -> tuple[L
     # Graphs: step counts and learning rates on the device, read by the optimizer graph.
     optimizer, impl = build_optimizer(model, cfg.optim, device.type, capturable=cfg.run.cuda_graphs)
     scheduler = build_scheduler(optimizer, cfg.optim)
-    return Learner(model, train_model, optimizer, scheduler, scaler, precision, sync, device), impl
+    return Learner(model=model, train_model=train_model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
+                   precision=precision, grad_sync=sync, device=device), impl
 
 
 def resolve_seed(cfg: Config) -> Config:
@@ -190,10 +191,9 @@ def train_plan(cfg: Config, world_size: int, pin: bool = False) -> loader.BatchP
 
 
 def eval_plan(cfg: Config, pin: bool = False) -> loader.BatchPlan:
-    """How the eval samples become batches: no token budgets for the pretraining mode, whose
-    evaluation also scores next-sentence prediction, which a filler sample would join."""
+    """How the eval samples become batches (token budgets as the run's mode allows)."""
     return loader.BatchPlan.evaluation(cfg.data, cfg.model, batch_size=cfg.eval.batch_size,
-                                       budgeted=cfg.run.mode != "pretrain", pin=pin)
+                                       budgeted=run_mode(cfg).eval_budgeted, pin=pin)
 
 
 def train_layout(cfg: Config, world_size: int) -> Layout | None:
@@ -225,6 +225,39 @@ class Target:
         return "aborted" if done else None
 
 
+# ---------------------------------------------------------------- what run.mode decides, once
+
+Evaluation = Callable[[Learner, list[dict], Any, Callable[[], bool]], "dict[str, float] | None"]
+
+
+def _mlm_accuracy(p: Learner, batches: list[dict], counts: Any, interrupted: Callable[[], bool]) -> dict | None:
+    acc = mlm_accuracy(p.model, batches, p.device, p.precision.eval_autocast, counts, interrupted)
+    return None if acc is None else {"mlm_accuracy": acc}
+
+
+def _held_out(p: Learner, batches: list[dict], _counts: Any, interrupted: Callable[[], bool]) -> dict | None:
+    return held_out_metrics(p.model, batches, p.device, p.precision.eval_autocast, interrupted)
+
+
+@dataclass(frozen=True)
+class RunMode:
+    """What ``run.mode`` decides (``run_mode``, the one place it is read): the evaluation
+    (``evaluate(learner, eval batches, graphed eval counts, interrupted)``; None: Ctrl-C
+    reached a rank during it), whether eval batches take token budgets (not the pretraining
+    mode's, whose evaluation also scores next-sentence prediction, which a filler sample would
+    join), and the goal the loop ends at."""
+
+    evaluate: Evaluation
+    eval_budgeted: bool
+    goal: Callable[[Config, RunFiles, bool], "Target | Phase"]
+
+
+def run_mode(cfg: Config) -> RunMode:
+    if cfg.run.mode == "pretrain":
+        return RunMode(_held_out, False, lambda _cfg, files, is_main: Phase(files.log, is_main))
+    return RunMode(_mlm_accuracy, True, lambda c, _files, _is_main: Target(c.eval.target_accuracy))
+
+
 # ---------------------------------------------------------------- the trainer
 
 
@@ -251,10 +284,12 @@ class Trainer:
         rng.seed_everything(cfg.run.seed + denv.rank)
         self.state = TrainState(next_eval=self.eval_interval, nonfinite=torch.zeros(2, dtype=torch.int64, device=device),
                                 skipped_steps=torch.zeros((), dtype=torch.int64, device=device), seed=cfg.run.seed)
-        self.checkpointer = checkpoint.Checkpointer(cfg.ckpt, self.files.checkpoints, denv.rank, ws, device,
-                                                self.global_batch, stop or checkpoint.StopFlag(), self._log_failure,
-                                                cfg.run.max_nonfinite_steps, dumps(cfg))
-        self.goal = Target(cfg.eval.target_accuracy) if cfg.run.mode == "mlperf" else Phase(self.files.log, denv.is_main)
+        self.checkpointer = checkpoint.Checkpointer(
+            cfg=cfg.ckpt, directory=self.files.checkpoints, rank=denv.rank, world_size=ws, device=device,
+            global_batch=self.global_batch, stop=stop or checkpoint.StopFlag(), pending=self._log_failure,
+            max_nonfinite_steps=cfg.run.max_nonfinite_steps, settings=dumps(cfg))
+        self.mode = run_mode(cfg)
+        self.goal = self.mode.goal(cfg, self.files, denv.is_main)
         # What the loop calls: the eager step, or its graphed twin once ``prepare`` captured it.
         self.step: step_graph.Step = functools.partial(train_step, self.learner)
         self.eval_counts: Callable[[dict], tuple[torch.Tensor, torch.Tensor]] | None = None  # graphed eval
@@ -345,12 +380,7 @@ class Trainer:
 
     def evaluate(self, interrupted: Callable[[], bool] = lambda: False) -> dict[str, float] | None:
         """The mode's evaluation over the eval set (None: Ctrl-C reached a rank during it)."""
-        p = self.learner
-        if self.cfg.run.mode == "pretrain":
-            return held_out_metrics(p.model, self.eval_batches, p.device, p.precision.eval_autocast, interrupted)
-        acc = mlm_accuracy(p.model, self.eval_batches, p.device, p.precision.eval_autocast, self.eval_counts,
-                           interrupted)
-        return None if acc is None else {"mlm_accuracy": acc}
+        return self.mode.evaluate(self.learner, self.eval_batches, self.eval_counts, interrupted)
 
     # ------------------------------------------------------------ the loop
 

@@ -478,8 +478,8 @@ def test_a_failed_read_ahead_of_the_loop_stops_every_rank_at_the_poll(tmp_path):
         def failure(self):
             return "/d/part_3.hdf5: reading took longer"
 
-    ckpt = checkpoint.Checkpointer(CheckpointConfig(poll_steps=10), tmp_path, 0, 1, torch.device("cpu"), 16,
-                               checkpoint.StopFlag())
+    ckpt = checkpoint.Checkpointer(cfg=CheckpointConfig(poll_steps=10), directory=tmp_path, rank=0, world_size=1,
+                                   device=torch.device("cpu"), global_batch=16, stop=checkpoint.StopFlag())
     with pytest.raises(DataError, match=r"^/d/part_3\.hdf5: reading took longer \(on rank 0\)$"):
         ckpt.at_boundary(None, State(), Stream())
     State.step = 9  # no poll: nothing asked

@@ -107,7 +107,8 @@ def samplers(lengths, world, mode, deal, draw, group, counts, seed=3):
     strata = smp.Strata.from_lengths(lengths, BOUNDS) if mode == "stratified" else None
     rounding = "carry" if counts == "carry" else "fixed"
     counts = [] if counts in ("", "carry") else [int(c) for c in counts.split(",")]
-    return [smp.IndexSampler(lengths, strata, r, world, 4, seed, group=group, draw=draw, deal_policy=deal,
+    return [smp.IndexSampler(lengths, strata, rank=r, world_size=world, local_batch=4, seed=seed, group=group,
+                             draw=draw, deal_policy=deal,
                              counts=counts, rounding=rounding) for r in range(world)]
 
 
