@@ -97,6 +97,18 @@ class Read:
                     raise Stopped(why, self.what, time.monotonic() - waiting) from None
 
 
+    def settle(self) -> None:
+        """Wait, at most until the read overruns its bound, for it to end, whatever it ends
+        with: a reader that is let go waits for its read in flight, which holds h5py's lock,
+        so that the process does not begin to exit under it (a daemon thread inside h5py at
+        interpreter exit deadlocks the exit)."""
+        while not self.future.done() and self._overdue() is None:
+            try:
+                self.future.exception(timeout=POLL_S)
+            except FutureTimeout:
+                pass
+
+
 def read(what: str | Path, fn: Callable[[Read], Any], timeout_s: float,
          stopped: Callable[[], str | None] | None = None) -> Any:
     """``fn`` under the bound, waited for here."""

@@ -300,3 +300,65 @@ def test_a_resume_on_other_data_or_ranks_is_refused_naming_it(road_data, uninter
     assert len(lines) == (4 if case == "four_ranks" else 2) and all(re.search(message, ln) for ln in lines), said[-3000:]
     assert "damaged" not in said and "Traceback" not in said and not left, said[-3000:]
     assert sorted(p.name for p in ckpts.iterdir()) == before
+
+
+@pytest.mark.parametrize("road", BOTH)
+def test_a_shard_copied_over_another_is_refused_naming_both(road_data, tmp_path, no_procps_path, road):
+    """part_00001 replaced by a copy of part_00000, the md5 list made after the copy (the
+    strata made from that): every rank refuses before its first step, exit 2, naming both."""
+    from input_preprocessing.checksum import checksum
+    from input_preprocessing.stratify import stratify
+
+    plain = tmp_path / "train"
+    shutil.copytree(road_data / "train", plain)
+    shutil.copy(plain / "part_00000_of_00004.hdf5", plain / "part_00001_of_00004.hdf5")
+    train = plain
+    if road == "strata":
+        train = tmp_path / "strata"
+        stratify(plain, train, bounds=(32, 64), max_seq_length=64)
+    checksum(train)
+    out = tmp_path / "out"
+    rc, said, left = run_and_time(road_env(road_data, road, train, out, no_procps_path))
+    assert rc == 2, said[-3000:]
+    for r, line in _error_lines(said).items():
+        assert re.match(rf"error: rank {r}: data\.train_dir={train}: (stratum_0_1-32/)?part_0000?0\S* and "
+                        rf"(stratum_0_1-32/)?part_0000?1\S* are the same file \(md5 [0-9a-f]{{32}} in {train}/md5sums"
+                        r"\.txt\): one shard copied over another", line), line
+    _ended_cleanly(out, said, left)
+    assert "step " not in said  # refused before any step
+
+
+def test_the_data_road_benchmark_runs_and_writes_its_ratios(tmp_path):
+    """bench/data_road.py end to end, tiny: one repetition against this same checkout (the
+    loader alone on both roads, two demo runs through run_and_time.sh), every ratio printed
+    and in its JSON; --copies times the check on the directories and a listed set."""
+    import json
+    import subprocess
+    import sys
+
+    from bert import demo_data
+    from conftest import PKG
+    from input_preprocessing.checksum import checksum
+    from input_preprocessing.stratify import stratify
+
+    demo_data.generate(tmp_path / "d", train_samples=600, eval_samples=50, seed=1, seq_len=128, max_pred=20,
+                       vocab=128, shards=4)
+    stratify(tmp_path / "d" / "train", tmp_path / "d" / "strata", bounds=(32, 64, 96, 128), max_seq_length=128)
+    for kind in ("train", "strata"):
+        checksum(tmp_path / "d" / kind)
+    out = tmp_path / "road.json"
+    r = subprocess.run([sys.executable, "bench/data_road.py", "--data", str(tmp_path / "d"), "--old", str(PKG),
+                        "--reps", "1", "--batches", "5", "--samples", "128", "--out", str(out)],
+                       cwd=PKG, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    ratios = json.loads(out.read_text())["ratios"]
+    assert set(ratios) == {"loader_strata.samples_per_s", "loader_closed.samples_per_s", "steps.samples_per_s",
+                           "loader_strata.cpu_us_per_sample", "loader_closed.cpu_us_per_sample", "steps.cpu_s"}
+    assert all(len(v["new_over_old"]) == 1 and v["median"] > 0 for v in ratios.values())
+    assert r.stdout.count("new/old:") == 6
+    r = subprocess.run([sys.executable, "bench/data_road.py", "--copies", "--data", str(tmp_path / "d"), "--shards",
+                        "40", "--out", str(out)], cwd=PKG, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    got = json.loads(out.read_text())["copies"]
+    assert got["listed_40_strata_index"]["index_shards"] == 160 and got["demo_strata"]["listed"] == \
+        len(list((tmp_path / "d" / "strata").rglob("*.hdf5")))

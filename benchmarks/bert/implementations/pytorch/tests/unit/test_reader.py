@@ -239,3 +239,47 @@ def test_a_damaged_file_is_named_whatever_h5py_raises(tmp_path, monkeypatch, err
     for read in (lambda: read_shard(path), lambda: read_rows(path, [2])):
         with pytest.raises(DataError, match=rf"^{path}: cannot read \(truncated or corrupt\?\): "):
             read()
+
+
+@pytest.mark.parametrize("road", ["closed", "snake", "strata"])
+@pytest.mark.parametrize("md5", [True, False])
+def test_a_directory_holding_a_shard_twice_is_refused_naming_both(tmp_path, road, md5):
+    """One shard copied over another (its md5 list made after the copy): refused before any
+    step, naming both, from the md5 list or, where the mode has one, the length index (the
+    closed road without an md5 list reads nothing at start-up, so it cannot tell)."""
+    import shutil
+
+    from input_preprocessing.stratify import stratify
+
+    dirs = road_dirs(tmp_path / "clean")
+    plain = tmp_path / "plain"
+    shutil.copytree(dirs["plain"], plain)
+    shutil.copy(plain / "part_0.hdf5", plain / "part_1.hdf5")
+    train = {"plain": plain}
+    if road == "strata":
+        stratify(plain, tmp_path / "strata", bounds=(12, 20, 32), max_seq_length=S)
+        train["strata"] = tmp_path / "strata"
+    kind, overrides = MODES[road]
+    if md5:
+        checksum(train[kind])
+    if road == "closed" and not md5:
+        next(_batches(train[kind], overrides))  # nothing read to tell by
+        return
+    first, second = ("part_0.hdf5", "part_1.hdf5") if kind == "plain" else ("part_00000", "part_00001")
+    with pytest.raises(DataError, match=rf"^data\.train_dir={train[kind]}: (stratum_\d_\d+-\d+/)?{first}\S* and "
+                                        rf"(stratum_\d_\d+-\d+/)?{second}\S* (are the same file \(md5 [0-9a-f]{{32}} in "
+                                        r"\S+md5sums\.txt\)|hold the same samples): one shard copied over another"):
+        _batches(train[kind], overrides)
+
+
+def test_shards_alike_in_lengths_only_are_no_copies(tmp_path):
+    """Two shards with the same lengths row for row but other tokens: read, compared, trained on."""
+    from bert.shards import Shard as S_
+
+    dirs = road_dirs(tmp_path)
+    a = read_shard(dirs["plain"] / "part_0.hdf5")
+    b = S_(a.path, a.tokens.copy(), a.segments, a.offsets, a.mlm_positions, a.mlm_ids, a.mlm_offsets, a.nsp)
+    b.tokens[a.offsets[0] + 2] += 1
+    write_shard(dirs["plain"] / "part_1.hdf5", b, "variable")
+    assert len(next(_batches(dirs["plain"], MODES["snake"][1]))["nsp_labels"]) == 4
+
