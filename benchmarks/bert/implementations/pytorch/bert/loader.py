@@ -320,9 +320,10 @@ COPY_FIX = ("one shard copied over another trains its samples twice an epoch and
 def check_copies(root: Path, reader: ShardReader, index: LengthIndex | None) -> None:
     """Refuse a training directory that holds the same shard twice, from what start-up reads
     anyway: the md5 list (two files, one md5), and the length index where the sampling mode
-    has one (two shards with the same lengths, row for row, compared by a fingerprint of each,
-    then confirmed by reading both: equal lengths alone are not a copy). One dictionary over
-    the md5 list and one small key per shard; nothing read unless two shards look alike."""
+    has one (two shards with the same lengths, row for row, compared by a key of each: its
+    count and first and last 32 lengths, then confirmed by reading both: equal lengths alone
+    are not a copy). One dictionary over the md5 list and one sort of the keys (BENCHMARKS.md
+    section 13); nothing read unless two shards look alike."""
     if reader.manifest is not None:
         first: dict[str, str] = {}
         for rel, digest in sorted(reader.manifest.sums.items()):
@@ -332,13 +333,19 @@ def check_copies(root: Path, reader: ShardReader, index: LengthIndex | None) -> 
             first[digest] = rel
     if index is None:
         return
-    alike: dict[bytes, list[int]] = {}
-    for s in range(len(index.paths)):
-        n = index.offsets[s + 1] - index.offsets[s]
-        if n:
-            rows = index.lengths[index.offsets[s]:index.offsets[s + 1]]
-            alike.setdefault(np.int64(n).tobytes() + rows[:32].tobytes() + rows[-32:].tobytes(), []).append(s)
-    for group in (g for g in alike.values() if len(g) > 1):
+    starts, ends = index.offsets[:-1], index.offsets[1:]
+    shards = np.flatnonzero(ends > starts)  # an empty shard holds nothing twice
+    if not len(shards):
+        return
+    k = np.arange(32)
+    first = index.lengths[np.minimum(starts[shards, None] + k, ends[shards, None] - 1)]
+    last = index.lengths[np.maximum(ends[shards, None] - 32 + k, starts[shards, None])]
+    keys = np.ascontiguousarray(np.concatenate([(ends - starts)[shards, None], first, last], axis=1))
+    # one opaque value per shard: one sort of byte strings, not a 65-key lexsort
+    _, group_of, count = np.unique(keys.view(np.dtype((np.void, keys.itemsize * keys.shape[1]))).reshape(-1),
+                                   return_inverse=True, return_counts=True)
+    for g in np.flatnonzero(count > 1):
+        group = shards[group_of == g].tolist()
         for j, a in enumerate(group):
             for b in group[j + 1:]:
                 la = index.lengths[index.offsets[a]:index.offsets[a + 1]]
