@@ -82,6 +82,7 @@ def steps_run(tree: Path, data: Path, samples: int, work: Path) -> dict:
 
     script = config_script.source(tree / "config_CPU_1x2.sh", {"PATH": os.environ["PATH"]})
     env = dict(os.environ, **{k: v for k, v in script.items() if k != "PATH"})
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # torchrun: this interpreter's
     logdir = Path(tempfile.mkdtemp(dir=work))
     kind, extra = ROADS["strata"]
     env.update(DATADIR=str(data / kind), EVALDIR=str(data / "eval"), LOGDIR=str(logdir), SEED="7", DIVISION="open",
@@ -102,7 +103,7 @@ def _in_child(args: list[str]) -> dict:
     r = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True)
     if r.returncode:
         raise SystemExit(f"worker {args} failed: {r.stderr[-2000:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return json.loads(next(line for line in reversed(r.stdout.splitlines()) if line.startswith("{")))
 
 
 def compare(data: Path, old: Path, reps: int, batches: int, samples: int) -> dict:
@@ -197,8 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--road", choices=sorted(ROADS), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.worker:
-        print(json.dumps(loader_worker(a.worker, a.data, a.road, a.batches)))
-        return 0
+        print(json.dumps(loader_worker(a.worker, a.data, a.road, a.batches)), flush=True)
+        # No interpreter teardown: either checkout's read ahead may still be in h5py, whose
+        # teardown then prints or waits (what the stream does at a run's end is the trainer's).
+        os._exit(0)
     if not all((a.data / k / "md5sums.txt").is_file() for k in ("train", "strata")) or not (a.data / "eval").is_dir():
         print(f"data_road: --data {a.data} needs train/ and strata/ with md5sums.txt, and eval/ (see --help)",
               file=sys.stderr)

@@ -50,6 +50,7 @@ class Manifest:
         self.root, self.sums = root, sums
         self.path = root / MANIFEST
         self.verified: set[str] = set()  # relative paths hashed and matched in this process
+        self._passed: set[str] = set()  # the same, as the paths were given: no resolve per read
 
     @staticmethod
     def find(root: str | Path) -> Manifest | None:
@@ -71,8 +72,11 @@ class Manifest:
     def check(self, path: Path) -> None:
         """Hash ``path`` (the first time only); ``DataError`` unless the manifest lists it with
         that md5."""
+        if str(path) in self._passed:  # a row read's file, the thousandth time: one lookup
+            return
         rel = Path(path).resolve().relative_to(self.root.resolve()).as_posix()
         if rel in self.verified:
+            self._passed.add(str(path))
             return
         want = self.sums.get(rel)
         if want is None:
@@ -88,3 +92,4 @@ class Manifest:
             raise DataError(f"{path}: md5 {got}, but {self.path} says {want}: the file changed after the manifest "
                             f"was made (a damaged copy or disk); copy it again from the source")
         self.verified.add(rel)
+        self._passed.add(str(path))

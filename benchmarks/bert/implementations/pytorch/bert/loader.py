@@ -143,7 +143,7 @@ class TrainLoader:
         self._data: dict[str, Any] | None = None
         self.prefetch = prefetch and not policy.main_thread
         self._position: Position = (0, 0)
-        self._it: Iterator[tuple[Sample, Position]] | None = None
+        self._it: Iterator[tuple[list[Sample], Position]] | None = None
         self._pending: watchdog.Read | None = None  # the read in flight (the poll looks at it)
         self._reading: watchdog.Read | None = None  # the read whose thread draws now
 
@@ -208,16 +208,24 @@ class TrainLoader:
             self._pending = self.reader.start(self.reader.root, load)
         return self._pending
 
-    def _samples(self) -> Iterator[tuple[Sample, Position]]:
-        """Endless (sample, the position after it) from ``self._position`` on."""
+    def _batches(self) -> Iterator[tuple[list[Sample], Position]]:
+        """Endless (a batch's samples, the position after its last) from ``self._position``
+        on; a batch may span draws."""
         draws = self.policy.draws(self._position, self)
         pending = self._start(draws)
+        batch: list[Sample] = []
         while True:
             draw, (data, where) = pending.result()  # bounded: data.read_timeout_s per file
             if self.prefetch:
                 pending = self._start(draws)
-            for i, j in enumerate(where):
-                yield data[int(j)], draw.after(i)
+            order, i = where.tolist(), 0
+            while i < len(order):
+                take = order[i:i + self.batch_size - len(batch)]
+                batch += [data[j] for j in take]
+                i += len(take)
+                if len(batch) == self.batch_size:
+                    yield batch, draw.after(i - 1)
+                    batch = []
             if not self.prefetch:
                 pending = self._start(draws)
 
@@ -226,12 +234,8 @@ class TrainLoader:
 
     def __next__(self) -> dict:
         if self._it is None:
-            self._it = self._samples()
-        batch = []
-        for _ in range(self.batch_size):
-            sample, position = next(self._it)
-            batch.append(sample)
-        self._position = position
+            self._it = self._batches()
+        batch, self._position = next(self._it)
         return self.collate(batch)
 
     def failure(self) -> str | None:

@@ -178,10 +178,11 @@ def _open(path: str | Path) -> h5py.File:
         raise DataError(f"{path}: cannot open as hdf5: {e}") from None
 
 
-def _detect_layout(path: Any, f: h5py.File) -> str:
-    if "input_ids" not in f:
-        raise DataError(f"{path}: missing dataset 'input_ids' (has: {sorted(f.keys())})")
-    ds = f["input_ids"]
+def _detect_layout(path: Any, ds: Any, present: set[str]) -> str:
+    """'fixed' or 'variable' from ``ds``, the file's 'input_ids' (None: ``present``, the
+    file's names, has none)."""
+    if ds is None:
+        raise DataError(f"{path}: missing dataset 'input_ids' (has: {sorted(present)})")
     if not isinstance(ds, h5py.Dataset):
         raise DataError(f"{path}: 'input_ids' is a group, not a dataset")
     if ds.ndim == 2:
@@ -220,17 +221,17 @@ def _take(ds: h5py.Dataset, rows: np.ndarray | None) -> np.ndarray:
     return ds[rows]
 
 
-def _read_fixed(path: Any, f: h5py.File, sel: np.ndarray | None) -> Shard:
-    arr = {k: _take(f[k], sel) for k in FIXED_DATASETS}
+def _read_fixed(path: Any, ds: dict[str, h5py.Dataset], sel: np.ndarray | None) -> Shard:
+    arr = {k: _take(d, sel) for k, d in ds.items()}
     n, s = arr["input_ids"].shape
     for k in ("input_mask", "segment_ids"):
         if arr[k].shape != (n, s):
-            raise DataError(f"{path}: dataset '{k}' has shape {f[k].shape}; "
-                            f"expected {f['input_ids'].shape} like 'input_ids'")
+            raise DataError(f"{path}: dataset '{k}' has shape {ds[k].shape}; "
+                            f"expected {ds['input_ids'].shape} like 'input_ids'")
     pos, ids = arr["masked_lm_positions"], arr["masked_lm_ids"]
     if pos.ndim != 2 or ids.shape != pos.shape:
-        raise DataError(f"{path}: 'masked_lm_positions' {f['masked_lm_positions'].shape} and 'masked_lm_ids' "
-                        f"{f['masked_lm_ids'].shape} must both be [N, P]")
+        raise DataError(f"{path}: 'masked_lm_positions' {ds['masked_lm_positions'].shape} and 'masked_lm_ids' "
+                        f"{ds['masked_lm_ids'].shape} must both be [N, P]")
     keep = arr["input_mask"] != 0
     lengths = keep.sum(axis=1)
     # A mask with holes would make "real tokens" ambiguous; costs one [N,S] compare.
@@ -242,15 +243,10 @@ def _read_fixed(path: Any, f: h5py.File, sel: np.ndarray | None) -> Shard:
                  pos[real], ids[real], row_offsets(real.sum(axis=1)), _nsp(arr["next_sentence_labels"]))
 
 
-def _read_variable(path: Any, f: h5py.File, sel: np.ndarray | None) -> Shard:
-    rows: dict[str, np.ndarray] = {}
-    for k in VARIABLE_DATASETS[:-1]:
-        ds = f[k]
-        if ds.ndim != 1 or h5py.check_vlen_dtype(ds.dtype) is None:
-            raise DataError(f"{path}: dataset '{k}' has shape {ds.shape} and dtype {ds.dtype}; "
-                            "expected [N] vlen rows in a variable-length shard")
-        rows[k] = _take(ds, sel)  # object array of 1-D arrays; one Python object per row
-    nsp = _nsp(_take(f["next_sentence_labels"], sel))
+def _read_variable(path: Any, ds: dict[str, h5py.Dataset], sel: np.ndarray | None) -> Shard:
+    # one object array of 1-D arrays per dataset; one Python object per row
+    rows = {k: _take(ds[k], sel) for k in VARIABLE_DATASETS[:-1]}
+    nsp = _nsp(_take(ds["next_sentence_labels"], sel))
     n = len(nsp)
 
     def lens(k: str) -> np.ndarray:
@@ -362,26 +358,38 @@ def _decode(path: str | Path, rows: np.ndarray | None, max_seq_length: int | Non
 
 
 def _structure_and_rows(path: str | Path, f: h5py.File, rows: np.ndarray | None) -> Shard:
-    layout = _detect_layout(path, f)
+    # The file's names listed once and each dataset looked up once: h5py's lookups and
+    # properties cost ~10 us each, the bulk of a read of a few rows (BENCHMARKS.md section 15).
+    present = set(f.keys())
+    ids = f["input_ids"] if "input_ids" in present else None
+    layout = _detect_layout(path, ids, present)
     names = FIXED_DATASETS if layout == "fixed" else VARIABLE_DATASETS
-    missing = [k for k in names if k not in f]
+    missing = [k for k in names if k not in present]
     if missing:
         raise DataError(f"{path}: missing dataset(s) {missing} for a {layout}-length shard "
-                        f"(has: {sorted(f.keys())})")
-    n = f["input_ids"].shape[0]
-    for k in names:
-        ds = f[k]
-        base = h5py.check_vlen_dtype(ds.dtype) if layout == "variable" else None
-        _check_int(path, k, np.dtype(base) if base is not None else ds.dtype)
-        if not ds.ndim or ds.shape[0] != n:
-            raise DataError(f"{path}: dataset '{k}' has shape {ds.shape}; 'input_ids' has {n} rows")
-    nsp = f["next_sentence_labels"]
-    if nsp.ndim != 1 and nsp.shape[1:] != (1,):
-        raise DataError(f"{path}: 'next_sentence_labels' has shape {nsp.shape}; expected ({n},)")
+                        f"(has: {sorted(present)})")
+    ds = {k: ids if k == "input_ids" else f[k] for k in names}
+    n = None
+    for k, d in ds.items():
+        if not isinstance(d, h5py.Dataset):
+            raise DataError(f"{path}: '{k}' is a group, not a dataset")
+        shape, dtype = d.shape, d.dtype
+        n = shape[0] if n is None and shape else n
+        base = h5py.check_vlen_dtype(dtype) if layout == "variable" else None
+        if layout == "variable" and k != "next_sentence_labels" and (len(shape) != 1 or base is None):
+            raise DataError(f"{path}: dataset '{k}' has shape {shape} and dtype {dtype}; "
+                            "expected [N] vlen rows in a variable-length shard")
+        _check_int(path, k, np.dtype(base) if base is not None else dtype)
+        if not shape or shape[0] != n:
+            raise DataError(f"{path}: dataset '{k}' has shape {shape}; 'input_ids' has {n} rows")
+        if k == "next_sentence_labels" and len(shape) != 1 and shape[1:] != (1,):
+            raise DataError(f"{path}: 'next_sentence_labels' has shape {shape}; expected ({n},)")
     if rows is not None and len(rows) and int(rows[-1]) >= n:
         raise DataError(f"{path}: holds {n} samples, but sample {int(rows[-1])} was asked for: the length "
                         "index does not describe these shards (a directory changed after it was made?)")
-    return _read_fixed(path, f, rows) if layout == "fixed" else _read_variable(path, f, rows)
+    if rows is not None and len(rows) == n:  # every row, in order (unique, increasing): the whole shard
+        rows = None
+    return _read_fixed(path, ds, rows) if layout == "fixed" else _read_variable(path, ds, rows)
 
 
 def read_shard(path: str | Path, max_seq_length: int | None = None, bounds: Bounds | None = None) -> Shard:
