@@ -46,7 +46,9 @@ def count_cost(data: Path, batches: int = 50, reps: int = 20) -> list[float]:
     torch.set_num_threads(1)
     script = config_script.source(PKG / "config_CPU_1x2.sh", {"PATH": os.environ["PATH"]})
     cfg = build_config(launcher_overrides({**script, "DATADIR": str(data / "train"), "EVALDIR": str(data / "eval")}))
-    stream = iter(loader.train_batches(cfg.data, cfg.sampler, cfg.model, cfg.run.local_batch_size, 1, 0, 2, None))
+    plan = loader.BatchPlan.training(cfg.data, cfg.sampler, cfg.model, local_batch=cfg.run.local_batch_size, world_size=2)
+    stream = loader.train_batches(data=cfg.data, sampler=cfg.sampler, model=cfg.model, plan=plan, seed=1, rank=0,
+                                  world_size=2)
     sample = [next(stream) for _ in range(batches)]
     out = []
     for _ in range(3):

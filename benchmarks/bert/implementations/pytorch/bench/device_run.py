@@ -15,7 +15,7 @@ The order (``plan``), so that a run cut short keeps what matters most:
    and carry the verdict, ``attention_check``); when no test ran at all (every child failed
    to start), or none passed under an exclusive compute mode (``gpu_state``), the check is
    inconclusive, blocks nothing, and the headline's fallbacks find out;
-2. ``baseline`` at the small batch (16): the 2026-11-29 stack, this run's own baseline;
+2. ``baseline`` at the small batch (16): the first measured stack (``BASELINE``), this run's own baseline;
 3. ``headline`` at the big batch (96): the fast stack, and if it fails, at once the stacks of
    ``gpu_bert_large.headline_attempts`` in turn (CUDA graphs off, the per-layer compile off,
    both, then the next attention backends) until one measures: that one is the headline

@@ -92,8 +92,8 @@ CHOSEN = "chosen"  # FAST's attention value: replaced by --fast-attention when a
 # from the graph without launch cost), inductor per encoder layer.
 FAST = {"model.attention_backend": CHOSEN, "data.token_budgets": "auto", "run.cuda_graphs": "true",
         "run.warmup_steps": "1", "model.compile_layers": "true"}
-# The stack the 2026-11-29 run measured (207 seq/s at local batch 16): SDPA on the padded
-# grid, the config's LAMB (foreach without apex), eager.
+# The first stack measured on the device (BENCHMARKS.md section 3 has its seq/s): SDPA on the
+# padded grid, the config's LAMB (foreach without apex), eager.
 BASELINE = {"model.attention_backend": "sdpa"}
 
 
@@ -152,7 +152,7 @@ EST_COMPILED_LAMB = (150.0, 50.0)
 # The old dynamic-shape stack: no warm-up before its timing starts, so its compiles come in
 # its untimed steps.
 WHOLE_MODEL_COMPILE = ("bench.compile: the whole model compiles at its first (untimed) steps, as the "
-                       "2026-11-29 stack did without a warm-up before run_start; dynamic shapes: a frame per "
+                       "first measured stack did without a warm-up before run_start; dynamic shapes: a frame per "
                        "graph break, and a recompile when a size first varies")
 
 
@@ -228,7 +228,7 @@ def fast_stack_changes(case: Case, args) -> dict[str, str]:
 def ablations(big: int) -> list[Case]:
     """One technique of the fast stack off or swapped at ``big``, ordered by what a GPU
     default depends on: CUDA graphs, the other attention backends (the chosen one is the
-    headline itself), LAMB's variant, the per-layer compile, issue 26's levers (the fused
+    headline itself), LAMB's variant, the per-layer compile, the model's levers (the fused
     QKV projection, the padded vocabulary), FP8's rowwise recipe."""
     return [_case("fast_no_graphs", big, EST_SAME_COMPILE, f=without(FAST, run__cuda_graphs="false")),
             *[_case(f"fast_{b}", big, EST_NEW_COMPILE, f=without(FAST, model__attention_backend=b))
@@ -242,8 +242,8 @@ def ablations(big: int) -> list[Case]:
 
 def other_cases(big: int, old: int, fast_sweep: list[int], default_sweep: list[int]) -> list[Case]:
     """The rest, for a run with time left or a rerun's ``--only``: budgets off, budgets or
-    compiled LAMB alone on the default stack, the AdamW pair, the sweeps, the 2026-11-29
-    cases at ``old``."""
+    compiled LAMB alone on the default stack, the AdamW pair, the sweeps, the first measured
+    stack's cases at ``old``."""
     return [
         # CUDA graphs need static shapes: without budgets the graphs go too.
         _case("fast_no_budget_no_graphs", big, EST_SAME_COMPILE,
@@ -293,7 +293,7 @@ def add_case_args(ap: argparse.ArgumentParser) -> None:
     """The options that shape the cases (this script's and bench/device_run.py's)."""
     ap.add_argument("--small", type=int, default=16, help="the small local batch (baseline, fast, fp16)")
     ap.add_argument("--big", type=int, default=96, help="the large local batch (the headline, the ablations)")
-    ap.add_argument("--old", type=int, default=32, help="local batch of the 2026-11-29 on/off cases")
+    ap.add_argument("--old", type=int, default=32, help="local batch of the first measured stack's on/off cases")
     ap.add_argument("--fast-sweep", type=lambda s: [int(x) for x in s.split(",") if x], default=[32, 48, 64])
     ap.add_argument("--default-sweep", type=lambda s: [int(x) for x in s.split(",") if x], default=[32, 64, 96])
     ap.add_argument("--case", type=parse_case, action="append", default=[],

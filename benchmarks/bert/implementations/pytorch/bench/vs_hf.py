@@ -94,10 +94,11 @@ class Ours:
         self.k = 0
         pcfg = PrecisionConfig(dtype="fp32")  # same dtype as the HF side
         prec = build_precision(pcfg, "cpu")
-        self.learner = Learner(self.model, self.model, opt, build_scheduler(opt, ocfg),
-                               build_scaler(pcfg, prec, "cpu"), prec,
-                               grad_sync.build(GradSyncConfig(), None, self.model.parameters(), CLIP),
-                               torch.device("cpu"))
+        self.learner = Learner(model=self.model, train_model=self.model, optimizer=opt,
+                               scheduler=build_scheduler(opt, ocfg), scaler=build_scaler(pcfg, prec, "cpu"),
+                               precision=prec,
+                               grad_sync=grad_sync.build(GradSyncConfig(), None, self.model.parameters(), CLIP),
+                               device=torch.device("cpu"))
         self.feed = self._feed()
 
     def _feed(self):

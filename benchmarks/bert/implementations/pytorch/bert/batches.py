@@ -11,12 +11,13 @@ plus its labels, as torch tensors, in the layout the model was built for.
 ``collate_packed`` puts up to 3 sequences per ``max_seq_length`` row (``pack_ffd``) for
 padded kernels; static token budgets pad the unpadded layout to a few fixed sizes
 (bert/budget.py). ``to_device``, ``pinned`` and ``split_labels`` are what the loop does
-with a batch.
+with a batch. ``synthetic_batches`` are batches of random samples of given token counts: what
+the warm-up before run_start compiles and captures (bert/step_graph.py), no data read.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -162,3 +163,41 @@ def pinned(batch: dict) -> dict:
 def split_labels(batch: dict) -> tuple[dict, dict]:
     """(the model's keyword arguments, the labels)."""
     return {k: v for k, v in batch.items() if k not in LABEL_KEYS}, {k: batch[k] for k in LABEL_KEYS}
+
+
+# ---------------------------------------------------------------- synthetic batches
+
+
+def synthetic_samples(total_tokens: int, n: int, max_seq_length: int, max_pred: int, vocab_size: int,
+                      rng: np.random.Generator) -> list[Sample]:
+    """``n`` random samples holding ``total_tokens`` tokens in all (lengths as equal as
+    possible, each in [2, max_seq_length]), ~15% of each masked (at most ``max_pred``).
+    Shapes, not content, matter here: the values only have to be valid ids."""
+    total = min(max(total_tokens, 2 * n), n * max_seq_length)
+    lengths = np.full(n, total // n, dtype=np.int64)
+    lengths[: total % n] += 1
+    out = []
+    for length in lengths.tolist():
+        ids = rng.integers(1, vocab_size, size=length, dtype=np.int64)
+        segments = (np.arange(length) >= length // 2).astype(np.int64)
+        k = min(max_pred, max(1, round(0.15 * (length - 1))))
+        positions = np.sort(rng.choice(np.arange(1, length), size=k, replace=False)).astype(np.int64)
+        out.append(Sample(ids, segments, positions, ids[positions].copy(), int(rng.integers(2))))
+    return out
+
+
+def synthetic_batches(collate: Callable[[list[Sample]], dict], token_counts: list[int], n: int,
+                      max_seq_length: int, max_pred: int, vocab_size: int, seed: int = 0) -> list[dict]:
+    """One collated batch of ``n`` synthetic samples per entry of ``token_counts``."""
+    rng = np.random.default_rng(seed)
+    return [collate(synthetic_samples(t, n, max_seq_length, max_pred, vocab_size, rng)) for t in token_counts]
+
+
+def warmup_token_counts(layout: Any, batch_size: int, max_seq_length: int) -> list[int]:
+    """Token counts of the warm-up's synthetic micro-batches: one per shape the run can see.
+    With token budgets (``layout``, a ``bert.budget.Layout``) each rung, filled exactly, so
+    every shape the run will meet is compiled and captured; without, every batch has its
+    own shape, and one typical batch (half the grid) warms up what does not depend on it."""
+    if layout is not None:
+        return list(layout.rungs)
+    return [batch_size * max_seq_length // 2]

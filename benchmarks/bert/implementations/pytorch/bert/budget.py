@@ -191,7 +191,8 @@ def simulated_token_counts(sm: SamplerConfig, max_seq_length: int, local_batch: 
         n = len(sm.counts) if sm.counts else 4
         strata = Strata.from_lengths(population, even_bounds(s, sm.strata_width or math.ceil(s / n)))
     group = min(sm.group_size or world_size, world_size) if sm.deal != "none" else 1
-    sampler = IndexSampler(population, strata, 0, group, local_batch, seed, group=group, draw=sm.draw,
+    sampler = IndexSampler(population, strata, rank=0, world_size=group, local_batch=local_batch, seed=seed,
+                           group=group, draw=sm.draw,
                            deal_policy=sm.deal, counts=sm.counts, rounding=sm.rounding,
                            hidden=hidden)
     out = []

@@ -1,13 +1,15 @@
 """Train-state checkpoints (write atomically, find the newest, restore exactly), the stop
-flag that SIGTERM / SIGUSR1 / SIGINT raise, and what the loops do at a step boundary.
+flag that SIGTERM / SIGUSR1 / SIGINT raise, and what the training loop does at a step boundary.
 
 A checkpoint is a directory ``step_000000123/`` holding
 
   train.pt     (rank 0) model, optimizer, LR schedule, grad scaler (when there is one), the
                loop's TrainState, and what must match on resume (world size, global batch)
   rank_<r>.pt  (every rank) its RNG states (python, numpy, torch CPU, CUDA), the position
-               of its training-data stream (``batches.state_dict()``), and its gradient-sync
-               state (PowerSGD's residuals and factors; empty otherwise), and the step
+               of its training-data stream (``batches.state_dict()``: with its sampling
+               road, world size and the identity of its training data, which a resume must
+               match), and its gradient-sync state (PowerSGD's residuals and factors; empty
+               otherwise), and the step
   config.json  (rank 0) the run's settings (bert.config.dumps), what a resume is compared
                with (``check_settings``)
   meta.json    written last by rank 0: step, samples, world size, global batch, and each
@@ -54,6 +56,7 @@ import torch
 
 from . import distributed, rng, storage
 from .config import CheckpointConfig, Config, resume_changes
+from .loader import TrainStream
 from .shards import DataError
 from .state import Learner, TrainState
 from .weights import CheckpointError  # one error type for every checkpoint problem
@@ -190,15 +193,26 @@ def verify(path: Path, rank: int) -> str | None:
     return None
 
 
-def choose(directory: Path, newest: Path, mode: str, rank: int) -> Path:
+def choose(directory: Path, newest: Path, mode: str, rank: int, world_size: int) -> Path:
     """The checkpoint to resume from, every rank agreeing, starting at ``newest`` (``plan``):
     the newest one that verifies (``verify`` on every rank; one small gather per checkpoint
     tried). Under ``ckpt.resume=auto`` a damaged one is moved aside (``<name>.damaged``, rank 0;
     kept for a look) and the next older one tried, saying so; ``require`` refuses, naming the
-    damage and the newest checkpoint that verifies. None verifying: refused."""
+    damage and the newest checkpoint that verifies. None verifying: refused. A checkpoint of
+    another world size is refused for that, before anything is called damaged (its rank files
+    are not this run's ranks'), and nothing is moved."""
     candidates = [p for p in complete_checkpoints(directory) if p.name <= newest.name][::-1]
     damaged: list[tuple[Path, str]] = []
     for path in candidates:
+        try:
+            written_by = _meta(path).get("world_size")
+        except CheckpointError:
+            written_by = world_size  # unreadable: verify names it
+        if written_by != world_size:
+            raise CheckpointError(f"{path}: written by a run of world_size={written_by}, this run has {world_size}: "
+                                  "a resume continues each rank's own data stream and state, so it keeps the world "
+                                  f"size; resume with {written_by} ranks, or start a fresh run with another ckpt.dir "
+                                  "and log.output_dir")
         seen = distributed.all_gather_object(verify(path, rank))
         why = next((f"{t} (on rank {r})" for r, t in enumerate(seen) if t is not None), None)
         if why is None:
@@ -304,7 +318,7 @@ def agree_finite(learner: Learner, device: torch.device) -> bool:
 
 
 class StopFlag:
-    """Set by signals, read by the loops at their next poll (``Checkpointer.at_boundary``) and
+    """Set by signals, read by the training loop at its next poll (``Checkpointer.at_boundary``) and
     between evaluation batches (``interrupted``).
 
     SIGTERM / SIGUSR1 (``ckpt.on_signal``): write a checkpoint, then stop (exit 3); without
@@ -322,6 +336,13 @@ class StopFlag:
     def __init__(self) -> None:
         self.signum = 0  # SIGTERM / SIGUSR1
         self.interrupted = False  # SIGINT
+
+    def reason(self) -> str | None:
+        """What asked the run to stop, in words (None: nothing did): for a wait that cannot
+        reach the next poll (bert/watchdog.py)."""
+        if self.interrupted:
+            return "interrupted (Ctrl-C)"
+        return f"stopped by signal {signal.Signals(self.signum).name}" if self.signum else None
 
     def _handle(self, signum: int, _frame: Any) -> None:
         self.signum = signum
@@ -378,11 +399,11 @@ def _pending_signals(path: Path | None) -> list[signal.Signals]:
 
 
 class Checkpointer:
-    """What both loops do after every step: write a checkpoint when one is due (every N steps,
+    """What the training loop does after every step: write a checkpoint when one is due (every N steps,
     every M minutes, on SIGTERM/SIGUSR1, on Ctrl-C where asked), and stop where the ranks
     agreed to."""
 
-    def __init__(self, cfg: CheckpointConfig, directory: Path, rank: int, world_size: int,
+    def __init__(self, *, cfg: CheckpointConfig, directory: Path, rank: int, world_size: int,
                  device: torch.device, global_batch: int, stop: StopFlag,
                  pending: Callable[[], storage.Failure | None] = lambda: None, max_nonfinite_steps: int = 0,
                  settings: str = ""):
@@ -401,7 +422,7 @@ class Checkpointer:
         self.stop_checkpoint: Path | None = None  # the one written by the stop the ranks agreed on
         self.signum = 0  # the SIGTERM / SIGUSR1 the ranks agreed to stop for (the largest number)
 
-    def at_boundary(self, learner: Learner, state: TrainState, batches: Any) -> str | None:
+    def at_boundary(self, learner: Learner, state: TrainState, batches: TrainStream) -> str | None:
         """After a step; the same answer on every rank. None: go on. "preempted" (SIGTERM /
         SIGUSR1; a checkpoint written) or "interrupted" (Ctrl-C; a checkpoint written first
         where ``saves_on_interrupt``): stop. Raises storage.WriteFailed when a write failed."""
@@ -428,12 +449,12 @@ class Checkpointer:
                 return "interrupted" if interrupted else "preempted"
         return None
 
-    def _poll(self, batches: Any, state: TrainState) -> tuple[bool, bool, bool, int]:
+    def _poll(self, batches: TrainStream, state: TrainState) -> tuple[bool, bool, bool, int]:
         clock = self.cfg.interval_minutes > 0 and time.monotonic() - self.last_write >= 60 * self.cfg.interval_minutes
         # A shard read ahead of the loop that failed or overran its bound (bert/watchdog.py:
         # the stream's ``failure``) stops every rank here with its message (exit 2).
         failure = self.pending()
-        bad_data = batches.failure() if hasattr(batches, "failure") else None
+        bad_data = batches.failure()
         # A rank may get a signal (or cross the minute mark, or fail a write or a read) a step
         # before another: agree by max. One 24-byte all_reduce and a host sync per poll.
         flags = torch.tensor([self.stop.signum, clock, self.stop.interrupted, failure is not None, bad_data is not None],
@@ -451,7 +472,7 @@ class Checkpointer:
         limit = self.max_nonfinite_steps
         return bool(signum), bool(clock), bool(interrupted), streak if limit and streak >= limit else 0
 
-    def save(self, learner: Learner, state: TrainState, batches: Any) -> Path:
+    def save(self, learner: Learner, state: TrainState, batches: TrainStream) -> Path:
         """Every rank calls this at the same step; returns the checkpoint's directory.
         ``batches``: the training stream (its ``state_dict`` is this rank's position). A failed
         write on any rank: the temp directory removed, storage.WriteFailed on every rank."""

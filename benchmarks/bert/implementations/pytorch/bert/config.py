@@ -526,8 +526,9 @@ def launcher_variable(key: str) -> str:
 # silently override some (the optimizer's learning rate, the schedule, the next eval) while
 # the log and the dumped config record the new value, and the rest would make the resumed
 # run another run than the one the log continues. "section.*" is a whole section.
-# data.train_dir / data.eval_dir: the same data under another path (a moved mount); nothing
-# checks that it is the same data. run.seed: the checkpointed run's seed is used (said).
+# data.train_dir / data.eval_dir: the same data under another path (a moved mount); the
+# training stream's state records its data's identity (bert/loader.py describe_data), which a
+# resume must match. run.seed: the checkpointed run's seed is used (said).
 RESUME_MAY_DIFFER = ("data.train_dir", "data.eval_dir", "data.read_timeout_s", "data.verify_md5", "ckpt.*",
                      "log.*", "dist.*", "run.init_checkpoint", "run.save_checkpoint", "run.seed",
                      "run.max_nonfinite_steps", "run.exclusive", "run.cache_cleared", "run.threads",

@@ -52,8 +52,8 @@ def batch_counts(batch: dict) -> tuple[int, int, int, int]:
 
 
 class Counted:
-    """The training stream, counting each micro-batch it hands out (``batch_counts``);
-    ``state_dict``/``load_state_dict`` and the rest are the stream's own."""
+    """The training stream (a ``bert.loader.TrainStream``), counting each micro-batch it
+    hands out (``batch_counts``); its state, failure and close are the stream's own."""
 
     def __init__(self, batches: Any) -> None:
         self.batches = batches
@@ -67,8 +67,17 @@ class Counted:
         self.counts.append(batch_counts(batch))
         return batch
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.batches, name)
+    def state_dict(self) -> dict[str, Any]:
+        return self.batches.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.batches.load_state_dict(state)
+
+    def failure(self) -> str | None:
+        return self.batches.failure()
+
+    def close(self) -> None:
+        self.batches.close()
 
     def take(self) -> list[tuple[int, int, int, int]]:
         counts, self.counts = self.counts, []

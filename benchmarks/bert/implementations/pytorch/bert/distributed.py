@@ -281,9 +281,10 @@ def device_for(requested: str, local_rank: int) -> torch.device:
 
 
 class Peers:
-    """What a rank that stops on bad input tells the others, who would otherwise see only a
-    dead peer (and exit 4, "another rank died"): its message, through the rendezvous store,
-    which outlives the process group.
+    """What a rank that stops on bad input (or on a stop it got while it waited for data)
+    tells the others, who would otherwise see only a dead peer (and exit 4, "another rank
+    died"): its exit status and message, through the rendezvous store, which outlives the
+    process group.
 
     The rank that saw it ``report``s (one small store write), then ``abort``s its side of the
     process group, so that the peers' collective with it fails at once instead of after
@@ -301,11 +302,11 @@ class Peers:
         self.store, self.rank, self.world_size = store, denv.rank, denv.world_size
         self.hosts_store = denv.rank == 0 and not denv.agent_store
 
-    def report(self, text: str) -> None:
+    def report(self, text: str, status: int = 2) -> None:
         if self.store is None:
             return
         try:
-            self.store.set(f"bert/bad_input/{self.rank}", text)
+            self.store.set(f"bert/bad_input/{self.rank}", f"{status} {text}")
         except Exception:  # noqa: BLE001 - the store's host is gone: nothing to tell
             self.store = None
 
@@ -318,9 +319,9 @@ class Peers:
         except Exception:  # noqa: BLE001 - a backend without abort: the peers time out instead
             pass
 
-    def reported(self) -> tuple[int, str] | None:
-        """(rank, message) of a peer that reported bad input, acknowledged; None when none did
-        (or the store is gone with rank 0)."""
+    def reported(self) -> tuple[int, int, str] | None:
+        """(rank, exit status, message) of a peer that reported, acknowledged; None when none
+        did (or the store is gone with rank 0)."""
         if self.store is None:
             return None
         try:
@@ -329,7 +330,8 @@ class Peers:
                 key = f"bert/bad_input/{r}"
                 if r != self.rank and self.store.check([key]):
                     self.store.set(f"bert/seen/{self.rank}", "1")
-                    return r, self.store.get(key).decode()
+                    status, _, text = self.store.get(key).decode().partition(" ")
+                    return r, int(status), text
         except Exception:  # noqa: BLE001 - the store's host is gone
             return None
         return None

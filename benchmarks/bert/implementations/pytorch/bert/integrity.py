@@ -3,10 +3,12 @@ written by ``python -m input_preprocessing checksum``), checked as each shard is
 
 HDF5 keeps no checksum of its data: a flipped bit in a shard reads back as a changed token
 without a word, and a lost sector can make it spin (bert/watchdog.py bounds that). Where the
-directory has a manifest, every file the run reads is hashed first (the bytes then come from
-the page cache for h5py) and must match: a file that changed, or one the manifest does not
-list, is an error naming it. Costs one md5 pass over the bytes read (BENCHMARKS.md), in the
-reading thread: training shards in the prefetch thread, beside the steps.
+directory has a manifest, every file the run reads is hashed the first time this process
+reads it (the bytes then come from the page cache for h5py) and must match: a file that
+changed, or one the manifest does not list, is an error naming it. Costs one md5 pass over
+each file read, once per run (BENCHMARKS.md), in the reading thread: training shards in the
+prefetch thread, beside the steps. A file read again (the next epoch, other rows of it) is
+not hashed again: the check is of the data as the run first found it.
 
 The format is ``md5sum``'s (``<md5>  <path relative to the directory>``, sorted), so
 ``cd DIR && md5sum -c md5sums.txt`` checks it too. Torch-free.
@@ -47,6 +49,8 @@ class Manifest:
     def __init__(self, root: Path, sums: dict[str, str]):
         self.root, self.sums = root, sums
         self.path = root / MANIFEST
+        self.verified: set[str] = set()  # relative paths hashed and matched in this process
+        self._passed: set[str] = set()  # the same, as the paths were given: no resolve per read
 
     @staticmethod
     def find(root: str | Path) -> Manifest | None:
@@ -66,13 +70,26 @@ class Manifest:
             raise DataError(str(e)) from None
 
     def check(self, path: Path) -> None:
-        """Hash ``path``; ``DataError`` unless the manifest lists it with that md5."""
+        """Hash ``path`` (the first time only); ``DataError`` unless the manifest lists it with
+        that md5."""
+        if str(path) in self._passed:  # a row read's file, the thousandth time: one lookup
+            return
         rel = Path(path).resolve().relative_to(self.root.resolve()).as_posix()
+        if rel in self.verified:
+            self._passed.add(str(path))
+            return
         want = self.sums.get(rel)
         if want is None:
             raise DataError(f"{path}: not listed in {self.path}: the manifest does not describe this directory "
                             f"(remake it: python -m input_preprocessing checksum --input {self.root})")
-        got = md5_file(path)
+        try:
+            got = md5_file(path)
+        except FileNotFoundError:
+            raise DataError(f"{path}: no such file (removed or moved since the directory was listed?)") from None
+        except OSError as e:
+            raise DataError(f"{path}: cannot read: {e.strerror}") from None
         if got != want:
             raise DataError(f"{path}: md5 {got}, but {self.path} says {want}: the file changed after the manifest "
                             f"was made (a damaged copy or disk); copy it again from the source")
+        self.verified.add(rel)
+        self._passed.add(str(path))

@@ -1,223 +1,424 @@
-"""What a run reads: the training batch iterator and the eval set, chosen once from the
-data, sampler and model sections (``train_batches``, ``EvalSet``, ``eval_batches``).
+"""What a run reads: the training stream and the eval set, and how their samples become
+batches (``BatchPlan``), chosen once from the data, sampler and model sections.
 
-Shards (bert/shards.py) are read under a watchdog (bert/watchdog.py), checked against the
-directory's md5 manifest (bert/integrity.py) and the model's bounds, and collated into
-batches (bert/batches.py; static token budgets: bert/budget.py).
-
-Sampling is kept apart from reading: ``RandomShardOrder`` says which shards a rank reads in
-an epoch and in which order it takes their samples; ``SampleStream`` reads what the policy
-names; ``TrainLoader`` only cuts the stream into batches. A different policy (stratified
-sampling, ``bert/sampler.py``) replaces the first piece and reuses the other two;
-its id-based ``IndexLoader`` serves every mode but the closed division's.
+One road for every sampling mode. A policy (bert/sampler.py) names the samples a rank trains
+on, in order, by global id (a shard of the listing and a row in it): the closed division's
+random shard order and every id-based mode (stratified sampling, the deals, packed rows, a
+strata directory) differ in that policy only. ``TrainLoader`` reads what the policy names
+through one ``ShardReader`` (bert/reader.py: the watchdog, the md5 list, the model's bounds),
+the next draw while the current one trains, and cuts batches; every sampling mode gives the
+loop the same ``TrainStream``. The eval set is read through the same reader.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from . import budget as budgets
 from . import watchdog
-from .integrity import Manifest
-from .batches import collate, collate_packed, pinned
+from .batches import collate, collate_packed, pinned, synthetic_batches, warmup_token_counts
 from .budget import BudgetCollate, Layout
 from .config import DataConfig, ModelConfig, SamplerConfig
-from .sampler import IdReader, IndexLoader, LengthIndex, build_sampler
-from .shards import SHARD_SUFFIXES, Bounds, DataError, Sample, Shard, list_shards, read_shard, shard_size
+from .reader import ShardReader
+from .sampler import Draw, LengthIndex, Policy, Position, ShardOrder, build_policy
+from .shards import SHARD_SUFFIXES, Bounds, DataError, Sample, Shard, list_shards
+
+# ---------------------------------------------------------------- the batch plan
 
 
-# ---------------------------------------------------------------- sampling policy
+def batch_collate(unpad: bool, pack: bool, max_seq_length: int, budget: Layout | None = None, *,
+                  samples: int | None = None, pin: bool = False) -> Callable[[Sequence[Sample]], dict]:
+    """The collate of the model's layout, chosen once: packed rows, unpadded (padded to a
+    static token budget when ``budget``, a ``bert.budget.Layout``, is given; with
+    ``samples``, short batches filled up to that many samples), or padded. ``pin``: the
+    batches come in pinned host memory (``pinned``; for a CUDA device)."""
+    if budget is not None:
+        fn: Callable[[Sequence[Sample]], dict] = BudgetCollate(budget, samples)
+    elif pack:
+        fn = lambda b: collate_packed(b, max_seq_length)  # noqa: E731
+    else:
+        fn = lambda b: collate(b, unpad, max_seq_length)  # noqa: E731
+    return (lambda b: pinned(fn(b))) if pin else fn
 
 
-class ShardPolicy(Protocol):
-    """Which shards a rank reads in an epoch, and which of their samples, in what order."""
+@dataclass(frozen=True)
+class BatchPlan:
+    """How a rank's samples become batches, decided once from the config, before any data is
+    read: the model's layout (padded, unpadded, packed rows; static token budgets ``layout``,
+    None: off) for ``batch_size`` samples, and the synthetic batches the warm-up compiles
+    and captures, one per shape the run will see. ``fill``: a short batch (evaluation's
+    last) is filled up to ``batch_size`` samples where budgets are on, so it has a captured
+    shape too."""
 
-    def shards(self, epoch: int) -> list[int]: ...
+    unpad: bool
+    pack: bool
+    layout: Layout | None
+    batch_size: int
+    max_seq_length: int
+    max_predictions: int
+    vocab_size: int
+    fill: bool = False
+    pin: bool = False  # batches in pinned host memory (a CUDA device)
 
-    def select(self, epoch: int, shard: int, num_samples: int) -> np.ndarray: ...
+    @classmethod
+    def training(cls, d: DataConfig, sm: SamplerConfig, m: ModelConfig, *, local_batch: int, world_size: int,
+                 pin: bool = False) -> BatchPlan:
+        """The training batches: ``local_batch`` samples per rank, the sampler's token budgets."""
+        return cls(m.unpad, m.pack, budgets.layout_for(d, sm, local_batch, world_size, m.hidden_size), local_batch,
+                   d.max_seq_length, d.max_predictions_per_seq, m.vocab_size, pin=pin)
+
+    @classmethod
+    def evaluation(cls, d: DataConfig, m: ModelConfig, *, batch_size: int, budgeted: bool,
+                   pin: bool = False) -> BatchPlan:
+        """The eval batches; ``budgeted``: static token budgets where data.token_budgets is set
+        (not for an evaluation that also scores next-sentence prediction, which a filler
+        sample would join)."""
+        layout = budgets.eval_layout_for(d, batch_size) if budgeted else None
+        return cls(m.unpad, m.pack, layout, batch_size, d.max_seq_length, d.max_predictions_per_seq, m.vocab_size,
+                   fill=True, pin=pin)
+
+    @property
+    def collate(self) -> Callable[[Sequence[Sample]], dict]:
+        return batch_collate(self.unpad, self.pack, self.max_seq_length, self.layout,
+                             samples=self.batch_size if self.fill and self.layout is not None else None, pin=self.pin)
+
+    def warmup_batches(self, seed: int) -> list[dict]:
+        """One synthetic batch per shape the run will see (``warmup_token_counts``), in host
+        memory: what the warm-up before run_start compiles and captures; no data read."""
+        fn = batch_collate(self.unpad, self.pack, self.max_seq_length, self.layout)
+        return synthetic_batches(fn, warmup_token_counts(self.layout, self.batch_size, self.max_seq_length),
+                                 self.batch_size, self.max_seq_length, self.max_predictions, self.vocab_size,
+                                 seed=seed)
 
 
-class RandomShardOrder:
-    """Closed-division random order, deterministic from ``seed``.
-
-    Epoch e shuffles the shard list with ``seed + e``. With at least as many shards as
-    ranks, the shuffled list is dealt round-robin (rank r reads shards r, r+W, ...), so each
-    sample is read by exactly one rank per epoch; with fewer shards every rank reads every
-    shard and keeps samples r, r+W, ... of its permutation. Inside a shard the samples are
-    permuted with (seed, epoch, shard index in the sorted list).
-    """
-
-    def __init__(self, num_shards: int, rank: int, world_size: int, seed: int):
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} is outside world_size {world_size}")
-        if seed < 0:
-            raise ValueError(f"seed must be >= 0, got {seed}")
-        self.num_shards, self.rank, self.world_size, self.seed = num_shards, rank, world_size, seed
-        self.dealt = num_shards >= world_size
-
-    def shards(self, epoch: int) -> list[int]:
-        order = np.random.default_rng(self.seed + epoch).permutation(self.num_shards)
-        return order[self.rank::self.world_size].tolist() if self.dealt else order.tolist()
-
-    def select(self, epoch: int, shard: int, num_samples: int) -> np.ndarray:
-        perm = np.random.default_rng([self.seed, epoch, shard]).permutation(num_samples)
-        return perm if self.dealt else perm[self.rank::self.world_size]
+# ---------------------------------------------------------------- the training stream
 
 
-# ---------------------------------------------------------------- reading what the policy names
+@runtime_checkable
+class TrainStream(Protocol):
+    """The training batches the loop draws from, whatever the sampling mode: endless
+    collated batches of one rank; its position (``state_dict``: what a checkpoint saves,
+    ``load_state_dict`` refusing a position drawn from other data); a read ahead of the loop
+    that failed or overran (``failure``: the checkpoint poll asks); its end (``close``)."""
 
+    def __iter__(self) -> Iterator[dict]: ...
 
-class SampleStream:
-    """Endless samples of one rank: epoch after epoch of what ``policy`` names.
+    def __next__(self) -> dict: ...
 
-    Yields ``(epoch, offset, sample)``, ``offset`` counting this rank's samples within the
-    epoch, so a position can be saved and resumed. With ``prefetch`` the next shard is read
-    while the current one is consumed, so file I/O overlaps the training step (torch kernels
-    release the GIL); costs one extra shard in memory. Every read runs under the watchdog
-    (bert/watchdog.py, ``read_timeout_s`` per file), checked against the directory's md5
-    manifest where there is one (``manifest``) and against the model's ``bounds``.
-    """
+    def state_dict(self) -> dict[str, Any]: ...
 
-    def __init__(self, paths: Sequence[Path], policy: ShardPolicy, max_seq_length: int | None = None,
-                 prefetch: bool = True, *, bounds: Bounds | None = None, manifest: Manifest | None = None,
-                 read_timeout_s: float = 60.0):
-        self.paths, self.policy = list(paths), policy
-        self.max_seq_length, self.prefetch = max_seq_length, prefetch
-        self.bounds, self.manifest, self.read_timeout_s = bounds, manifest, read_timeout_s
-        self.pending: watchdog.Read | None = None  # the read in flight (the poll looks at it)
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
-    def _count(self, epoch: int, shard: int) -> int:
-        return len(self.policy.select(epoch, shard, shard_size(self.paths[shard])))
+    def failure(self) -> str | None: ...
 
-    def _plan(self, epoch: int, offset: int) -> Iterator[tuple[int, int, int]]:
-        """Endless (epoch, shard, samples of it to skip), starting at ``offset`` of ``epoch``.
-
-        Resuming skips whole shards from metadata alone (one file open each, no data read);
-        only the shard that holds the offset is read and partly skipped.
-        """
-        skip = offset
-        while True:
-            for shard in self.policy.shards(epoch):
-                if skip:
-                    n = self._count(epoch, shard)
-                    if skip >= n:
-                        skip -= n
-                        continue
-                yield epoch, shard, skip
-                skip = 0
-            epoch, skip = epoch + 1, 0
-
-    def _read(self, epoch: int, shard: int) -> watchdog.Read:
-        path = self.paths[shard]
-
-        def load(read: watchdog.Read) -> tuple[Shard, np.ndarray]:
-            read.at(path)
-            if self.manifest is not None:
-                self.manifest.check(path)
-            data = read_shard(path, self.max_seq_length, self.bounds)
-            return data, self.policy.select(epoch, shard, len(data))
-
-        self.pending = watchdog.Read(path, load, self.read_timeout_s)
-        return self.pending
-
-    def failure(self) -> str | None:
-        """Why the read in flight cannot deliver (bad data, or past its bound), without waiting."""
-        return self.pending.failure() if self.pending is not None else None
-
-    def __call__(self, epoch: int = 0, offset: int = 0) -> Iterator[tuple[int, int, Sample]]:
-        """Samples from ``offset`` (this rank's count within ``epoch``) on."""
-        plan = self._plan(epoch, offset)
-        ep, shard, skip = next(plan)
-        pos = offset if ep == epoch else 0
-        pending = self._read(ep, shard)
-        idle = 0  # consecutive shards that gave this rank nothing
-        while True:
-            data, order = pending.result()  # waits at most read_timeout_s past the read's start
-            nxt = next(plan)
-            if self.prefetch:
-                pending = self._read(nxt[0], nxt[1])
-            for i in order[skip:]:
-                yield ep, pos, data[int(i)]
-                pos += 1
-            idle = idle + 1 if len(order) <= skip else 0
-            if idle > 2 * len(self.paths):  # else a rank with nothing to read spins forever
-                raise DataError(f"{self.paths[0].parent}: this rank got no samples from {idle} "
-                                "shards in a row; too few samples for the world size")
-            if nxt[0] != ep:
-                pos = 0
-            ep, shard, skip = nxt
-            if not self.prefetch:
-                pending = self._read(ep, shard)
+    def close(self) -> None: ...
 
 
 class TrainLoader:
-    """Endless local training batches of one rank (every rank yields forever, so ranks never
-    disagree on the number of steps; an epoch ends at different steps on different ranks).
+    """One rank's training stream, for every sampling mode: ``policy`` names the samples by
+    global id, draw by draw; each draw is read through ``reader`` (every guard), the next
+    one while the current one trains (one draw in memory extra: a shard under the shard
+    order, a step's rows otherwise; not ahead for a policy that draws in the main thread),
+    and every ``batch_size`` samples collated into a batch. Every rank yields forever, so the
+    ranks never disagree on the number of steps.
 
-    ``state_dict()`` is the stream position of the next sample not yet handed out, so a
-    resumed run continues with the same batches.
-    """
+    ``state_dict()`` is the position of the next sample not handed out, with what it is a
+    position of (the policy, the world size, the training data's identity: ``data()``,
+    described once, when a checkpoint first asks), so a resume continues with the same
+    batches, or is refused naming what differs."""
 
-    def __init__(self, train_dir: str | Path, rank: int, world_size: int, local_batch_size: int,
-                 seed: int, unpad: bool, max_seq_length: int, *, prefetch: bool = True,
-                 policy: ShardPolicy | None = None, collate_fn: Any = None, bounds: Bounds | None = None,
-                 verify_md5: bool = True, read_timeout_s: float = 60.0):
-        if local_batch_size <= 0:
-            raise ValueError(f"local_batch_size must be positive, got {local_batch_size}")
-        self.paths = list_shards(train_dir)
-        self.policy = policy or RandomShardOrder(len(self.paths), rank, world_size, seed)
-        self.stream = SampleStream(self.paths, self.policy, max_seq_length, prefetch, bounds=bounds,
-                                   manifest=Manifest.find(train_dir) if verify_md5 else None,
-                                   read_timeout_s=read_timeout_s)
-        self.rank, self.world_size = rank, world_size
-        self.local_batch_size, self.unpad, self.max_seq_length = local_batch_size, unpad, max_seq_length
-        # samples -> batch; None = ``collate`` in the ``unpad`` layout (bert.budget's pads it).
-        self.collate_fn = collate_fn
-        self._epoch, self._offset = 0, 0
-        self._it: Iterator[tuple[int, int, Sample]] | None = None
+    def __init__(self, *, policy: Policy, reader: ShardReader, paths: Sequence[Path],
+                 collate: Callable[[Sequence[Sample]], dict], batch_size: int, world_size: int,
+                 data: Callable[[], dict[str, Any]], prefetch: bool = True):
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        self.policy, self.reader, self.paths, self.collate = policy, reader, list(paths), collate
+        self.batch_size, self.world_size, self._describe = batch_size, world_size, data
+        self._data: dict[str, Any] | None = None
+        self.prefetch = prefetch and not policy.main_thread
+        self._position: Position = (0, 0)
+        self._it: Iterator[tuple[list[Sample], Position]] | None = None
+        self._pending: watchdog.Read | None = None  # the read in flight (the poll looks at it)
+        self._reading: watchdog.Read | None = None  # the read whose thread draws now
 
-    @property
-    def epoch(self) -> int:
-        """Epoch of the next sample to be handed out."""
-        return self._epoch
+    # -- what the policy may ask (sampler.Source), inside the read that draws
+
+    def size(self, shard: int) -> int:
+        path, read = self.paths[shard], self._reading
+        if read is None:
+            return self.reader.wait(path, lambda r: self.reader.size(r, path))
+        return self.reader.size(read, path)
+
+    def samples(self, draw: Draw) -> list[Sample]:
+        if self._reading is None:
+            data, where = self.reader.wait(self.reader.root, lambda r: self._read(r, draw))
+        else:
+            data, where = self._read(self._reading, draw)
+        return [data[int(i)] for i in where]
+
+    def _read(self, read: watchdog.Read, draw: Draw) -> tuple[Shard, np.ndarray]:
+        """``draw``'s samples: one Shard of the rows read (each shard's rows in file order,
+        read once) and where each sample of the draw lies in it."""
+        where = np.empty(len(draw), dtype=np.int64)
+        known = np.array(sorted(draw.known), dtype=np.int64)
+        need = np.setdiff1d(np.arange(len(draw)), known)
+        parts, base = [], 0
+        for s in np.unique(draw.shard[need]):
+            sel = need[draw.shard[need] == s]
+            rows, back = np.unique(draw.row[sel], return_inverse=True)
+            path = self.paths[int(s)]
+            part = self.reader.rows(read, path, rows)
+            if draw.lengths is not None:
+                wrong = np.flatnonzero(part.lengths[back] != draw.lengths[sel])
+                if len(wrong):
+                    j = int(wrong[0])
+                    raise DataError(f"{path}: sample {int(draw.row[sel][j])} has {int(part.lengths[back][j])} tokens, "
+                                    f"but the length index of {self.reader.root} says {int(draw.lengths[sel][j])}: the "
+                                    "index was made for other data (remake the strata: python -m input_preprocessing "
+                                    "stratify)")
+            parts.append(part)
+            where[sel] = base + back
+            base += len(part)
+        if len(known):
+            parts.append(Shard.from_samples([draw.known[int(j)] for j in known]))
+            where[known] = base + np.arange(len(known))
+        return (parts[0] if len(parts) == 1 else Shard.concat(parts)), where
+
+    # -- the stream
+
+    def _start(self, draws: Iterator[Draw]) -> watchdog.Read:
+        if self.policy.main_thread:
+            draw = next(draws)  # its collective, in step order
+            self._pending = self.reader.start(self.reader.root, lambda r: (draw, self._read(r, draw)))
+        else:
+            def load(read: watchdog.Read) -> tuple[Draw, tuple[Shard, np.ndarray]]:
+                self._reading = read
+                try:
+                    draw = next(draws)
+                    return draw, self._read(read, draw)
+                finally:
+                    self._reading = None
+
+            self._pending = self.reader.start(self.reader.root, load)
+        return self._pending
+
+    def _batches(self) -> Iterator[tuple[list[Sample], Position]]:
+        """Endless (a batch's samples, the position after its last) from ``self._position``
+        on; a batch may span draws."""
+        draws = self.policy.draws(self._position, self)
+        pending = self._start(draws)
+        batch: list[Sample] = []
+        while True:
+            draw, (data, where) = pending.result()  # bounded: data.read_timeout_s per file
+            if self.prefetch:
+                pending = self._start(draws)
+            order, i = where.tolist(), 0
+            while i < len(order):
+                take = order[i:i + self.batch_size - len(batch)]
+                batch += [data[j] for j in take]
+                i += len(take)
+                if len(batch) == self.batch_size:
+                    yield batch, draw.after(i - 1)
+                    batch = []
+            if not self.prefetch:
+                pending = self._start(draws)
 
     def __iter__(self) -> TrainLoader:
         return self
 
-    def __next__(self) -> dict[str, Any]:
+    def __next__(self) -> dict:
         if self._it is None:
-            self._it = self.stream(self._epoch, self._offset)
-        batch = []
-        for _ in range(self.local_batch_size):
-            ep, off, sample = next(self._it)
-            batch.append(sample)
-        self._epoch, self._offset = ep, off + 1
-        if self.collate_fn is not None:
-            return self.collate_fn(batch)
-        return collate(batch, self.unpad, self.max_seq_length)
+            self._it = self._batches()
+        batch, self._position = next(self._it)
+        return self.collate(batch)
 
     def failure(self) -> str | None:
-        """A shard read that failed or overran ahead of the loop (bert.checkpoint's poll asks)."""
-        return self.stream.failure()
+        """Why the read in flight cannot deliver (bad data, or past its bound), without waiting."""
+        return self._pending.failure() if self._pending is not None else None
 
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self._epoch, "offset": self._offset, "rank": self.rank,
-                "world_size": self.world_size, "num_shards": len(self.paths)}
+    @property
+    def data(self) -> dict[str, Any]:
+        """The training data's identity (``describe_data``), described once."""
+        if self._data is None:
+            self._data = self._describe()
+        return self._data
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        for key, mine in (("world_size", self.world_size), ("num_shards", len(self.paths))):
-            if key in state and state[key] != mine:
-                raise ValueError(f"loader state was saved with {key}={state[key]}, this run has {mine}")
+    def state_dict(self) -> dict[str, Any]:
+        return {"policy": self.policy.name, "position": list(self._position), "world_size": self.world_size,
+                "data": self.data}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue at ``state``'s position; ``DataError`` naming what differs when it is a
+        position of another world size, sampling road or training data (a part of the
+        identity that one side lacks, an md5 list, is not compared)."""
+        state = _current(state)
+        theirs = {"policy": state.get("policy"), "world_size": state.get("world_size"), **state.get("data", {})}
+        mine = {"policy": self.policy.name, "world_size": self.world_size, **self.data}
+        differ = [f"{k} {theirs.get(k)} there, {v} here" for k, v in mine.items()
+                  if theirs.get(k) != v and v is not None and (theirs.get(k) is not None or not state.get("older"))
+                  and not (k == "md5sums.txt" and theirs.get(k) is None)]
+        if differ:
+            raise DataError(f"its training stream was drawn otherwise: {'; '.join(differ)}")
         self.close()
-        self._epoch, self._offset = int(state["epoch"]), int(state["offset"])
+        self._position = (int(state["position"][0]), int(state["position"][1]))
 
     def close(self) -> None:
-        """Stop the prefetch thread (also happens when the loader is garbage-collected)."""
+        """Stop drawing: the generator ends, and the read in flight is waited for (at most its
+        bound; a read ahead takes milliseconds), its data unused."""
         if self._it is not None:
             self._it.close()  # type: ignore[attr-defined]
             self._it = None
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.settle()
+
+
+def _current(state: dict[str, Any]) -> dict[str, Any]:
+    """A stream state in today's form: the two loaders' states of checkpoints written before
+    one loader served every road (an epoch and offset, or a step), with what they recorded."""
+    if "position" in state:
+        return state
+    if "epoch" in state:
+        return {"policy": "shard_order", "position": [state["epoch"], state["offset"]], "older": True,
+                "world_size": state.get("world_size"), "data": {"shards": state.get("num_shards")}}
+    if "step" in state:
+        return {"policy": "ids", "position": [state["step"], 0], "world_size": state.get("world_size"), "older": True,
+                "data": {"samples": state.get("samples")}}
+    raise DataError(f"its training stream's position is not one this loader knows: {sorted(state)}")
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.md5(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def describe_data(root: Path, paths: Sequence[Path], index: LengthIndex | None) -> dict[str, Any]:
+    """The training data's identity, what a checkpoint records and a resume must match: the
+    kind of directory, its shards (their names relative to it and sizes: the same data
+    under another path is the same), the strata's bounds and manifest, the length index's
+    sample count, and the md5 list where there is one. Stats every shard and reads the two
+    small lists: after run_start, and only when a checkpoint or a resume asks."""
+    names = [[p.relative_to(root).as_posix(), p.stat().st_size] for p in paths]
+    md5 = root / "md5sums.txt"
+    out: dict[str, Any] = {
+        "directory": "strata" if (root / "manifest.json").exists() else "plain", "shards": len(paths),
+        "files": _digest(names), "md5sums.txt": _digest(md5.read_text()) if md5.is_file() else None}
+    if index is not None:
+        out["samples"] = int(len(index.lengths))
+    if index is not None and index.bounds:
+        out["strata bounds"] = [list(b) for b in index.bounds]
+        out["manifest.json"] = _digest((root / "manifest.json").read_text())
+    return out
+
+
+COPY_FIX = ("one shard copied over another trains its samples twice an epoch and some never (a shuffle that "
+            "wrote one shard twice stalled MLPerf runs near 0.63 masked-LM accuracy instead of 0.72); make the data "
+            "again, or remove the copy (and its md5sums.txt line)")
+
+
+def check_copies(root: Path, reader: ShardReader, index: LengthIndex | None) -> None:
+    """Refuse a training directory that holds the same shard twice, from what start-up reads
+    anyway: the md5 list (two files, one md5), and the length index where the sampling mode
+    has one (two shards with the same lengths, row for row, compared by a key of each: its
+    count and first and last 32 lengths, then confirmed by reading both: equal lengths alone
+    are not a copy). One dictionary over the md5 list and one sort of the keys (BENCHMARKS.md
+    section 15); nothing read unless two shards look alike."""
+    if reader.manifest is not None:
+        first: dict[str, str] = {}
+        for rel, digest in sorted(reader.manifest.sums.items()):
+            if digest in first:
+                raise DataError(f"data.train_dir={root}: {first[digest]} and {rel} are the same file (md5 {digest} in "
+                                f"{reader.manifest.path}): {COPY_FIX}")
+            first[digest] = rel
+    if index is None:
+        return
+    starts, ends = index.offsets[:-1], index.offsets[1:]
+    shards = np.flatnonzero(ends > starts)  # an empty shard holds nothing twice
+    if not len(shards):
+        return
+    k = np.arange(32)
+    first = index.lengths[np.minimum(starts[shards, None] + k, ends[shards, None] - 1)]
+    last = index.lengths[np.maximum(ends[shards, None] - 32 + k, starts[shards, None])]
+    keys = np.ascontiguousarray(np.concatenate([(ends - starts)[shards, None], first, last], axis=1))
+    # one opaque value per shard: one sort of byte strings, not a 65-key lexsort
+    _, group_of, count = np.unique(keys.view(np.dtype((np.void, keys.itemsize * keys.shape[1]))).reshape(-1),
+                                   return_inverse=True, return_counts=True)
+    for g in np.flatnonzero(count > 1):
+        group = shards[group_of == g].tolist()
+        for j, a in enumerate(group):
+            for b in group[j + 1:]:
+                la = index.lengths[index.offsets[a]:index.offsets[a + 1]]
+                lb = index.lengths[index.offsets[b]:index.offsets[b + 1]]
+                if np.array_equal(la, lb) and _same_samples(reader, index.paths[a], index.paths[b]):
+                    ra, rb = (p.relative_to(root).as_posix() for p in (index.paths[a], index.paths[b]))
+                    raise DataError(f"data.train_dir={root}: {ra} and {rb} hold the same samples: {COPY_FIX}")
+
+
+def _same_samples(reader: ShardReader, a: Path, b: Path) -> bool:
+    x, y = reader.wait(a, lambda read: (reader.whole(read, a), reader.whole(read, b)))
+    return all(np.array_equal(getattr(x, k), getattr(y, k)) for k in
+               ("tokens", "segments", "offsets", "mlm_positions", "mlm_ids", "mlm_offsets", "nsp"))
+
+
+def check_train_dir(train_dir: str, sm: SamplerConfig) -> bool:
+    """Whether ``train_dir`` is a strata directory (``input_preprocessing stratify``'s, with
+    its manifest.json), refusing the kinds of directory a run cannot use as asked: one stratum
+    of a strata directory (it would train on one length range only, and its md5 list is one
+    level up), and a plain directory given to the stratified sampler without
+    ``sampler.strata_width``. A strata directory serves every sampler: the closed division's
+    uniform order reads it by id, through the same guards. Two stats; after run_start."""
+    root = Path(train_dir)
+    if not train_dir:
+        return False
+    if (root / "manifest.json").exists():
+        return True
+    if root.name.startswith("stratum_") and (root.parent / "manifest.json").exists():
+        raise DataError(f"data.train_dir={train_dir} is one stratum of the strata directory {root.parent}: a run on "
+                        f"it would train on one range of lengths only; point data.train_dir (DATADIR) at {root.parent}")
+    if sm.mode == "stratified" and not sm.strata_width:
+        raise DataError(f"sampler.mode=stratified needs length strata, but data.train_dir={train_dir} is a plain "
+                        "directory of shards (no manifest.json): point data.train_dir (DATADIR) at the strata directory "
+                        "made from it by `python -m input_preprocessing stratify` (prepare_data.sh: "
+                        "hdf5/training_<N>_strata), or set sampler.strata_width to cut strata from its lengths")
+    return False
+
+
+def train_batches(*, data: DataConfig, sampler: SamplerConfig, model: ModelConfig, plan: BatchPlan, seed: int,
+                  rank: int, world_size: int, read_timeout_s: float = 60.0,
+                  stopped: Callable[[], str | None] | None = None, prefetch: bool = True) -> TrainLoader:
+    """The training stream of ``plan.batch_size`` samples per rank, its policy chosen once
+    from the data, sampler and model sections; ``read_timeout_s`` the seconds a shard may
+    take to read (``config.read_timeout_s``); ``stopped()`` why the run must stop now (a
+    wait for data ends on it).
+
+    Closed-division sampling (random, no deal) over a plain directory draws by
+    ``ShardOrder`` (each rank reads its own shards, whole). Everything else -- a strata
+    directory, a deal, packed rows -- draws by id from the length index (its ``random`` is a
+    uniform permutation of all samples per epoch). One reader, one loader, whichever.
+    """
+    d, sm, m = data, sampler, model
+    reader = ShardReader(d.train_dir, max_seq_length=d.max_seq_length, bounds=Bounds(m.vocab_size, m.type_vocab_size),
+                         verify_md5=d.verify_md5, timeout_s=read_timeout_s, stopped=stopped)
+    stratified_dir = check_train_dir(d.train_dir, sm)
+    policy: Policy
+    index: LengthIndex | None = None
+    if sm.mode == "random" and sm.deal == "none" and not stratified_dir and not m.pack:
+        paths = list_shards(d.train_dir)
+        policy = ShardOrder(len(paths), rank, world_size, seed)
+    else:
+        index = LengthIndex.from_dir(d.train_dir, reader)
+        paths = index.paths
+        policy = build_policy(sm, index, rank=rank, world_size=world_size, local_batch=plan.batch_size, seed=seed,
+                              max_seq_length=d.max_seq_length, hidden=m.hidden_size)
+    check_copies(Path(d.train_dir), reader, index)
+    return TrainLoader(policy=policy, reader=reader, paths=paths, collate=plan.collate, batch_size=plan.batch_size,
+                       world_size=world_size, data=lambda: describe_data(Path(d.train_dir), paths, index),
+                       prefetch=prefetch)
 
 
 # ---------------------------------------------------------------- evaluation
@@ -252,7 +453,7 @@ class EvalSet:
 
     def __init__(self, eval_dir_or_file: str | Path, rank: int, world_size: int, limit: int = 0,
                  max_seq_length: int | None = None, *, bounds: Bounds | None = None, verify_md5: bool = True,
-                 read_timeout_s: float = 60.0):
+                 read_timeout_s: float = 60.0, stopped: Callable[[], str | None] | None = None):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
         if limit < 0:
@@ -261,15 +462,13 @@ class EvalSet:
         if not p.exists():
             raise DataError(f"{p}: no such eval file or directory")
         paths = [p] if p.is_file() else list_shards(p)
-        manifest = Manifest.find(p) if verify_md5 else None
+        reader = ShardReader(p.parent if p.is_file() else p, max_seq_length=max_seq_length, bounds=bounds,
+                             verify_md5=verify_md5, timeout_s=read_timeout_s, stopped=stopped)
 
         def load(read: watchdog.Read) -> tuple[list[Shard], int]:
             parts, total = [], 0
             for path in paths:  # each file under the watchdog's bound, checked as training shards are
-                read.at(path)
-                if manifest is not None:
-                    manifest.check(path)
-                shard = read_shard(path, max_seq_length, bounds)
+                shard = reader.whole(read, path)
                 if limit and total + len(shard) > limit:
                     shard = shard.subset(np.arange(limit - total))
                 parts.append(shard)
@@ -278,7 +477,7 @@ class EvalSet:
                     break
             return parts, total
 
-        parts, total = watchdog.read(p, load, read_timeout_s)
+        parts, total = reader.wait(p, load)
         if limit and total < limit:
             raise DataError(f"data.eval_samples={limit} but {p} holds {total} samples: set data.eval_samples="
                             f"{total} (or 0 = all), or point data.eval_dir (EVALDIR) at the full eval set")
@@ -289,57 +488,9 @@ class EvalSet:
         return len(self.shard)
 
 
-# ---------------------------------------------------------------- what the trainer builds
-
-
-def batch_collate(unpad: bool, pack: bool, max_seq_length: int, budget: Layout | None = None, *,
-                  samples: int | None = None, pin: bool = False) -> Callable[[Sequence[Sample]], dict]:
-    """The collate of the model's layout, chosen once: packed rows, unpadded (padded to a
-    static token budget when ``budget``, a ``bert.budget.Layout``, is given; with
-    ``samples``, short batches filled up to that many samples), or padded. ``pin``: the
-    batches come in pinned host memory (``pinned``; for a CUDA device)."""
-    if budget is not None:
-        fn: Callable[[Sequence[Sample]], dict] = BudgetCollate(budget, samples)
-    elif pack:
-        fn = lambda b: collate_packed(b, max_seq_length)  # noqa: E731
-    else:
-        fn = lambda b: collate(b, unpad, max_seq_length)  # noqa: E731
-    return (lambda b: pinned(fn(b))) if pin else fn
-
-
-def train_batches(d: DataConfig, sm: SamplerConfig, m: ModelConfig, local_batch: int, seed: int, rank: int,
-                  world_size: int, budget: Layout | None = None, pin: bool = False,
-                  read_timeout_s: float = 60.0) -> Any:
-    """The training batch iterator of ``local_batch`` samples per rank, chosen once from the
-    data, sampler and model sections; ``budget`` is the static token budget layout
-    (``bert.ladder.layout_for``; None when data.token_budgets is off); ``read_timeout_s``
-    the seconds a shard may take to read (``config.read_timeout_s``).
-
-    Closed-division sampling (random, no deal) on a plain directory keeps
-    ``bert.data.TrainLoader`` (each rank reads its own shards). Everything else -- a strata
-    manifest, a deal, packed rows -- goes through the id-based ``IndexLoader``; its
-    ``random`` is a uniform permutation of all samples per epoch. ``pin``: batches in pinned
-    host memory (a CUDA run).
-    """
-    # Static token budgets (data.token_budgets): training batches only; eval stays exact.
-    fn = batch_collate(m.unpad, m.pack, d.max_seq_length, budget, pin=pin)
-    stratified_dir = (Path(d.train_dir) / "manifest.json").exists() if d.train_dir else False
-    if sm.mode == "random" and sm.deal == "none" and not stratified_dir and not m.pack:
-        return TrainLoader(d.train_dir, rank, world_size, local_batch, seed, m.unpad, d.max_seq_length,
-                           collate_fn=fn, bounds=Bounds(m.vocab_size, m.type_vocab_size), verify_md5=d.verify_md5,
-                           read_timeout_s=read_timeout_s)
-    index = LengthIndex.from_dir(d.train_dir)
-    sampler = build_sampler(sm, index, rank, world_size, local_batch, seed, d.max_seq_length, m.hidden_size)
-    return IndexLoader(sampler, IdReader(index), fn, gather=sm.lengths == "gather")
-
-
-def eval_batches(eval_set: Any, batch_size: int, unpad: bool, pack: bool, max_seq_length: int,
-                 layout: Any = None, pin: bool = False) -> list[dict]:
-    """The eval set's batches in the model's layout (collated once at start-up); with
-    ``layout`` (``bert.ladder.eval_layout_for``) each padded to a static token budget and the
-    last one filled up to ``batch_size`` samples, so every batch has a captured shape."""
-    fn = batch_collate(unpad, pack, max_seq_length, layout, samples=batch_size if layout is not None else None,
-                       pin=pin)
-    shard = eval_set.shard
-    return [fn([shard[i] for i in range(a, min(a + batch_size, len(shard)))])
-            for a in range(0, len(shard), batch_size)]
+def eval_batches(eval_set: EvalSet, plan: BatchPlan) -> list[dict]:
+    """The eval set's batches by ``plan`` (collated once at start-up): with token budgets
+    each padded to a static budget and the last one filled up to the batch size, so every
+    batch has a captured shape."""
+    fn, shard, n = plan.collate, eval_set.shard, plan.batch_size
+    return [fn([shard[i] for i in range(a, min(a + n, len(shard)))]) for a in range(0, len(shard), n)]

@@ -1,12 +1,15 @@
 """Which samples each rank trains on at each step: stratified sampling, local presorting,
 global exchange and packing (the load-balance techniques of Kim et al. 2024).
 
-The closed division keeps ``bert.loader.RandomShardOrder`` (each rank reads its own shards).
-Every other mode here works on *global sample ids* (sample ``i`` of the dataset = row
-``i - offset[s]`` of shard ``s``) and a length per id (``LengthIndex``, from the data
-pipeline's ``length_index.npz`` or measured once at start-up), so that any rank can compute
-what any other rank of its group will draw without exchanging anything, and read exactly
-its own samples by row.
+Every policy (``Policy``) names the samples one rank trains on by global id, a row of a
+shard, draw after draw (``Draw``); the loader (bert/loader.py) reads whatever is named the
+same way, so the sampling modes differ here only. The closed division's ``ShardOrder`` deals
+whole shards to ranks (each rank reads its own shards, whole; no index needed, the shard
+sizes come from their metadata). Every other mode works on dense ids (sample ``i`` of the
+dataset = row ``i - offset[s]`` of shard ``s``) and a length per id (``LengthIndex``, from
+the data pipeline's ``length_index.npz`` or measured once at start-up), so that any rank can
+compute what any other rank of its group will draw without exchanging anything, and read
+exactly its own samples by row (``IdOrder``; ``GatherDeal`` learns the lengths by exchange).
 
 Modes (``SamplerConfig``), each a pure function of (seed, step), hence deterministic and
 resumable from the step counter alone:
@@ -42,19 +45,18 @@ What a run builds from these (``train_batches``) is in bert/loader.py; packing i
 
 from __future__ import annotations
 
-import concurrent.futures
 import heapq
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Iterator, Protocol, Sequence
 
-import h5py
 import numpy as np
 import torch
 
 from .config import ConfigError, SamplerConfig  # ConfigError: a ValueError
-from .shards import DataError, Sample, Shard, list_shards, read_shard, row_offsets
+from .reader import ShardReader
+from .shards import DataError, Sample, list_shards, row_offsets
 
 MANIFEST_FORMAT = "mlperf-bert-strata/1"
 DEALS = ("none", "snake", "greedy", "cost")
@@ -252,14 +254,16 @@ class LengthIndex:
         return LengthIndex(paths, lengths, row_offsets(np.array([len(p) for p in parts])), tuple(bounds))
 
     @staticmethod
-    def from_dir(directory: str | Path) -> LengthIndex:
+    def from_dir(directory: str | Path, reader: ShardReader) -> LengthIndex:
         """A stratified dir (it has ``manifest.json``), else a plain dir of shards whose
-        lengths are measured here: one full read of the data at start-up."""
+        lengths are measured here: one full read of the data at start-up, every shard read
+        through ``reader`` (watchdog, md5 list, bounds: those shards are then hashed for the
+        run)."""
         d = Path(directory)
         if (d / "manifest.json").exists():
             return LengthIndex.from_manifest(d)
         paths = list_shards(d)
-        parts = [read_shard(p).lengths.astype(np.uint16) for p in paths]
+        parts = reader.wait(d, lambda read: [reader.whole(read, p).lengths.astype(np.uint16) for p in paths])
         return LengthIndex(paths, np.concatenate(parts), row_offsets(np.array([len(p) for p in parts])))
 
     def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -278,8 +282,8 @@ class IndexSampler:
     ``group * local_batch``, which rounds finer). ``group=0`` means all ranks.
     """
 
-    def __init__(self, lengths: np.ndarray, strata: Strata | None, rank: int, world_size: int,
-                 local_batch: int, seed: int, *, group: int = 1, draw: str = "rank",
+    def __init__(self, lengths: np.ndarray, strata: Strata | None, *, rank: int, world_size: int,
+                 local_batch: int, seed: int, group: int = 1, draw: str = "rank",
                  deal_policy: str = "none", counts: Sequence[int] = (), rounding: str = "fixed",
                  hidden: int = 1024):
         if not 0 <= rank < world_size:
@@ -372,7 +376,7 @@ class IndexSampler:
         return self.deal_group(ids, self.lengths[ids])
 
 
-def build_sampler(cfg: SamplerConfig, index: LengthIndex, rank: int, world_size: int, local_batch: int,
+def build_sampler(cfg: SamplerConfig, index: LengthIndex, *, rank: int, world_size: int, local_batch: int,
                   seed: int, max_seq_length: int, hidden: int) -> IndexSampler:
     """``cfg`` is a ``SamplerConfig``; strata from ``cfg.strata_width`` or the manifest."""
     strata = None
@@ -381,68 +385,160 @@ def build_sampler(cfg: SamplerConfig, index: LengthIndex, rank: int, world_size:
         if not bounds:
             raise DataError("sampler.mode=stratified needs a strata manifest or sampler.strata_width > 0")
         strata = Strata.from_lengths(index.lengths, bounds)
-    return IndexSampler(index.lengths, strata, rank, world_size, local_batch, seed,
+    return IndexSampler(index.lengths, strata, rank=rank, world_size=world_size, local_batch=local_batch, seed=seed,
                         group=cfg.group_size, draw=cfg.draw, deal_policy=cfg.deal,
                         counts=cfg.counts, rounding=cfg.rounding, hidden=hidden)
 
 
-# ---------------------------------------------------------------- reading by id
+# ---------------------------------------------------------------- what a rank draws, by global id
+
+# Where a rank's stream is: (epoch, samples of the epoch taken) for the shard order, (step,
+# samples of the step taken) for the id-based policies. What a checkpoint saves.
+Position = tuple[int, int]
 
 
-def read_rows(path: Path, rows: np.ndarray) -> Shard:
-    """Rows ``rows`` (any order, no repeats) of one shard, either layout, as a Shard in
-    that order. Reads only those rows (h5py needs increasing indices; we sort, then undo)."""
-    order = np.argsort(rows, kind="stable")
-    srt = rows[order]
-    with h5py.File(path, "r") as f:
-        ids = f["input_ids"]
-        data = {k: f[k][srt] for k in f.keys() if isinstance(f[k], h5py.Dataset)}
-        fixed = ids.ndim == 2
-    nsp = data["next_sentence_labels"].reshape(-1)
-    samples = []
-    for i in range(len(srt)):
-        if fixed:
-            n = int(data["input_mask"][i].sum())
-            tok, seg = data["input_ids"][i, :n], data["segment_ids"][i, :n]
-        else:
-            tok, seg = data["input_ids"][i], data["segment_ids"][i]
-        pos, mid = data["masked_lm_positions"][i], data["masked_lm_ids"][i]
-        real = pos != 0  # position 0 is [CLS]: a padding prediction slot
-        samples.append(Sample(tok, seg, pos[real], mid[real], int(nsp[i])))
-    back = np.empty_like(order)
-    back[order] = np.arange(len(order))
-    return Shard.from_samples([samples[j] for j in back], str(path))
+@dataclass
+class Draw:
+    """The samples a rank takes next, in training order, by global id: sample i is row
+    ``row[i]`` of shard ``shard[i]`` (its index in the listing of the training directory, or
+    of the strata manifest). ``at`` is the position of its first sample, ``end`` the position
+    after its last. ``lengths``: what the length index says each holds (None: no index),
+    checked as the rows are read; ``known``: samples already read, by their place in the
+    draw (the gather deal reads a rank's own draw to learn its lengths)."""
+
+    shard: np.ndarray  # int64 [n]
+    row: np.ndarray  # int64 [n]
+    at: Position
+    end: Position
+    lengths: np.ndarray | None = None
+    known: dict[int, Sample] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.row)
+
+    def after(self, i: int) -> Position:
+        """The position after sample ``i``: where a resume continues."""
+        return self.end if i + 1 == len(self) else (self.at[0], self.at[1] + i + 1)
 
 
-class IdReader:
-    """Samples by global id: groups the ids by shard and reads only those rows."""
+class Source(Protocol):
+    """What a policy may ask of the data while it draws (the loader's, under the guards)."""
 
-    def __init__(self, index: LengthIndex):
-        self.index = index
+    def size(self, shard: int) -> int:
+        """Samples in ``shard`` (its metadata only)."""
+        ...
 
-    def read(self, ids: np.ndarray) -> list[Sample]:
-        shard, row = self.index.locate(np.asarray(ids, dtype=np.int64))
-        out: list[Sample | None] = [None] * len(ids)
-        for s in np.unique(shard):
-            sel = np.flatnonzero(shard == s)
-            part = read_rows(self.index.paths[int(s)], row[sel])
-            for j, i in enumerate(sel):
-                out[i] = part[j]
-        return out  # type: ignore[return-value]
+    def samples(self, draw: Draw) -> list[Sample]:
+        """The samples of ``draw``, read and checked."""
+        ...
 
 
-# ---------------------------------------------------------------- batches
+class Policy(Protocol):
+    """Which samples one rank trains on, in which order: endless draws from a position on,
+    each a pure function of the seed, the rank and the position (so a resume continues
+    exactly). ``main_thread``: its draws hold a collective, so they are made in the main
+    thread, in step order, and not read ahead. ``name``: what a checkpoint records."""
+
+    name: str
+    main_thread: bool
+
+    def draws(self, position: Position, source: Source) -> Iterator[Draw]: ...
 
 
-class GatherLengths:
-    """The group's lengths by exchange: each rank reads its own draw, all_gathers the
-    lengths within its group (one small collective per step: a sync point), so the same
-    deal is computed without a length index."""
+class ShardOrder:
+    """The closed division's random order, deterministic from ``seed``.
 
-    def __init__(self, sampler: IndexSampler, reader: IdReader):
-        import torch.distributed as dist
+    Epoch e shuffles the shard list with ``seed + e``. With at least as many shards as
+    ranks, the shuffled list is dealt round-robin (rank r reads shards r, r+W, ...), so each
+    sample is read by exactly one rank per epoch; with fewer shards every rank reads every
+    shard and keeps samples r, r+W, ... of its permutation. Inside a shard the samples are
+    permuted with (seed, epoch, shard index in the sorted list). A draw is one shard's
+    samples (the loader reads it whole); the positions are (epoch, samples of it taken), so
+    a resume skips whole shards from their metadata alone (one open each, no data read).
+    """
 
-        self.sampler, self.reader, self.dist = sampler, reader, dist
+    name, main_thread = "shard_order", False
+
+    def __init__(self, num_shards: int, rank: int, world_size: int, seed: int):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside world_size {world_size}")
+        if seed < 0:
+            raise ValueError(f"seed must be >= 0, got {seed}")
+        self.num_shards, self.rank, self.world_size, self.seed = num_shards, rank, world_size, seed
+        self.dealt = num_shards >= world_size
+
+    def shards(self, epoch: int) -> list[int]:
+        order = np.random.default_rng(self.seed + epoch).permutation(self.num_shards)
+        return order[self.rank::self.world_size].tolist() if self.dealt else order.tolist()
+
+    def select(self, epoch: int, shard: int, num_samples: int) -> np.ndarray:
+        perm = np.random.default_rng([self.seed, epoch, shard]).permutation(num_samples)
+        return perm if self.dealt else perm[self.rank::self.world_size]
+
+    def draws(self, position: Position, source: Source) -> Iterator[Draw]:
+        epoch, skip = position
+        idle = 0  # shards in a row that gave this rank nothing
+        while True:
+            order, taken = self.shards(epoch), 0
+            for j, s in enumerate(order):
+                rows = self.select(epoch, s, source.size(s))
+                n = len(rows)
+                if skip and skip >= n:  # wholly before the position
+                    skip, taken = skip - n, taken + n
+                    continue
+                first, rows = taken + skip, rows[skip:]
+                taken, skip = taken + n, 0
+                if not len(rows):
+                    idle += 1
+                    if idle > 2 * self.num_shards:  # else a rank with nothing to read spins forever
+                        raise DataError(f"this rank got no samples from {idle} shards in a row: too few samples "
+                                        "for the world size")
+                    continue
+                idle = 0
+                end = (epoch + 1, 0) if j == len(order) - 1 else (epoch, taken)
+                yield Draw(np.full(len(rows), s, dtype=np.int64), rows.astype(np.int64), (epoch, first), end)
+            epoch, skip = epoch + 1, 0
+
+
+class IdOrder:
+    """An ``IndexSampler``'s draws (stratified or random, any deal from the length index): one
+    draw per step, located in the index's shards (``name`` "ids")."""
+
+    name, main_thread = "ids", False
+
+    def __init__(self, sampler: IndexSampler, index: LengthIndex):
+        self.sampler, self.index = sampler, index
+
+    def _draw(self, step: int, ids: np.ndarray, known: dict[int, Sample] | None = None) -> Draw:
+        shard, row = self.index.locate(ids)
+        return Draw(shard.astype(np.int64), row.astype(np.int64), (step, 0), (step + 1, 0),
+                    self.index.lengths[ids], known or {})
+
+    def draws(self, position: Position, source: Source) -> Iterator[Draw]:
+        step, skip = position
+        while True:
+            d = self._draw(step, self.sampler.ids(step))
+            if skip:  # a position inside a step: only from a batch cut across steps
+                d = Draw(d.shard[skip:], d.row[skip:], (step, skip), d.end, d.lengths[skip:])
+            yield d
+            step, skip = step + 1, 0
+
+
+class GatherDeal(IdOrder):
+    """The deal with the group's lengths learnt by exchange (``sampler.lengths=gather``):
+    each rank reads its own draw, all_gathers the lengths within its group (one small
+    collective per step: a sync point), so the same deal is computed without trusting the
+    index's lengths; the rows it read are not read again."""
+
+    name, main_thread = "ids", True
+
+    def __init__(self, sampler: IndexSampler, index: LengthIndex):
+        import torch.distributed as dist  # only this policy exchanges anything
+
+        super().__init__(sampler, index)
+        if sampler.draw != "rank":
+            raise ConfigError("sampler.lengths=gather needs sampler.draw=rank (each rank draws its own)")
+        self.dist = dist
         g, size = sampler.rank // sampler.group, sampler.group
         self.pg = None
         if size == 1:  # one rank (a single-process run): nothing to exchange
@@ -453,77 +549,26 @@ class GatherLengths:
             if j == g:
                 self.pg = pg
 
-    def ids(self, step: int) -> tuple[np.ndarray, dict[int, Sample]]:
-        s = self.sampler
-        if s.draw != "rank":
-            raise ValueError("sampler.lengths=gather needs sampler.draw=rank (each rank draws its own)")
-        own = s.unit_ids(step, s.rank)
-        samples = dict(zip(own.tolist(), self.reader.read(own)))
-        mine = torch.tensor([len(samples[i].input_ids) for i in own.tolist()], dtype=torch.int64)
-        if self.pg is None:
-            lengths = mine.numpy()
-        else:
-            parts = [torch.empty_like(mine) for _ in range(s.group)]
-            self.dist.all_gather(parts, mine, group=self.pg)
-            lengths = torch.cat(parts).numpy()
-        return s.deal_group(s.group_ids(step), lengths), samples
+    def draws(self, position: Position, source: Source) -> Iterator[Draw]:
+        step, s = position[0], self.sampler
+        while True:
+            own = s.unit_ids(step, s.rank)
+            have = dict(zip(own.tolist(), source.samples(self._draw(step, own))))
+            mine = torch.tensor([len(have[i].input_ids) for i in own.tolist()], dtype=torch.int64)
+            if self.pg is None:
+                lengths = mine.numpy()
+            else:
+                parts = [torch.empty_like(mine) for _ in range(s.group)]
+                self.dist.all_gather(parts, mine, group=self.pg)
+                lengths = torch.cat(parts).numpy()
+            ids = s.deal_group(s.group_ids(step), lengths)
+            yield self._draw(step, ids, {j: have[i] for j, i in enumerate(ids.tolist()) if i in have})
+            step += 1
 
 
-class IndexLoader:
-    """Endless local batches from an ``IndexSampler``; ``state_dict`` is the step counter.
-
-    With lengths from the index the next step's rows are read by a background thread while
-    the current step trains (one batch of samples in memory extra).
-    """
-
-    def __init__(self, sampler: IndexSampler, reader: IdReader, collate_fn: Callable[[list[Sample]], dict],
-                 *, gather: bool = False, prefetch: bool = True):
-        self.sampler, self.reader, self.collate_fn = sampler, reader, collate_fn
-        self.gather = GatherLengths(sampler, reader) if gather else None
-        self.step = 0
-        self._pool = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rows-prefetch")
-                      if prefetch and not gather else None)
-        self._pending: tuple[int, concurrent.futures.Future] | None = None
-
-    def samples(self, step: int) -> list[Sample]:
-        if self.gather is not None:
-            ids, have = self.gather.ids(step)
-            missing = [i for i in ids.tolist() if i not in have]
-            have.update(zip(missing, self.reader.read(np.array(missing, dtype=np.int64))))
-            return [have[i] for i in ids.tolist()]
-        return self.reader.read(self.sampler.ids(step))
-
-    def __iter__(self) -> IndexLoader:
-        return self
-
-    def __next__(self) -> dict:
-        if self._pool is None:
-            out = self.samples(self.step)
-        else:
-            if self._pending is None or self._pending[0] != self.step:
-                self._pending = (self.step, self._pool.submit(self.samples, self.step))
-            out = self._pending[1].result()
-            self._pending = (self.step + 1, self._pool.submit(self.samples, self.step + 1))
-        self.step += 1
-        return self.collate_fn(out)
-
-    def state_dict(self) -> dict[str, int]:
-        s = self.sampler
-        return {"step": self.step, "rank": s.rank, "world_size": s.world_size, "samples": len(s.lengths)}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        s = self.sampler
-        for key, mine in (("world_size", s.world_size), ("samples", len(s.lengths))):
-            if key in state and state[key] != mine:
-                raise ValueError(f"loader state was saved with {key}={state[key]}, this run has {mine}")
-        self.step, self._pending = int(state["step"]), None
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
-
-
-# ---------------------------------------------------------------- what train.py builds
-
-
+def build_policy(cfg: SamplerConfig, index: LengthIndex, *, rank: int, world_size: int, local_batch: int,
+                 seed: int, max_seq_length: int, hidden: int) -> IdOrder:
+    """The id-based policy of ``cfg`` over ``index`` (``build_sampler``'s draws)."""
+    sampler = build_sampler(cfg, index, rank=rank, world_size=world_size, local_batch=local_batch, seed=seed,
+                            max_seq_length=max_seq_length, hidden=hidden)
+    return (GatherDeal if cfg.lengths == "gather" else IdOrder)(sampler, index)

@@ -172,14 +172,17 @@ def list_shards(directory: str | Path) -> list[Path]:
 def _open(path: str | Path) -> h5py.File:
     try:
         return h5py.File(path, "r")
-    except (OSError, ValueError) as e:
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file (removed or moved since the directory was listed?)") from None
+    except (OSError, RuntimeError, ValueError) as e:
         raise DataError(f"{path}: cannot open as hdf5: {e}") from None
 
 
-def _detect_layout(path: Any, f: h5py.File) -> str:
-    if "input_ids" not in f:
-        raise DataError(f"{path}: missing dataset 'input_ids' (has: {sorted(f.keys())})")
-    ds = f["input_ids"]
+def _detect_layout(path: Any, ds: Any, present: set[str]) -> str:
+    """'fixed' or 'variable' from ``ds``, the file's 'input_ids' (None: ``present``, the
+    file's names, has none)."""
+    if ds is None:
+        raise DataError(f"{path}: missing dataset 'input_ids' (has: {sorted(present)})")
     if not isinstance(ds, h5py.Dataset):
         raise DataError(f"{path}: 'input_ids' is a group, not a dataset")
     if ds.ndim == 2:
@@ -193,9 +196,12 @@ def _detect_layout(path: Any, f: h5py.File) -> str:
 def shard_size(path: str | Path) -> int:
     """Number of samples in a shard, from metadata only (no data read)."""
     with _open(path) as f:
-        if "next_sentence_labels" not in f:
-            raise DataError(f"{path}: missing dataset 'next_sentence_labels'")
-        return int(f["next_sentence_labels"].shape[0])
+        try:
+            if "next_sentence_labels" not in f:
+                raise DataError(f"{path}: missing dataset 'next_sentence_labels'")
+            return int(f["next_sentence_labels"].shape[0])
+        except (OSError, RuntimeError, KeyError) as e:
+            raise DataError(f"{path}: cannot read (truncated or corrupt?): {e}") from None
 
 
 def _check_int(path: Any, name: str, dtype: np.dtype) -> None:
@@ -203,52 +209,45 @@ def _check_int(path: Any, name: str, dtype: np.dtype) -> None:
         raise DataError(f"{path}: dataset '{name}' has dtype {dtype}; expected an integer type")
 
 
-def _read_fixed(path: Any, f: h5py.File) -> Shard:
-    arr = {k: f[k][()] for k in FIXED_DATASETS}
-    for k, a in arr.items():
-        _check_int(path, k, a.dtype)
+def _take(ds: h5py.Dataset, rows: np.ndarray | None) -> np.ndarray:
+    """``ds``'s rows ``rows`` (increasing, unique; None: all). h5py's point selection costs
+    one hyperslab per row: rows that lie close together are read as the slab that spans
+    them and picked in memory instead."""
+    if rows is None:
+        return ds[()]
+    lo, hi = int(rows[0]), int(rows[-1]) + 1
+    if hi - lo <= 4 * len(rows):
+        return ds[lo:hi][rows - lo]
+    return ds[rows]
+
+
+def _read_fixed(path: Any, ds: dict[str, h5py.Dataset], sel: np.ndarray | None) -> Shard:
+    arr = {k: _take(d, sel) for k, d in ds.items()}
     n, s = arr["input_ids"].shape
     for k in ("input_mask", "segment_ids"):
         if arr[k].shape != (n, s):
-            raise DataError(f"{path}: dataset '{k}' has shape {arr[k].shape}; "
-                            f"expected {(n, s)} like 'input_ids'")
+            raise DataError(f"{path}: dataset '{k}' has shape {ds[k].shape}; "
+                            f"expected {ds['input_ids'].shape} like 'input_ids'")
     pos, ids = arr["masked_lm_positions"], arr["masked_lm_ids"]
-    if pos.ndim != 2 or pos.shape[0] != n or ids.shape != pos.shape:
-        raise DataError(f"{path}: 'masked_lm_positions' {pos.shape} and 'masked_lm_ids' {ids.shape} "
-                        f"must both be [{n}, P]")
-    raw_nsp = arr["next_sentence_labels"]
-    nsp = raw_nsp.reshape(-1) if raw_nsp.ndim == 2 else raw_nsp  # some tools write [N, 1]
-    if nsp.shape != (n,):
-        raise DataError(f"{path}: 'next_sentence_labels' has shape {raw_nsp.shape}; expected ({n},)")
+    if pos.ndim != 2 or ids.shape != pos.shape:
+        raise DataError(f"{path}: 'masked_lm_positions' {ds['masked_lm_positions'].shape} and 'masked_lm_ids' "
+                        f"{ds['masked_lm_ids'].shape} must both be [N, P]")
     keep = arr["input_mask"] != 0
     lengths = keep.sum(axis=1)
     # A mask with holes would make "real tokens" ambiguous; costs one [N,S] compare.
     if not np.array_equal(keep, np.arange(s)[None, :] < lengths[:, None]):
         bad = int(np.nonzero((keep != (np.arange(s)[None, :] < lengths[:, None])).any(axis=1))[0][0])
-        raise DataError(f"{path}: 'input_mask' of sample {bad} is not a prefix of ones")
+        raise DataError(f"{path}: 'input_mask' of sample {_row(sel, bad)} is not a prefix of ones")
     real = pos != 0
     return Shard(str(path), arr["input_ids"][keep], arr["segment_ids"][keep], row_offsets(lengths),
-                 pos[real], ids[real], row_offsets(real.sum(axis=1)), nsp)
+                 pos[real], ids[real], row_offsets(real.sum(axis=1)), _nsp(arr["next_sentence_labels"]))
 
 
-def _read_variable(path: Any, f: h5py.File) -> Shard:
-    rows: dict[str, np.ndarray] = {}
-    n = f["input_ids"].shape[0]
-    for k in VARIABLE_DATASETS[:-1]:
-        ds = f[k]
-        base = h5py.check_vlen_dtype(ds.dtype)
-        if ds.ndim != 1 or base is None:
-            raise DataError(f"{path}: dataset '{k}' has shape {ds.shape} and dtype {ds.dtype}; "
-                            "expected [N] vlen rows in a variable-length shard")
-        _check_int(path, k, np.dtype(base))
-        if ds.shape[0] != n:
-            raise DataError(f"{path}: dataset '{k}' has {ds.shape[0]} rows; 'input_ids' has {n}")
-        rows[k] = ds[()]  # object array of 1-D arrays; one Python object per row
-    nsp = f["next_sentence_labels"][()]
-    _check_int(path, "next_sentence_labels", nsp.dtype)
-    nsp = nsp.reshape(-1) if nsp.ndim == 2 else nsp
-    if nsp.shape != (n,):
-        raise DataError(f"{path}: 'next_sentence_labels' has shape {nsp.shape}; expected ({n},)")
+def _read_variable(path: Any, ds: dict[str, h5py.Dataset], sel: np.ndarray | None) -> Shard:
+    # one object array of 1-D arrays per dataset; one Python object per row
+    rows = {k: _take(ds[k], sel) for k in VARIABLE_DATASETS[:-1]}
+    nsp = _nsp(_take(ds["next_sentence_labels"], sel))
+    n = len(nsp)
 
     def lens(k: str) -> np.ndarray:
         return np.fromiter((len(r) for r in rows[k]), dtype=np.int64, count=n)
@@ -260,7 +259,7 @@ def _read_variable(path: Any, f: h5py.File) -> Shard:
     for k, ref, what in (("segment_ids", lengths, "input_ids"), ("masked_lm_ids", plen, "masked_lm_positions")):
         mism = np.nonzero(lens(k) != ref)[0]
         if len(mism):
-            raise DataError(f"{path}: sample {int(mism[0])}: '{k}' and '{what}' rows differ in length")
+            raise DataError(f"{path}: sample {_row(sel, int(mism[0]))}: '{k}' and '{what}' rows differ in length")
     pos, ids = flat("masked_lm_positions", np.int16), flat("masked_lm_ids", np.int16)
     # Tolerate padded prediction rows (position 0) here too, so both layouts mean the same.
     real = pos != 0
@@ -269,14 +268,23 @@ def _read_variable(path: Any, f: h5py.File) -> Shard:
                  pos[real], ids[real], row_offsets(np.bincount(row_of[real], minlength=n)), nsp)
 
 
-def _check_values(shard: Shard, max_seq_length: int | None) -> None:
+def _nsp(raw: np.ndarray) -> np.ndarray:
+    return raw.reshape(-1) if raw.ndim == 2 else raw  # some tools write [N, 1]
+
+
+def _row(sel: np.ndarray | None, i: int) -> int:
+    """The file row of the ``i``-th sample read (messages name rows of the file)."""
+    return int(sel[i]) if sel is not None else int(i)
+
+
+def _check_values(shard: Shard, max_seq_length: int | None, sel: np.ndarray | None) -> None:
     path, lengths = shard.path, shard.lengths
     if len(lengths) and lengths.min() < 1:
-        raise DataError(f"{path}: sample {int(np.argmin(lengths))} has no tokens")
+        raise DataError(f"{path}: sample {_row(sel, int(np.argmin(lengths)))} has no tokens")
     if max_seq_length is not None and len(lengths) and lengths.max() > max_seq_length:
         i = int(np.argmax(lengths))
-        raise DataError(f"{path}: sample {i} has {int(lengths[i])} tokens > max_seq_length {max_seq_length}: "
-                        f"data made for longer sequences; set data.max_seq_length and "
+        raise DataError(f"{path}: sample {_row(sel, i)} has {int(lengths[i])} tokens > max_seq_length "
+                        f"{max_seq_length}: data made for longer sequences; set data.max_seq_length and "
                         f"model.max_position_embeddings to at least {int(lengths.max())} "
                         f"(EXTRA_PARAMS), or point DATADIR/EVALDIR at data of this length")
     if len(shard.tokens) and shard.tokens.min() < 0:
@@ -285,19 +293,21 @@ def _check_values(shard: Shard, max_seq_length: int | None) -> None:
     out_of_range = (shard.mlm_positions < 0) | (shard.mlm_positions >= lengths[row_of])
     if out_of_range.any():
         j = int(np.argmax(out_of_range))
-        raise DataError(f"{path}: sample {int(row_of[j])}: masked_lm_position {int(shard.mlm_positions[j])} "
-                        f"is outside its {int(lengths[row_of[j]])} real tokens")
+        raise DataError(f"{path}: sample {_row(sel, int(row_of[j]))}: masked_lm_position "
+                        f"{int(shard.mlm_positions[j])} is outside its {int(lengths[row_of[j]])} real tokens")
 
 
 def _sample_at(offsets: np.ndarray, flat_index: int) -> int:
     return int(np.searchsorted(offsets, flat_index, side="right") - 1)
 
 
-def _check_bounds(shard: Shard, b: Bounds) -> None:
+def _check_bounds(shard: Shard, b: Bounds, sel: np.ndarray | None) -> None:
     """Ids and labels inside what the model has rows for: out of range, an embedding lookup or
     the loss would index past its table (a traceback naming no file), or, below the padded
-    vocabulary, silently train the padding rows. One max per array; the offender found only
-    when there is one."""
+    vocabulary, silently train the padding rows. Predictions only where create_pretraining_data
+    puts them: never on the [SEP] that ends sentence A or the sample (position 0, [CLS], is
+    a padding slot and dropped by the reader), whose label the loss would otherwise teach.
+    One max per array, one gather per prediction; the offender found only when there is one."""
     path, fix = shard.path, "data made with another vocabulary? (model.vocab_size, the vocab of input_preprocessing)"
     for name, values, offsets, limit, key in (
             ("token id", shard.tokens, shard.offsets, b.vocab_size, "model.vocab_size"),
@@ -305,33 +315,103 @@ def _check_bounds(shard: Shard, b: Bounds) -> None:
             ("segment id", shard.segments, shard.offsets, b.type_vocab_size, "model.type_vocab_size")):
         if len(values) and int(values.max()) >= limit:
             j = int(np.argmax(values >= limit))
-            raise DataError(f"{path}: sample {_sample_at(offsets, j)}: {name} {int(values[j])} >= {key}={limit}: {fix}")
+            raise DataError(f"{path}: sample {_row(sel, _sample_at(offsets, j))}: {name} {int(values[j])} >= "
+                            f"{key}={limit}: {fix}")
         if len(values) and int(values.min()) < 0:
             j = int(np.argmax(values < 0))
-            raise DataError(f"{path}: sample {_sample_at(offsets, j)}: negative {name} {int(values[j])} (int16 overflow?)")
+            raise DataError(f"{path}: sample {_row(sel, _sample_at(offsets, j))}: negative {name} {int(values[j])} "
+                            "(int16 overflow?)")
     if len(shard.nsp) and (shard.nsp.min() < 0 or shard.nsp.max() > 1):
         i = int(np.argmax((shard.nsp < 0) | (shard.nsp > 1)))
-        raise DataError(f"{path}: sample {i}: next_sentence_label {int(shard.nsp[i])} is neither 0 nor 1")
+        raise DataError(f"{path}: sample {_row(sel, i)}: next_sentence_label {int(shard.nsp[i])} is neither 0 nor 1")
+    if not len(shard.mlm_positions):
+        return
+    row_of = np.repeat(np.arange(len(shard)), np.diff(shard.mlm_offsets))
+    at = shard.offsets[row_of] + shard.mlm_positions  # flat index of each prediction (inside its sample)
+    last = shard.offsets[row_of + 1] - 1
+    # sentence A's [SEP]: the last segment-0 token before a segment-1 one
+    on_sep = (at == last) | ((shard.segments[at] == 0) & (shard.segments[np.minimum(at + 1, last)] != 0))
+    if on_sep.any():
+        j = int(np.argmax(on_sep))
+        raise DataError(f"{path}: sample {_row(sel, int(row_of[j]))}: masked_lm_position {int(shard.mlm_positions[j])} "
+                        "is a [SEP] (the end of sentence A or of the sample), where create_pretraining_data never "
+                        "predicts: not the reference's examples (python -m input_preprocessing check --input DIR)")
+
+
+def _decode(path: str | Path, rows: np.ndarray | None, max_seq_length: int | None, bounds: Bounds | None) -> Shard:
+    """The samples of rows ``rows`` (increasing, unique; None: every row) of one shard,
+    checked: the file's structure (every dataset, integer dtypes, one row per sample in each),
+    then the rows' values, and with ``bounds`` what the model can take."""
+    with _open(path) as f:
+        try:
+            shard = _structure_and_rows(path, f, rows)
+        except DataError:
+            raise
+        # A damaged file opens and fails wherever HDF5 trips: OSError mid-read, RuntimeError
+        # or KeyError from a broken object header (ValueError: DataError's own base, above).
+        except (OSError, RuntimeError, KeyError, ValueError) as e:
+            raise DataError(f"{path}: cannot read (truncated or corrupt?): {e}") from None
+    _check_values(shard, max_seq_length, rows)
+    if bounds is not None:
+        _check_bounds(shard, bounds, rows)
+    return shard
+
+
+def _structure_and_rows(path: str | Path, f: h5py.File, rows: np.ndarray | None) -> Shard:
+    # The file's names listed once and each dataset looked up once: h5py's lookups and
+    # properties cost ~10 us each, the bulk of a read of a few rows (BENCHMARKS.md section 15).
+    present = set(f.keys())
+    ids = f["input_ids"] if "input_ids" in present else None
+    layout = _detect_layout(path, ids, present)
+    names = FIXED_DATASETS if layout == "fixed" else VARIABLE_DATASETS
+    missing = [k for k in names if k not in present]
+    if missing:
+        raise DataError(f"{path}: missing dataset(s) {missing} for a {layout}-length shard "
+                        f"(has: {sorted(present)})")
+    ds = {k: ids if k == "input_ids" else f[k] for k in names}
+    n = None
+    for k, d in ds.items():
+        if not isinstance(d, h5py.Dataset):
+            raise DataError(f"{path}: '{k}' is a group, not a dataset")
+        shape, dtype = d.shape, d.dtype
+        n = shape[0] if n is None and shape else n
+        base = h5py.check_vlen_dtype(dtype) if layout == "variable" else None
+        if layout == "variable" and k != "next_sentence_labels" and (len(shape) != 1 or base is None):
+            raise DataError(f"{path}: dataset '{k}' has shape {shape} and dtype {dtype}; "
+                            "expected [N] vlen rows in a variable-length shard")
+        _check_int(path, k, np.dtype(base) if base is not None else dtype)
+        if not shape or shape[0] != n:
+            raise DataError(f"{path}: dataset '{k}' has shape {shape}; 'input_ids' has {n} rows")
+        if k == "next_sentence_labels" and len(shape) != 1 and shape[1:] != (1,):
+            raise DataError(f"{path}: 'next_sentence_labels' has shape {shape}; expected ({n},)")
+    if rows is not None and len(rows) and int(rows[-1]) >= n:
+        raise DataError(f"{path}: holds {n} samples, but sample {int(rows[-1])} was asked for: the length "
+                        "index does not describe these shards (a directory changed after it was made?)")
+    if rows is not None and len(rows) == n:  # every row, in order (unique, increasing): the whole shard
+        rows = None
+    return _read_fixed(path, ds, rows) if layout == "fixed" else _read_variable(path, ds, rows)
 
 
 def read_shard(path: str | Path, max_seq_length: int | None = None, bounds: Bounds | None = None) -> Shard:
-    """Read and validate one shard (either layout); with ``bounds``, its ids and labels too.
-    Raises ``DataError`` naming the file (and the sample)."""
-    with _open(path) as f:
-        layout = _detect_layout(path, f)
-        names = FIXED_DATASETS if layout == "fixed" else VARIABLE_DATASETS
-        missing = [k for k in names if k not in f]
-        if missing:
-            raise DataError(f"{path}: missing dataset(s) {missing} for a {layout}-length shard "
-                            f"(has: {sorted(f.keys())})")
-        try:
-            shard = _read_fixed(path, f) if layout == "fixed" else _read_variable(path, f)
-        except OSError as e:  # a truncated or damaged file can open and fail mid-read
-            raise DataError(f"{path}: cannot read (truncated or corrupt?): {e}") from None
-    _check_values(shard, max_seq_length)
-    if bounds is not None:
-        _check_bounds(shard, bounds)
-    return shard
+    """Read and validate one shard (either layout); with ``bounds``, what the model can take
+    too. Raises ``DataError`` naming the file (and the sample)."""
+    return _decode(path, None, max_seq_length, bounds)
+
+
+def read_rows(path: str | Path, rows: np.ndarray | Sequence[int], max_seq_length: int | None = None,
+              bounds: Bounds | None = None) -> Shard:
+    """Rows ``rows`` of one shard (any order, repeats allowed), as a Shard in that order,
+    checked as ``read_shard`` checks a whole one; reads only the rows it needs (their
+    span where they lie close). Messages name rows of the file."""
+    rows = np.asarray(rows, dtype=np.int64)
+    if not len(rows):
+        return Shard(str(path), np.zeros(0, np.int16), np.zeros(0, np.int8), np.zeros(1, np.int64),
+                     np.zeros(0, np.int16), np.zeros(0, np.int16), np.zeros(1, np.int64), np.zeros(0, np.int8))
+    if int(rows.min()) < 0:
+        raise DataError(f"{path}: row {int(rows.min())} asked for")
+    unique, back = np.unique(rows, return_inverse=True)
+    shard = _decode(path, unique, max_seq_length, bounds)
+    return shard if len(unique) == len(rows) and np.array_equal(unique, rows) else shard.subset(back)
 
 
 def write_shard(path: str | Path, shard: Shard, layout: str, max_seq_length: int = 0,

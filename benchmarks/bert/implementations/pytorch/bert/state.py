@@ -13,7 +13,7 @@ from .grad_sync import GradSync
 from .precision import Precision
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Learner:
     model: torch.nn.Module  # the bare module: evaluation, checkpoints, exports
     train_model: torch.nn.Module  # what a training step calls: DDP-wrapped when distributed

@@ -55,7 +55,6 @@ import torch
 from .config import ConfigError
 from .batches import LABEL_KEYS, to_device
 from .model import pretraining_loss
-from .shards import Sample
 from .state import Learner
 
 # Eager forward + backward passes on a side stream before each capture: the first use of
@@ -67,44 +66,6 @@ log = logging.getLogger(__name__)
 # A training step: (micro-batches, micro-batches per optimizer step) -> (mean loss, skipped),
 # both on the device (bert.trainer.train_step, GraphedStep).
 Step = Callable[[Iterator[dict], int], tuple[torch.Tensor, Any]]
-
-
-# ---------------------------------------------------------------- synthetic batches
-
-
-def synthetic_samples(total_tokens: int, n: int, max_seq_length: int, max_pred: int, vocab_size: int,
-                      rng: np.random.Generator) -> list[Sample]:
-    """``n`` random samples holding ``total_tokens`` tokens in all (lengths as equal as
-    possible, each in [2, max_seq_length]), ~15% of each masked (at most ``max_pred``).
-    Shapes, not content, matter here: the values only have to be valid ids."""
-    total = min(max(total_tokens, 2 * n), n * max_seq_length)
-    lengths = np.full(n, total // n, dtype=np.int64)
-    lengths[: total % n] += 1
-    out = []
-    for length in lengths.tolist():
-        ids = rng.integers(1, vocab_size, size=length, dtype=np.int64)
-        segments = (np.arange(length) >= length // 2).astype(np.int64)
-        k = min(max_pred, max(1, round(0.15 * (length - 1))))
-        positions = np.sort(rng.choice(np.arange(1, length), size=k, replace=False)).astype(np.int64)
-        out.append(Sample(ids, segments, positions, ids[positions].copy(), int(rng.integers(2))))
-    return out
-
-
-def synthetic_batches(collate: Callable[[list[Sample]], dict], token_counts: list[int], n: int,
-                      max_seq_length: int, max_pred: int, vocab_size: int, seed: int = 0) -> list[dict]:
-    """One collated batch of ``n`` synthetic samples per entry of ``token_counts``."""
-    rng = np.random.default_rng(seed)
-    return [collate(synthetic_samples(t, n, max_seq_length, max_pred, vocab_size, rng)) for t in token_counts]
-
-
-def warmup_token_counts(layout: Any, batch_size: int, max_seq_length: int) -> list[int]:
-    """Token counts of the warm-up's synthetic micro-batches: one per shape the run can see.
-    With token budgets (``layout``, a ``bert.budget.Layout``) each rung, filled exactly, so
-    every shape the run will meet is compiled and captured; without, every batch has its
-    own shape, and one typical batch (half the grid) warms up what does not depend on it."""
-    if layout is not None:
-        return list(layout.rungs)
-    return [batch_size * max_seq_length // 2]
 
 
 def shape_key(batch: dict) -> tuple:

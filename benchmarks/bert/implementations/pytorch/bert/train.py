@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from . import checkpoint, config_script, console, distributed, runlock, storage
+from . import checkpoint, config_script, console, distributed, runlock, storage, watchdog
 from .config import (COMMAND_LINE, EXTRA_PARAMS, Config, ConfigError, Setting, origin_lines, parse_overrides, resolve,
                      timed_run_problems)
 from .exit_status import ExitStatus, describe
@@ -87,7 +87,8 @@ def run(cfg: Config, dry_run: bool = False, pending_signals: Path | None = None,
             if start_from is None and denv.is_main:
                 checkpoint.clear(files.checkpoints)  # a finished run's checkpoints must not mix with this run's
             if start_from is not None:  # the newest that proves its bytes on every rank
-                start_from = checkpoint.choose(files.checkpoints, start_from, cfg.ckpt.resume, denv.rank)
+                start_from = checkpoint.choose(files.checkpoints, start_from, cfg.ckpt.resume, denv.rank,
+                                               denv.world_size)
                 checkpoint.check_settings(start_from, cfg)  # under the settings it was written with
             # Only now: a resume refused above adds nothing to the log of the run it would continue.
             mllog.init_start(cfg.run.cache_cleared)
@@ -106,6 +107,14 @@ def run(cfg: Config, dry_run: bool = False, pending_signals: Path | None = None,
         peers.linger(cfg.dist.timeout_s + 10)
         comm_failed = peers.store is not None  # the group is aborted: nothing to destroy
         return ExitStatus.BAD_INPUT
+    except watchdog.Stopped as e:  # a stop while this rank waited for data: its peers wait in a collective
+        code = ExitStatus.INTERRUPTED if stop.interrupted else ExitStatus.PREEMPTED
+        distributed.rank_line(f"rank {denv.rank}: {e}; {_resume_from(files.checkpoints)}")
+        peers.report(f"{e}; {_resume_from(files.checkpoints)}", int(code))
+        peers.abort()
+        peers.linger(cfg.dist.timeout_s + 10)
+        comm_failed = peers.store is not None
+        return code
     except storage.WriteFailed as e:  # every rank, at the same point, with the same text
         distributed.rank_line(f"error: rank {denv.rank} of {denv.world_size}: {e}; "
                               f"{_after_write_failure(e, files.checkpoints)}")
@@ -119,10 +128,13 @@ def run(cfg: Config, dry_run: bool = False, pending_signals: Path | None = None,
             raise
         comm_failed = True  # destroying the group could block on the dead peer: skip it
         bad = peers.reported()
-        if bad is not None:  # the peer stopped on bad input: that is what this run ended on
+        if bad is not None and bad[1] == ExitStatus.BAD_INPUT:  # what this run ended on
             distributed.rank_line(f"error: rank {denv.rank} of {denv.world_size}: rank {bad[0]} stopped on bad "
-                                  f"input: {bad[1]}")
+                                  f"input: {bad[2]}")
             return ExitStatus.BAD_INPUT
+        if bad is not None:  # a stop that rank got while it waited for data
+            distributed.rank_line(f"rank {denv.rank} of {denv.world_size}: rank {bad[0]} {bad[2]}")
+            return ExitStatus(bad[1])
         distributed.rank_line(f"error: rank {denv.rank} of {denv.world_size}: a collective failed: another rank "
                               f"died or did not answer within dist.timeout_s={cfg.dist.timeout_s:g} s ({e})")
         return ExitStatus.PEER_FAILED
@@ -132,6 +144,16 @@ def run(cfg: Config, dry_run: bool = False, pending_signals: Path | None = None,
             lock.release()
         if not comm_failed:
             distributed.shutdown()
+
+
+def _resume_from(ckpt_dir: Path) -> str:
+    """What the same command continues from."""
+    try:
+        found = checkpoint.complete_checkpoints(ckpt_dir)
+    except OSError:
+        found = []
+    return (f"the same command resumes from {found[-1].name}" if found
+            else "no checkpoint to resume from: the same command starts afresh")
 
 
 def _after_write_failure(e: storage.WriteFailed, ckpt_dir: Path) -> str:

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import budget, checkpoint, distributed, fp8, grad_sync, loader, rng, step_graph, storage
+from . import checkpoint, distributed, fp8, grad_sync, loader, rng, step_graph, storage
 from .batches import split_labels, to_device
 from .budget import Layout
 from .config import (Config, ConfigError, check_for_device, dumps, eval_interval_samples, global_batch_size,
@@ -141,7 +141,8 @@ def build_learner(cfg: Config, world_size: int, device: torch.device) -> tuple[L
     # Graphs: step counts and learning rates on the device, read by the optimizer graph.
     optimizer, impl = build_optimizer(model, cfg.optim, device.type, capturable=cfg.run.cuda_graphs)
     scheduler = build_scheduler(optimizer, cfg.optim)
-    return Learner(model, train_model, optimizer, scheduler, scaler, precision, sync, device), impl
+    return Learner(model=model, train_model=train_model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
+                   precision=precision, grad_sync=sync, device=device), impl
 
 
 def resolve_seed(cfg: Config) -> Config:
@@ -155,42 +156,54 @@ def resolve_seed(cfg: Config) -> Config:
 
 @dataclass
 class Data:
-    batches: Any  # the training stream: an iterator of collated batches with state_dict()
+    batches: loader.TrainStream  # the training stream, whatever the sampling mode
     eval_batches: list[dict]  # collated once: the eval set never changes
     eval_samples: int  # across all ranks
 
 
-def open_data(cfg: Config, rank: int, world_size: int, pin: bool = False, timed: bool = True) -> Data:
+def open_data(cfg: Config, rank: int, world_size: int, pin: bool = False, timed: bool = True,
+              stopped: Callable[[], str | None] | None = None) -> Data:
     """The training stream and the eval set: the run's first touch of the data (listing,
     manifest, length index, hdf5 opens), so called only after run_start. Reading and
     collating the eval set (10,000 samples, ~1 s) is therefore timed, as the rules want.
     ``pin``: batches in pinned host memory (a CUDA device); ``timed``: a timed run's rules
-    apply (the closed division's full eval set)."""
+    apply (the closed division's full eval set); ``stopped()``: why the run must stop now
+    (a wait for data ends on it)."""
     d = cfg.data
-    batches = loader.train_batches(d, cfg.sampler, cfg.model, cfg.run.local_batch_size, cfg.run.seed, rank,
-                                    world_size, train_layout(cfg, world_size), pin=pin,
-                                    read_timeout_s=read_timeout_s(cfg))
+    batches = loader.train_batches(data=d, sampler=cfg.sampler, model=cfg.model, plan=train_plan(cfg, world_size, pin),
+                                   seed=cfg.run.seed, rank=rank, world_size=world_size,
+                                   read_timeout_s=read_timeout_s(cfg), stopped=stopped)
     check_eval_dir(d.train_dir, d.eval_dir)  # never evaluate on training samples
     eval_set = EvalSet(d.eval_dir, rank, world_size, d.eval_samples, d.max_seq_length,
                        bounds=Bounds(cfg.model.vocab_size, cfg.model.type_vocab_size), verify_md5=d.verify_md5,
-                       read_timeout_s=read_timeout_s(cfg))
+                       read_timeout_s=read_timeout_s(cfg), stopped=stopped)
     if timed and is_benchmark_model(cfg) and cfg.run.division == "closed" and eval_set.total_samples != 10000:
         raise DataError(f"data.eval_dir={d.eval_dir} holds {eval_set.total_samples} samples; a closed BERT-Large "
                         "run evaluates on the full 10,000-sample eval set: point data.eval_dir (EVALDIR) at it")
-    eval_batches = loader.eval_batches(eval_set, cfg.eval.batch_size, cfg.model.unpad, cfg.model.pack,
-                                        d.max_seq_length, eval_layout(cfg), pin=pin)
+    eval_batches = loader.eval_batches(eval_set, eval_plan(cfg, pin))
     return Data(batches, eval_batches, eval_set.total_samples)
+
+
+def train_plan(cfg: Config, world_size: int, pin: bool = False) -> loader.BatchPlan:
+    """How the training samples become batches (the loader's, decided before any data)."""
+    return loader.BatchPlan.training(cfg.data, cfg.sampler, cfg.model, local_batch=cfg.run.local_batch_size,
+                                     world_size=world_size, pin=pin)
+
+
+def eval_plan(cfg: Config, pin: bool = False) -> loader.BatchPlan:
+    """How the eval samples become batches (token budgets as the run's mode allows)."""
+    return loader.BatchPlan.evaluation(cfg.data, cfg.model, batch_size=cfg.eval.batch_size,
+                                       budgeted=run_mode(cfg).eval_budgeted, pin=pin)
 
 
 def train_layout(cfg: Config, world_size: int) -> Layout | None:
     """The training batches' static token budgets (None: off): the shapes the loader makes."""
-    return budget.layout_for(cfg.data, cfg.sampler, cfg.run.local_batch_size, world_size, cfg.model.hidden_size)
+    return train_plan(cfg, world_size).layout
 
 
 def eval_layout(cfg: Config) -> Layout | None:
-    """The eval batches' (None: off, and for the pretraining mode, whose evaluation also scores
-    next-sentence prediction, which a filler sample would join)."""
-    return None if cfg.run.mode == "pretrain" else budget.eval_layout_for(cfg.data, cfg.eval.batch_size)
+    """The eval batches' (None: off)."""
+    return eval_plan(cfg).layout
 
 
 # ---------------------------------------------------------------- the benchmark's goal
@@ -210,6 +223,39 @@ class Target:
         if metrics["mlm_accuracy"] >= self.target:
             return "success"
         return "aborted" if done else None
+
+
+# ---------------------------------------------------------------- what run.mode decides, once
+
+Evaluation = Callable[[Learner, list[dict], Any, Callable[[], bool]], "dict[str, float] | None"]
+
+
+def _mlm_accuracy(p: Learner, batches: list[dict], counts: Any, interrupted: Callable[[], bool]) -> dict | None:
+    acc = mlm_accuracy(p.model, batches, p.device, p.precision.eval_autocast, counts, interrupted)
+    return None if acc is None else {"mlm_accuracy": acc}
+
+
+def _held_out(p: Learner, batches: list[dict], _counts: Any, interrupted: Callable[[], bool]) -> dict | None:
+    return held_out_metrics(p.model, batches, p.device, p.precision.eval_autocast, interrupted)
+
+
+@dataclass(frozen=True)
+class RunMode:
+    """What ``run.mode`` decides (``run_mode``, the one place it is read): the evaluation
+    (``evaluate(learner, eval batches, graphed eval counts, interrupted)``; None: Ctrl-C
+    reached a rank during it), whether eval batches take token budgets (not the pretraining
+    mode's, whose evaluation also scores next-sentence prediction, which a filler sample would
+    join), and the goal the loop ends at."""
+
+    evaluate: Evaluation
+    eval_budgeted: bool
+    goal: Callable[[Config, RunFiles, bool], "Target | Phase"]
+
+
+def run_mode(cfg: Config) -> RunMode:
+    if cfg.run.mode == "pretrain":
+        return RunMode(_held_out, False, lambda _cfg, files, is_main: Phase(files.log, is_main))
+    return RunMode(_mlm_accuracy, True, lambda c, _files, _is_main: Target(c.eval.target_accuracy))
 
 
 # ---------------------------------------------------------------- the trainer
@@ -238,17 +284,20 @@ class Trainer:
         rng.seed_everything(cfg.run.seed + denv.rank)
         self.state = TrainState(next_eval=self.eval_interval, nonfinite=torch.zeros(2, dtype=torch.int64, device=device),
                                 skipped_steps=torch.zeros((), dtype=torch.int64, device=device), seed=cfg.run.seed)
-        self.checkpointer = checkpoint.Checkpointer(cfg.ckpt, self.files.checkpoints, denv.rank, ws, device,
-                                                self.global_batch, stop or checkpoint.StopFlag(), self._log_failure,
-                                                cfg.run.max_nonfinite_steps, dumps(cfg))
-        self.goal = Target(cfg.eval.target_accuracy) if cfg.run.mode == "mlperf" else Phase(self.files.log, denv.is_main)
+        self.checkpointer = checkpoint.Checkpointer(
+            cfg=cfg.ckpt, directory=self.files.checkpoints, rank=denv.rank, world_size=ws, device=device,
+            global_batch=self.global_batch, stop=stop or checkpoint.StopFlag(), pending=self._log_failure,
+            max_nonfinite_steps=cfg.run.max_nonfinite_steps, settings=dumps(cfg))
+        self.mode = run_mode(cfg)
+        self.goal = self.mode.goal(cfg, self.files, denv.is_main)
         # What the loop calls: the eager step, or its graphed twin once ``prepare`` captured it.
         self.step: step_graph.Step = functools.partial(train_step, self.learner)
         self.eval_counts: Callable[[dict], tuple[torch.Tensor, torch.Tensor]] | None = None  # graphed eval
-        self.batches: Any = None  # the training stream (open_data)
+        self.batches: loader.TrainStream | None = None  # the training stream (open_data)
         self.eval_batches: list[dict] = []  # collated once (open_data): the eval set never changes
         self.eval_samples = 0  # across all ranks
         self._loader_state: dict[str, Any] | None = None  # a resumed stream's position, for open_data
+        self._resumed_from: Path | None = None  # the checkpoint it came from
         self.curves: Curves | None = None  # TensorBoard (log.tensorboard_dir), opened by ``train``
 
     @property
@@ -262,6 +311,7 @@ class Trainer:
         s = self.state
         self._loader_state = checkpoint.restore(path, self.learner, s, self.denv.rank, self.denv.world_size,
                                             self.global_batch)
+        self._resumed_from = path
         s.nonfinite = s.nonfinite.to(self.device)
         if s.seed != self.cfg.run.seed:
             log.info(f"resuming: run.seed {s.seed} of the checkpointed run replaces {self.cfg.run.seed}")
@@ -278,14 +328,10 @@ class Trainer:
         """With ``run.warmup_steps``: the training step warmed up on synthetic batches, one
         per shape the loader will produce (and with ``run.cuda_graphs`` captured per shape,
         ``self.step`` then the graphed step), the state put back exactly (bert/step_graph.py)."""
-        cfg, r, d, m = self.cfg, self.cfg.run, self.cfg.data, self.cfg.model
+        cfg, r = self.cfg, self.cfg.run
         if r.warmup_steps == 0:
             return
-        layout = train_layout(cfg, self.denv.world_size)  # the shapes the loader will produce
-        batches = step_graph.synthetic_batches(
-            loader.batch_collate(m.unpad, m.pack, d.max_seq_length, layout),
-            step_graph.warmup_token_counts(layout, r.local_batch_size, d.max_seq_length), r.local_batch_size,
-            d.max_seq_length, d.max_predictions_per_seq, m.vocab_size, seed=r.seed)
+        batches = train_plan(cfg, self.denv.world_size).warmup_batches(r.seed)  # the shapes the loader makes
         graphs = None
         if r.cuda_graphs:
             if not step_graph.capturable(self.learner.optimizer):  # build_learner asks for one; a safety net
@@ -315,30 +361,26 @@ class Trainer:
         """Synthetic eval batches, one per shape evaluation will see: each eval budget rung
         filled exactly (``budget.eval_layout_for``), or one typical batch (half the grid)
         without budgets, where every eval batch has its own shape."""
-        cfg = self.cfg
-        d, m, e = cfg.data, cfg.model, cfg.eval
-        layout = eval_layout(cfg)
-        counts = step_graph.warmup_token_counts(layout, e.batch_size, d.max_seq_length)
-        collate = loader.batch_collate(m.unpad, m.pack, d.max_seq_length, layout)
-        return step_graph.synthetic_batches(collate, counts, e.batch_size, d.max_seq_length,
-                                            d.max_predictions_per_seq, m.vocab_size, seed=cfg.run.seed)
+        return eval_plan(self.cfg).warmup_batches(self.cfg.run.seed)
 
     def open_data(self, timed: bool = True) -> None:
         """The training stream and the eval set (``open_data``), after run_start; a resumed
         stream continues where its checkpoint left it."""
-        data = open_data(self.cfg, self.denv.rank, self.denv.world_size, pin=self.device.type == "cuda", timed=timed)
-        self.batches, self.eval_batches, self.eval_samples = iter(data.batches), data.eval_batches, data.eval_samples
+        data = open_data(self.cfg, self.denv.rank, self.denv.world_size, pin=self.device.type == "cuda", timed=timed,
+                         stopped=self.checkpointer.stop.reason)
+        self.batches, self.eval_batches, self.eval_samples = data.batches, data.eval_batches, data.eval_samples
         if self._loader_state is not None:
-            self.batches.load_state_dict(self._loader_state)
+            try:
+                self.batches.load_state_dict(self._loader_state)
+            except DataError as e:  # not this checkpoint's data: nothing trained on the wrong stream
+                raise checkpoint.CheckpointError(
+                    f"{self._resumed_from}: a resume continues the checkpointed run, but {e}. Point data.train_dir "
+                    "(DATADIR) at the data that run trained on, with its sampler settings, or start a fresh run with "
+                    "another ckpt.dir and log.output_dir") from None
 
     def evaluate(self, interrupted: Callable[[], bool] = lambda: False) -> dict[str, float] | None:
         """The mode's evaluation over the eval set (None: Ctrl-C reached a rank during it)."""
-        p = self.learner
-        if self.cfg.run.mode == "pretrain":
-            return held_out_metrics(p.model, self.eval_batches, p.device, p.precision.eval_autocast, interrupted)
-        acc = mlm_accuracy(p.model, self.eval_batches, p.device, p.precision.eval_autocast, self.eval_counts,
-                           interrupted)
-        return None if acc is None else {"mlm_accuracy": acc}
+        return self.mode.evaluate(self.learner, self.eval_batches, self.eval_counts, interrupted)
 
     # ------------------------------------------------------------ the loop
 

@@ -341,10 +341,11 @@ def _image_build(root: Path | None = None) -> ImageBuild:
 
 # The files that take a worker longest (seconds, `--durations=0` under two workers on two AMD
 # EPYC cores, summed per file: launchers 425, tune 257, pretrain 223, precision 211, resume 194,
-# sampler 182, bench 153, budget 125, two_nodes 115, study 112, configs 97), in that order: a
-# long file taken last would run alone at the end. A stale list costs minutes, not a result.
+# sampler 182, bench 153, budget 125, two_nodes 115, study 112, configs 97; data_road 566 alone
+# on the two cores), in that order: a long file taken last would run alone at the end. A stale
+# list costs minutes, not a result.
 LONGEST_FIRST = tuple(f"integration/{name}" for name in (
-    "test_launchers.py", "test_tune.py", "test_pretrain.py", "test_precision.py", "test_checkpoint.py",
+    "test_data_road.py", "test_launchers.py", "test_tune.py", "test_pretrain.py", "test_precision.py", "test_checkpoint.py",
     "test_sampler.py", "test_bench.py", "test_budget.py", "test_two_nodes.py", "test_study.py", "test_configs.py"))
 TESTS = Path(__file__).resolve().parent
 TIERS = ("unit", "integration")  # tests/<tier>/: a marker of that name on each of its tests

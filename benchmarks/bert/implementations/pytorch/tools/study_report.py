@@ -25,7 +25,7 @@ import balance  # tools/balance.py (tools/study.py puts tools/ on the path)
 from bert import loader
 from bert.lengths import length_distribution
 from bert.config import build_config
-from bert.trainer import train_layout
+from bert.trainer import train_plan
 
 BOOTSTRAP = 10000  # resamples of a ratio of means
 FIT_BOOTSTRAP = 2000  # resamples of a critical-batch fit (each a least-squares solve)
@@ -126,8 +126,8 @@ def token_imbalance(config: Path, steps: int) -> dict:
     doc = json.loads(Path(config).read_text())
     cfg = build_config(config_file=str(config))
     world = int(doc["resolved"]["world_size"])
-    loaders = [loader.train_batches(cfg.data, cfg.sampler, cfg.model, cfg.run.local_batch_size, cfg.run.seed, r, world,
-                                     train_layout(cfg, world)) for r in range(world)]
+    loaders = [loader.train_batches(data=cfg.data, sampler=cfg.sampler, model=cfg.model, plan=train_plan(cfg, world),
+                                    seed=cfg.run.seed, rank=r, world_size=world) for r in range(world)]
     ratios = []
     try:
         for _ in range(steps):

@@ -306,7 +306,9 @@ def test_resume_with_another_world_size_is_refused(tiny_data, baseline, tmp_path
     args = [*TINY, f"data.train_dir={tiny_data / 'train'}", f"data.eval_dir={tiny_data / 'eval'}",
             f"log.output_dir={tmp_path / 'out'}", f"ckpt.dir={ckpt_dir}"]
     assert train.main(args) == 2
-    assert "written with world_size=2, this run has 1" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "written by a run of world_size=2, this run has 1: a resume continues each rank's own" in err, err
+    assert not list(ckpt_dir.glob("*.damaged"))  # another world's checkpoint is not a damaged one
     assert train.main([*args, "ckpt.resume=off"]) == 2  # a fresh start would mix with them
     assert "holds checkpoints of an unfinished run" in capsys.readouterr().err
 

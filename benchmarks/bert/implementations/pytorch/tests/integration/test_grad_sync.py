@@ -48,7 +48,9 @@ def _loop_run(rank, gcfg, max_grad_norm, accum):
     batches = iter([part(mine, i, accum) for i in range(accum)])
     pcfg = PrecisionConfig(dtype="fp32")
     prec = build_precision(pcfg, "cpu")
-    learner = Learner(model, ddp, opt, sched, build_scaler(pcfg, prec, "cpu"), prec, observed, torch.device("cpu"))
+    learner = Learner(model=model, train_model=ddp, optimizer=opt, scheduler=sched,
+                      scaler=build_scaler(pcfg, prec, "cpu"), precision=prec, grad_sync=observed,
+                      device=torch.device("cpu"))
     train_step(learner, batches, accum)
     return seen
 

@@ -253,8 +253,9 @@ def _accum_run(rank, gcfg, accum):
     mine = part(global_batch(0), rank, 2)
     pcfg = PrecisionConfig(dtype="fp32")
     prec = build_precision(pcfg, "cpu")
-    learner = Learner(model, ddp, opt, sched, build_scaler(pcfg, prec, "cpu"), prec,
-                      dataclasses.replace(sync, after_sync=after_sync), torch.device("cpu"))
+    learner = Learner(model=model, train_model=ddp, optimizer=opt, scheduler=sched,
+                      scaler=build_scaler(pcfg, prec, "cpu"), precision=prec,
+                      grad_sync=dataclasses.replace(sync, after_sync=after_sync), device=torch.device("cpu"))
     train_step(learner, iter([part(mine, i, accum) for i in range(accum)]), accum)
     name_of = {q.data_ptr(): n for n, q in model.named_parameters()}
     members = [[name_of[q.data_ptr()] for q in b.parameters()] for b in ddp.reducer._get_zeros_like_grad_buckets()]

@@ -25,6 +25,12 @@ def test_balance_tool_json_interface():
     assert 1.0 <= r["tokens_max_over_mean"] < 1.2
 
 
+def _drawn(stream, step):
+    """The samples ``stream``'s policy draws at ``step`` (each rank in the same order: the
+    gather deal's draw is a collective)."""
+    return stream.samples(next(stream.policy.draws((step, 0), stream)))
+
+
 def _gloo_worker(rank, port, root, out):
     import torch.distributed as dist
 
@@ -36,7 +42,7 @@ def _gloo_worker(rank, port, root, out):
         local = _loader(_cfg(root, **base, deal=deal), rank, 2)
         gathered = _loader(_cfg(root, **base, deal=deal, lengths="gather"), rank, 2)
         for step in range(6):
-            res[(deal, step)] = {name: [uid_of(s) for s in loader.samples(step)]
+            res[(deal, step)] = {name: [uid_of(s) for s in _drawn(loader, step)]
                                  for name, loader in (("plain", plain), ("local", local), ("gather", gathered))}
             batch = next(gathered)  # the collated batch holds the dealt samples, in order
             res[(deal, step)]["batch"] = (batch["input_ids"][batch["cu_seqlens"][:-1].long() + 1] - 5).tolist()

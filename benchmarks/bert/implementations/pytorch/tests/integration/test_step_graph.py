@@ -61,5 +61,7 @@ def test_no_compile_after_the_warm_ups_for_budgets_graphs_and_eval(demo_data, tm
                                     t.eval_counts)
     assert frames() == f1 + 1
     assert "was not captured" not in caplog.text
-    exact = loader.eval_batches(data_eval_set(cfg), 16, True, False, cfg.data.max_seq_length)
+    exact = loader.eval_batches(data_eval_set(cfg), loader.BatchPlan(True, False, None, 16, cfg.data.max_seq_length,
+                                                                     cfg.data.max_predictions_per_seq,
+                                                                     cfg.model.vocab_size))
     assert evaluate.mlm_accuracy(real.model, exact, real.device, real.precision.eval_autocast) == acc

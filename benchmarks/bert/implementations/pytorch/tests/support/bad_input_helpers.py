@@ -27,9 +27,9 @@ def _copy_data(tiny_data: Path, root: Path, change=None) -> tuple[Path, Path]:
     return dirs[0], dirs[1]
 
 
-def _lost_sector(path: Path) -> None:
-    """4 KiB of zeros where HDF5's structures for the tiny shards lie: h5py's read then spins
-    for good (one of the positions issue 41 found)."""
+def _lost_sector(path: Path, at: int = 4096, size: int = 4096) -> None:
+    """Zeros where HDF5's structures lie: h5py's read then spins for good. The default, 4 KiB
+    at 4096, does it to the tiny shards; 512 bytes at 3072 to those and to their strata."""
     with open(path, "r+b") as f:
-        f.seek(4096)
-        f.write(b"\0" * 4096)
+        f.seek(at)
+        f.write(b"\0" * size)

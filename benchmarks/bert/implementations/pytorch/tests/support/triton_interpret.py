@@ -76,8 +76,8 @@ def is_interpreted() -> bool:
 
 def _fix_index(interpreter) -> None:
     """triton 3.6.0's interpreter turns a scalar (a 1-element array) into a loop bound with
-    ``int(array)``, which numpy >= 2.4 refuses (triton issue #9171, fixed upstream by PR
-    #9172 after 3.6.0: ``int(data.squeeze())``). Same fix, applied on top of triton's own
+    ``int(array)``, which numpy >= 2.4 refuses (triton-lang/triton#9171, fixed upstream by
+    triton-lang/triton#9172 after 3.6.0: ``int(data.squeeze())``). Same fix, applied on top of triton's own
     per-launch patching; a no-op for triton versions that already squeeze."""
     patch = getattr(interpreter, "_patch_lang_tensor", None)
     if patch is None or getattr(patch, "_bert_index_fix", False):

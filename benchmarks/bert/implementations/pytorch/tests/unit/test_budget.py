@@ -14,7 +14,7 @@ import torch
 from bert import budget, loader
 from bert.attention import build_attention
 from bert.config import ConfigError, ModelConfig, build_config, parse_budgets
-from bert.trainer import train_layout
+from bert.trainer import train_layout, train_plan
 from bert.batches import collate
 from bert.model import IGNORE_INDEX
 from bert.model import BertForPreTraining, pretraining_loss
@@ -241,20 +241,20 @@ def _demo_cfg(demo_data, **extra):
     return build_config(over)
 
 
-def _loader(cfg, rank, world, layout=None):
-    return loader.train_batches(cfg.data, cfg.sampler, cfg.model, cfg.run.local_batch_size, cfg.run.seed, rank, world,
-                             layout)
+def _loader(cfg, rank, world):
+    return loader.train_batches(data=cfg.data, sampler=cfg.sampler, model=cfg.model, plan=train_plan(cfg, world),
+                                seed=cfg.run.seed, rank=rank, world_size=world)
 
 
 @pytest.mark.parametrize("extra", [{}, {"run.division": "open", "optim.name": "adam", "sampler.mode": "stratified",
                                         "sampler.strata_width": 32}])
 def test_both_loaders_yield_budget_batches(demo_data, extra):
-    """TrainLoader (closed random) and IndexLoader (stratified): the same samples as without
-    budgets, padded to the auto ladder's rungs."""
+    """The closed shard order and the stratified ids: the same samples as without budgets,
+    padded to the auto ladder's rungs."""
     plain = _loader(_demo_cfg(demo_data, **extra), 0, 2)
     cfg = _demo_cfg(demo_data, **{"data.token_budgets": "auto", **extra})
     lay = train_layout(cfg, 2)
-    padded = _loader(cfg, 0, 2, lay)
+    padded = _loader(cfg, 0, 2)
     try:
         for _ in range(4):
             a, b = next(plain), next(padded)

@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from bert.config import ModelConfig
-from bert.loader import EvalSet, TrainLoader
+from bert.config import build_config
+from bert.loader import EvalSet, train_batches
+from bert.trainer import train_plan
 from bert.model import BertForPreTraining, pretraining_loss
 from bert.shards import list_shards, read_shard
 from input_preprocessing.common import PrepError
@@ -52,7 +54,10 @@ def test_the_spine_reader_trains_on_the_output(created):
     torch.manual_seed(0)
     model = BertForPreTraining(cfg)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    loader = TrainLoader(out, 0, 1, 16, seed=1, unpad=True, max_seq_length=128, prefetch=False)
+    cfg = build_config({"data.train_dir": str(out), "data.max_seq_length": 128, "model.vocab_size": 1500,
+                        "model.max_position_embeddings": 128, "run.local_batch_size": 16, "run.seed": 1})
+    loader = train_batches(data=cfg.data, sampler=cfg.sampler, model=cfg.model, plan=train_plan(cfg, 1), seed=1,
+                           rank=0, world_size=1, prefetch=False)
     batch = next(loader)
     losses = []
     for _ in range(3):  # the same batch: the loss must fall

@@ -16,7 +16,9 @@ import torch
 
 from bert import demo_data
 from bert.batches import collate
-from bert.loader import EvalSet, RandomShardOrder, TrainLoader, eval_batches
+from bert.loader import BatchPlan, EvalSet, TrainLoader, eval_batches
+from bert.reader import ShardReader
+from bert.sampler import ShardOrder
 from bert.shards import DataError, Sample, Shard, list_shards, read_shard, shard_size, write_shard
 
 S, P = 32, 6  # sequence length and prediction slots of the hand-made shards
@@ -232,6 +234,16 @@ def uid_shards(tmp_path: Path, sizes: list[int], layout: str = "variable") -> Pa
     return d
 
 
+def shard_loader(d: Path, rank: int, world: int, batch: int, seed: int, unpad: bool, seq: int,
+                 prefetch: bool = True) -> TrainLoader:
+    """The closed division's stream over ``d``: ShardOrder, whole shards, ``collate``."""
+    paths = list_shards(d)
+    return TrainLoader(policy=ShardOrder(len(paths), rank, world, seed), paths=paths, batch_size=batch,
+                       reader=ShardReader(d, max_seq_length=seq, bounds=None, verify_md5=True, timeout_s=60),
+                       collate=lambda b: collate(b, unpad, seq), world_size=world, data=lambda: {"shards": len(paths)},
+                       prefetch=prefetch)
+
+
 def uids(batch: dict) -> list[int]:
     """Sample ids of an unpadded batch (token 1 of each sample)."""
     return (batch["input_ids"][batch["cu_seqlens"][:-1].long() + 1] - 5).tolist()
@@ -240,15 +252,15 @@ def uids(batch: dict) -> list[int]:
 def test_train_loader_is_deterministic_and_seeded(tmp_path):
     d = uid_shards(tmp_path, [7, 11, 5, 9])
     def first(seed, prefetch=True, n=6):
-        loader = TrainLoader(d, 0, 1, 4, seed, True, S, prefetch=prefetch)
+        loader = shard_loader(d, 0, 1, 4, seed, True, S, prefetch=prefetch)
         out = [uids(next(loader)) for _ in range(n)]
         loader.close()
         return out
     assert first(3) == first(3) == first(3, prefetch=False)
     assert first(3) != first(4)
-    orders = {tuple(RandomShardOrder(6, 0, 1, seed).shards(0)) for seed in range(5)}
+    orders = {tuple(ShardOrder(6, 0, 1, seed).shards(0)) for seed in range(5)}
     assert len(orders) > 1  # the shard order, not only the order inside shards, follows the seed
-    assert RandomShardOrder(6, 0, 1, 0).shards(0) != RandomShardOrder(6, 0, 1, 0).shards(1)
+    assert ShardOrder(6, 0, 1, 0).shards(0) != ShardOrder(6, 0, 1, 0).shards(1)
 
 
 def test_one_epoch_over_two_ranks_covers_every_sample_once(tmp_path):
@@ -256,16 +268,16 @@ def test_one_epoch_over_two_ranks_covers_every_sample_once(tmp_path):
     d = uid_shards(tmp_path, sizes)
     batch, seen, counts = 4, [], []
     for rank in range(2):
-        policy = RandomShardOrder(len(sizes), rank, 2, seed=9)
+        policy = ShardOrder(len(sizes), rank, 2, seed=9)
         n_rank = sum(len(policy.select(0, s, sizes[s])) for s in policy.shards(0))
         counts.append(n_rank)
-        loader = TrainLoader(d, rank, 2, batch, 9, True, S)
+        loader = shard_loader(d, rank, 2, batch, 9, True, S)
         got = []
         for _ in range(-(-n_rank // batch)):  # enough batches to finish epoch 0 on this rank
             b = next(loader)
             assert len(b["nsp_labels"]) == batch  # every rank, every step: the same batch size
             got += uids(b)
-        assert loader.state_dict()["epoch"] == 1 or n_rank % batch == 0
+        assert loader.state_dict()["position"][0] == 1 or n_rank % batch == 0
         seen += got[:n_rank]
         loader.close()
     assert sum(counts) == 38
@@ -277,8 +289,8 @@ def test_fewer_shards_than_ranks_split_samples(tmp_path):
     d = uid_shards(tmp_path, [10])
     seen = []
     for rank in range(3):  # 10 samples, 3 ranks: every rank reads the one shard
-        loader = TrainLoader(d, rank, 3, 2, 5, False, S)
-        n_rank = len(RandomShardOrder(1, rank, 3, 5).select(0, 0, 10))
+        loader = shard_loader(d, rank, 3, 2, 5, False, S)
+        n_rank = len(ShardOrder(1, rank, 3, 5).select(0, 0, 10))
         got = []
         for _ in range(-(-n_rank // 2)):
             b = next(loader)
@@ -291,7 +303,7 @@ def test_fewer_shards_than_ranks_split_samples(tmp_path):
 
 def test_rank_without_samples_fails_instead_of_hanging(tmp_path):
     d = uid_shards(tmp_path, [2])  # one shard of 2 samples shared by 3 ranks: rank 2 gets none
-    loader = TrainLoader(d, 2, 3, 1, 0, True, S, prefetch=False)
+    loader = shard_loader(d, 2, 3, 1, 0, True, S, prefetch=False)
     with pytest.raises(DataError, match="no samples from"):
         next(loader)
 
@@ -299,7 +311,7 @@ def test_rank_without_samples_fails_instead_of_hanging(tmp_path):
 def test_train_loader_resume(tmp_path):
     sizes = [7, 11, 5, 9]
     d = uid_shards(tmp_path, sizes, layout="fixed")
-    policy = RandomShardOrder(4, 1, 2, 11)
+    policy = ShardOrder(4, 1, 2, 11)
     per_epoch = [sum(len(policy.select(e, s, sizes[s])) for s in policy.shards(e)) for e in range(8)]
 
     def where(consumed):  # (epoch, offset) of the next sample after ``consumed`` samples
@@ -309,17 +321,17 @@ def test_train_loader_resume(tmp_path):
             epoch += 1
         return epoch, consumed
 
-    a = TrainLoader(d, 1, 2, 3, 11, True, S)
+    a = shard_loader(d, 1, 2, 3, 11, True, S)
     history = [(uids(next(a)), a.state_dict()) for _ in range(12)]  # several epochs
     for k, (_, state) in enumerate(history):
-        assert (state["epoch"], state["offset"]) == where(3 * (k + 1))
+        assert tuple(state["position"]) == where(3 * (k + 1))
     for k in (2, 6):  # resume mid-epoch 0 and mid-epoch 1
-        b = TrainLoader(d, 1, 2, 3, 11, True, S, prefetch=k == 2)
+        b = shard_loader(d, 1, 2, 3, 11, True, S, prefetch=k == 2)
         b.load_state_dict(history[k][1])
         assert [(uids(next(b)), b.state_dict()) for _ in range(12 - k - 1)] == history[k + 1:]
         b.close()
-    with pytest.raises(ValueError, match="world_size=2"):
-        TrainLoader(d, 0, 4, 3, 11, True, S).load_state_dict(history[0][1])
+    with pytest.raises(DataError, match="world_size 2 there, 4 here"):
+        shard_loader(d, 0, 4, 3, 11, True, S).load_state_dict(history[0][1])
     a.close()
 
 
@@ -335,7 +347,7 @@ def test_eval_set_split_covers_all_once(tmp_path, limit):
         ev = EvalSet(d, rank, 2, limit)
         assert ev.total_samples == total
         assert len(ev) == len(range(rank, total, 2))
-        batches = eval_batches(ev, 4, True, False, S)
+        batches = eval_batches(ev, BatchPlan(True, False, None, 4, S, P, 30522, fill=True))
         assert [len(b["nsp_labels"]) for b in batches][:-1] == [4] * (len(batches) - 1)
         seen += [u for b in batches for u in uids(b)]
     assert sorted(seen) == list(range(total))
@@ -403,7 +415,7 @@ def test_demo_layouts_agree_and_load(tmp_path):
     a = read_shard(tmp_path / "f" / "eval" / "eval_00000.hdf5")
     b = read_shard(tmp_path / "v" / "eval" / "eval_00000.hdf5")
     assert_same_samples(a, [b[i] for i in range(len(b))])
-    loader = TrainLoader(tmp_path / "f" / "train", 0, 2, 8, 0, False, 32)
+    loader = shard_loader(tmp_path / "f" / "train", 0, 2, 8, 0, False, 32)
     assert next(loader)["input_ids"].shape == (8, 32)
     loader.close()
     with pytest.raises(DataError, match="already holds other shards"):
@@ -466,8 +478,8 @@ def test_a_failed_read_ahead_of_the_loop_stops_every_rank_at_the_poll(tmp_path):
         def failure(self):
             return "/d/part_3.hdf5: reading took longer"
 
-    ckpt = checkpoint.Checkpointer(CheckpointConfig(poll_steps=10), tmp_path, 0, 1, torch.device("cpu"), 16,
-                               checkpoint.StopFlag())
+    ckpt = checkpoint.Checkpointer(cfg=CheckpointConfig(poll_steps=10), directory=tmp_path, rank=0, world_size=1,
+                                   device=torch.device("cpu"), global_batch=16, stop=checkpoint.StopFlag())
     with pytest.raises(DataError, match=r"^/d/part_3\.hdf5: reading took longer \(on rank 0\)$"):
         ckpt.at_boundary(None, State(), Stream())
     State.step = 9  # no poll: nothing asked

@@ -1,4 +1,5 @@
-"""Imports among ``bert/`` modules run one way (DESIGN.md: from train.py down to config.py).
+"""Imports among ``bert/`` modules run one way (from train.py down to config.py: the README's
+"What runs" table, data -> sampler -> model -> loss -> sync -> optimizer -> eval -> log).
 
 Every import of a ``bert`` module is counted, at module level and inside functions alike: a
 function-level import that dodges a cycle is still a cycle. An import inside a function is

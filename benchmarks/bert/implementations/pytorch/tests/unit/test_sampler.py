@@ -20,8 +20,10 @@ from bert.config import ConfigError, ModelConfig, SamplerConfig, build_config
 from bert import batches
 from bert.batches import collate
 from bert.model import BertForPreTraining
-from bert.shards import Shard, read_shard, write_shard
-from sampler_helpers import (BOUNDS, P, PKG, S, _cfg, _loader, make_sample, strata_dir, uid_of)  # noqa: F401 - fixtures: strata_dir
+from bert.shards import Shard, read_rows, read_shard, write_shard
+from sampler_helpers import (BOUNDS, P, PKG, S, _cfg, _loader, make_sample, read_ids, strata_dir, uid_of)  # noqa: F401 - fixtures: strata_dir
+
+ONE_RANK = dict(rank=0, world_size=1, local_batch=16, seed=0, max_seq_length=512, hidden=1024)
 
 
 def test_wikipedia_manifest_counts_are_6_3_2_5(tmp_path):
@@ -42,12 +44,12 @@ def test_wikipedia_manifest_counts_are_6_3_2_5(tmp_path):
         "length_index": "length_index.npz"}))
     index = smp.LengthIndex.from_manifest(tmp_path)
     assert index.bounds == ((1, 128), (129, 256), (257, 384), (385, 512))
-    s = smp.build_sampler(SamplerConfig(mode="stratified"), index, 0, 1, 16, 0, 512, 1024)
+    s = smp.build_sampler(SamplerConfig(mode="stratified"), index, **ONE_RANK)
     assert s.counts.tolist() == [6, 3, 2, 5]
-    s = smp.build_sampler(SamplerConfig(mode="stratified", counts=[5, 4, 2, 5]), index, 0, 1, 16, 0, 512, 1024)
+    s = smp.build_sampler(SamplerConfig(mode="stratified", counts=[5, 4, 2, 5]), index, **ONE_RANK)
     assert s.counts.tolist() == [5, 4, 2, 5]
     with pytest.raises(ValueError, match="summing to 16"):
-        smp.build_sampler(SamplerConfig(mode="stratified", counts=[5, 4, 2, 4]), index, 0, 1, 16, 0, 512, 1024)
+        smp.build_sampler(SamplerConfig(mode="stratified", counts=[5, 4, 2, 4]), index, **ONE_RANK)
 
 
 def test_largest_remainder():
@@ -105,7 +107,8 @@ def samplers(lengths, world, mode, deal, draw, group, counts, seed=3):
     strata = smp.Strata.from_lengths(lengths, BOUNDS) if mode == "stratified" else None
     rounding = "carry" if counts == "carry" else "fixed"
     counts = [] if counts in ("", "carry") else [int(c) for c in counts.split(",")]
-    return [smp.IndexSampler(lengths, strata, r, world, 4, seed, group=group, draw=draw, deal_policy=deal,
+    return [smp.IndexSampler(lengths, strata, rank=r, world_size=world, local_batch=4, seed=seed, group=group,
+                             draw=draw, deal_policy=deal,
                              counts=counts, rounding=rounding) for r in range(world)]
 
 
@@ -176,8 +179,8 @@ def test_read_rows_equals_read_shard(tmp_path, layout):
     samples = [make_sample(i, int(rng.integers(5, S + 1)), rng) for i in range(30)]
     write_shard(tmp_path / "a.hdf5", Shard.from_samples(samples), layout, S, P)
     whole = read_shard(tmp_path / "a.hdf5")
-    rows = np.array([17, 3, 29, 4])
-    part = smp.read_rows(tmp_path / "a.hdf5", rows)
+    rows = np.array([17, 3, 29, 4, 3])
+    part = read_rows(tmp_path / "a.hdf5", rows)
     for j, i in enumerate(rows):
         for a, b in zip(part[j], whole[int(i)]):
             assert np.array_equal(np.asarray(a), np.asarray(b))
@@ -187,9 +190,8 @@ def test_manifest_index_matches_files(strata_dir):
     root, lengths = strata_dir
     index = smp.LengthIndex.from_manifest(root)
     assert index.lengths.tolist() == lengths
-    reader = smp.IdReader(index)
-    ids = np.array([0, 95, 50, 3])
-    got = reader.read(ids)
+    ids = np.array([0, 95, 50, 3, 50])
+    got = read_ids(index, root, ids)
     assert [uid_of(s) for s in got] == ids.tolist()
     assert [len(s.input_ids) for s in got] == [lengths[i] for i in ids]
 

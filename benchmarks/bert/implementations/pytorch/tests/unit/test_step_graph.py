@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 import torch
 
-from bert import loader, rng, step_graph, train
+from bert import batches, loader, rng, step_graph, train
 from bert.config import ConfigError, check_cuda_graphs
 from bert.optim import build_optimizer, build_scheduler
-from bert.trainer import Trainer, eval_layout, train_layout, train_step
+from bert.trainer import Trainer, eval_plan, train_layout, train_plan, train_step
 from step_graph_helpers import SINGLE, TINY, Replay, _cfg, data_eval_set, one_thread  # noqa: F401 - one_thread: autouse
 
 
@@ -38,13 +38,13 @@ def _weights(learner):
 def _batches(cfg, counts, seed=5):
     d, m = cfg.data, cfg.model
     collate = loader.batch_collate(m.unpad, m.pack, d.max_seq_length)
-    return step_graph.synthetic_batches(collate, counts, cfg.run.local_batch_size, d.max_seq_length,
-                                        d.max_predictions_per_seq, m.vocab_size, seed=seed)
+    return batches.synthetic_batches(collate, counts, cfg.run.local_batch_size, d.max_seq_length,
+                                     d.max_predictions_per_seq, m.vocab_size, seed=seed)
 
 
 def test_synthetic_samples_have_the_asked_shape():
     rng = np.random.default_rng(0)
-    s = step_graph.synthetic_samples(1001, 4, 512, 76, 100, rng)
+    s = batches.synthetic_samples(1001, 4, 512, 76, 100, rng)
     assert sum(len(x.input_ids) for x in s) == 1001 and len(s) == 4
     for x in s:
         assert 1 <= x.masked_positions.min() and x.masked_positions.max() < len(x.input_ids)
@@ -52,7 +52,7 @@ def test_synthetic_samples_have_the_asked_shape():
         assert np.array_equal(x.masked_ids, x.input_ids[x.masked_positions])
         assert x.input_ids.min() >= 1 and x.input_ids.max() < 100
     # Capped at the grid and at two tokens a sample.
-    assert [len(x.input_ids) for x in step_graph.synthetic_samples(10**6, 2, 64, 10, 50, rng)] == [64, 64]
+    assert [len(x.input_ids) for x in batches.synthetic_samples(10**6, 2, 64, 10, 50, rng)] == [64, 64]
 
 
 def test_warm_up_leaves_no_trace(demo_data, tmp_path):
@@ -228,15 +228,14 @@ def test_pinned_batches_for_training_and_eval(demo_data, tmp_path, monkeypatch):
     pinned = []
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda t: pinned.append(t) or t.clone())
     cfg = _cfg(demo_data, tmp_path, "data.token_budgets=auto", "eval.batch_size=16", "data.eval_samples=50")
-    training = loader.train_batches(cfg.data, cfg.sampler, cfg.model, cfg.run.local_batch_size, cfg.run.seed, 0, 1,
-                                    train_layout(cfg, 1), pin=True)
+    training = loader.train_batches(data=cfg.data, sampler=cfg.sampler, model=cfg.model, plan=train_plan(cfg, 1, pin=True),
+                                    seed=cfg.run.seed, rank=0, world_size=1)
     batch = next(training)
     training.close()
     assert len(pinned) == sum(torch.is_tensor(v) for v in batch.values()) > 0
     pinned.clear()
-    evals = loader.eval_batches(data_eval_set(cfg), 16, True, False, cfg.data.max_seq_length,
-                                eval_layout(cfg), pin=True)
+    evals = loader.eval_batches(data_eval_set(cfg), eval_plan(cfg, pin=True))
     assert len(pinned) == sum(torch.is_tensor(v) for b in evals for v in b.values())
     pinned.clear()
-    loader.eval_batches(data_eval_set(cfg), 16, True, False, cfg.data.max_seq_length)
+    loader.eval_batches(data_eval_set(cfg), eval_plan(cfg))
     assert not pinned

@@ -24,6 +24,7 @@ import study_report  # noqa: E402
 
 from bert import config as bert_config  # noqa: E402
 from bert import sampler  # noqa: E402
+from bert.reader import ShardReader  # noqa: E402
 from study_helpers import PLAN
 
 
@@ -68,8 +69,10 @@ def test_token_imbalance_replays_the_runs_loaders(demo_data, tmp_path):
         (tmp_path / name).mkdir()
         (tmp_path / name / "run_config.json").write_text(bert_config.dumps(cfg, {"world_size": 2}))
     got = study_report.token_imbalance(tmp_path / "dealt" / "run_config.json", 12)
-    index = sampler.LengthIndex.from_dir(demo_data.train)
-    ranks = [sampler.build_sampler(dealt.sampler, index, r, 2, 16, 5, 128, dealt.model.hidden_size) for r in (0, 1)]
+    index = sampler.LengthIndex.from_dir(demo_data.train, ShardReader(demo_data.train, max_seq_length=128, bounds=None,
+                                                                      verify_md5=True, timeout_s=60))
+    ranks = [sampler.build_sampler(dealt.sampler, index, rank=r, world_size=2, local_batch=16, seed=5,
+                                   max_seq_length=128, hidden=dealt.model.hidden_size) for r in (0, 1)]
     want = []
     for step in range(12):
         tok = np.array([sum(int(index.lengths[s.ids(2 * step + m)].sum()) for m in (0, 1)) for s in ranks])

@@ -1,0 +1,161 @@
+"""One training stream for every sampling mode (bert/loader.py's TrainLoader behind the
+TrainStream protocol; bert/sampler.py's policies): each mode's stream resumes exactly from
+its state, refuses a state drawn otherwise naming what differs, and the batch plan gives the
+warm-up one batch per shape the loader will make."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from bert import loader
+from bert.config import build_config
+from bert.shards import DataError
+from bert.trainer import train_plan
+from sampler_helpers import MODES as ROADS, road_dirs
+
+MODES = {**ROADS, "gather": ("strata", {**ROADS["strata"][1], "sampler.lengths": "gather"})}
+
+
+def _stream(dirs, mode, world=2, rank=0, **extra):
+    kind, overrides = MODES[mode]
+    if mode == "gather":
+        world = 1  # one process: its group is itself, nothing to exchange
+    cfg = build_config({"data.train_dir": str(dirs[kind]), "data.max_seq_length": 32, "model.max_position_embeddings": 32,
+                        "data.max_predictions_per_seq": 5, "run.local_batch_size": 4, "run.seed": 3,
+                        "model.vocab_size": 30000, **overrides, **extra})
+    return loader.train_batches(data=cfg.data, sampler=cfg.sampler, model=cfg.model, plan=train_plan(cfg, world),
+                                seed=cfg.run.seed, rank=rank, world_size=world)
+
+
+def _same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(torch.as_tensor(a[k]), torch.as_tensor(b[k])) for k in a)
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    return road_dirs(tmp_path_factory.mktemp("stream"))
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_every_mode_is_one_stream_that_resumes_exactly(dirs, mode):
+    """Every sampling mode hands the loop a TrainStream; from any state (mid-shard, past an
+    epoch of the 32-sample data) a new stream continues with the same batches."""
+    first = _stream(dirs, mode)
+    assert isinstance(first, loader.TrainStream)
+    history = []
+    for _ in range(11):
+        batch = next(first)
+        history.append((batch, first.state_dict()))
+    assert first.failure() is None
+    for k in (3, 9):  # mid-shard (the closed road: 4 into epoch 1 and 8 into epoch 2) or mid-epoch
+        again = _stream(dirs, mode)
+        again.load_state_dict(history[k][1])
+        for want, _ in history[k + 1:]:
+            assert _same(next(again), want)
+        again.close()
+    first.close()
+
+
+def test_a_state_drawn_otherwise_is_refused_naming_what_differs(dirs):
+    closed = _stream(dirs, "closed")
+    next(closed)
+    state = closed.state_dict()
+    with pytest.raises(DataError, match=r"drawn otherwise: policy shard_order there, ids here"):
+        _stream(dirs, "snake").load_state_dict(state)
+    with pytest.raises(DataError, match=r"drawn otherwise: world_size 2 there, 4 here"):
+        _stream(dirs, "closed", world=4).load_state_dict(state)
+
+
+def test_states_of_the_two_earlier_loaders_resume(dirs):
+    """Checkpoints written when the closed road and the id road had loaders of their own
+    (an epoch and offset; a step) resume on this one, each on its own road."""
+    closed = _stream(dirs, "closed")
+    for _ in range(3):
+        next(closed)
+    epoch, offset = closed.state_dict()["position"]
+    older = _stream(dirs, "closed")
+    older.load_state_dict({"epoch": epoch, "offset": offset, "rank": 0, "world_size": 2, "num_shards": 6})
+    assert _same(next(older), next(closed))
+    strata = _stream(dirs, "strata")
+    for _ in range(3):
+        next(strata)
+    older = _stream(dirs, "strata")
+    older.load_state_dict({"step": 3, "rank": 0, "world_size": 2, "samples": 32})
+    assert _same(next(older), next(strata))
+    with pytest.raises(DataError, match="policy ids there, shard_order here"):
+        _stream(dirs, "closed").load_state_dict({"step": 3, "rank": 0, "world_size": 2, "samples": 32})
+
+
+def test_the_batch_plan_warms_up_every_shape_the_loader_makes(dirs):
+    """With token budgets the warm-up batches are one per rung, each filled to it exactly:
+    the shapes the stream's batches take, so none is compiled or captured after run_start."""
+    cfg = build_config({"data.train_dir": str(dirs["plain"]), "data.max_seq_length": 32,
+                        "model.max_position_embeddings": 32, "data.max_predictions_per_seq": 5,
+                        "run.local_batch_size": 4, "model.vocab_size": 30000, "data.token_budgets": "32,64,128"})
+    plan = train_plan(cfg, 1)
+    warm = plan.warmup_batches(seed=0)
+    assert [b["input_ids"].numel() for b in warm] == list(plan.layout.rungs) == [32, 64, 128]
+    stream = _stream(dirs, "closed", world=1, **{"data.token_budgets": "32,64,128"})
+    shapes = {next(stream)["input_ids"].numel() for _ in range(6)}
+    assert shapes <= set(plan.layout.rungs)
+    assert np.all([b["masked_index"].numel() == 4 * 5 for b in warm])
+
+
+def test_a_resume_on_other_data_is_refused_naming_what_differs(tmp_path, dirs):
+    """The state names the data it was drawn from: the same samples under another path
+    resume; other files, another md5 list, other strata bounds are refused, each by name."""
+    import shutil
+
+    from input_preprocessing.checksum import checksum
+    from input_preprocessing.stratify import stratify
+    from sampler_helpers import road_dirs
+
+    here = road_dirs(tmp_path / "here")
+    for d in here.values():
+        checksum(d)
+    strata = _stream(here, "strata")
+    next(strata)
+    state = strata.state_dict()
+    assert state["data"]["strata bounds"] == [[1, 12], [13, 20], [21, 32]]
+    moved = {k: tmp_path / "moved" / k for k in here}
+    for k in here:
+        shutil.copytree(here[k], moved[k])
+    again = _stream(moved, "strata")
+    again.load_state_dict(state)
+    assert _same(next(again), next(strata))
+
+    restratified = tmp_path / "restratified"
+    stratify(here["plain"], restratified, bounds=(16, 32), max_seq_length=32)
+    with pytest.raises(DataError, match=r"strata bounds \[\[1, 12\], \[13, 20\], \[21, 32\]\] there, "
+                                        r"\[\[1, 16\], \[17, 32\]\] here"):
+        _stream({"strata": restratified}, "strata").load_state_dict(state)
+
+    changed = tmp_path / "changed"
+    shutil.copytree(here["strata"], changed)
+    (changed / "md5sums.txt").write_text((changed / "md5sums.txt").read_text().replace("a", "b", 1))
+    with pytest.raises(DataError, match=r"drawn otherwise: md5sums\.txt [0-9a-f]{16} there, [0-9a-f]{16} here$"):
+        _stream({"strata": changed}, "strata").load_state_dict(state)
+
+    closed = _stream(here, "closed")
+    next(closed)
+    state = closed.state_dict()
+    (moved["plain"] / "part_3.hdf5").unlink()
+    with pytest.raises(DataError, match=r"shards 6 there, 5 here; files [0-9a-f]{16} there, [0-9a-f]{16} here"):
+        _stream(moved, "closed").load_state_dict(state)
+
+
+def test_a_checkpoint_of_another_world_size_is_refused_as_such(tmp_path):
+    """Not "damaged": its rank files are another world's; nothing is moved aside."""
+    import json
+
+    from bert import checkpoint
+
+    ckpt = tmp_path / "step_000000004"
+    ckpt.mkdir()
+    (ckpt / "meta.json").write_text(json.dumps({"step": 4, "samples": 64, "world_size": 2, "global_batch": 16}))
+    with pytest.raises(checkpoint.CheckpointError, match=r"step_000000004: written by a run of world_size=2, this run "
+                                                         r"has 4: a resume continues each rank's own data stream"):
+        checkpoint.choose(tmp_path, ckpt, "auto", 0, 4)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000000004"]
