@@ -481,11 +481,14 @@ class Checkpointer:
         what = f"checkpoint {name}"
 
         sums: dict[str, dict[str, Any]] = {}  # this rank's files -> their CRC-32 and size
+        # The stream's position first, outside the write: describing its data (the first time)
+        # can find a shard gone, which is bad input (exit 2), with no directory begun for it.
+        position = batches.state_dict()
 
         def own_files() -> None:
             tmp.mkdir(parents=True, exist_ok=True)  # every rank: the directory is on a shared filesystem
             name = f"rank_{self.rank}.pt"
-            sums[name] = storage.save_torch({"rng": rng.state(self.device), "batches": batches.state_dict(),
+            sums[name] = storage.save_torch({"rng": rng.state(self.device), "batches": position,
                                              "grad_sync": learner.grad_sync.state_dict(), "step": state.step},
                                             tmp / name).as_dict()
             if self.rank == 0:

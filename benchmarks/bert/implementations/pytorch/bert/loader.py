@@ -297,13 +297,23 @@ def _digest(obj: Any) -> str:
     return hashlib.md5(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        pass
+    # Raised outside the handler: no OSError in its context, so the checkpoint write that asked
+    # does not take it for its own failure (bert/storage.py os_error): bad input, exit 2.
+    raise DataError(f"{path}: no such file (removed or moved since the directory was listed?)")
+
+
 def describe_data(root: Path, paths: Sequence[Path], index: LengthIndex | None) -> dict[str, Any]:
     """The training data's identity, what a checkpoint records and a resume must match: the
     kind of directory, its shards (their names relative to it and sizes: the same data
     under another path is the same), the strata's bounds and manifest, the length index's
     sample count, and the md5 list where there is one. Stats every shard and reads the two
     small lists: after run_start, and only when a checkpoint or a resume asks."""
-    names = [[p.relative_to(root).as_posix(), p.stat().st_size] for p in paths]
+    names = [[p.relative_to(root).as_posix(), _size(p)] for p in paths]
     md5 = root / "md5sums.txt"
     out: dict[str, Any] = {
         "directory": "strata" if (root / "manifest.json").exists() else "plain", "shards": len(paths),
