@@ -87,8 +87,9 @@ def steps_run(tree: Path, data: Path, samples: int, work: Path) -> dict:
     kind, extra = ROADS["strata"]
     env.update(DATADIR=str(data / kind), EVALDIR=str(data / "eval"), LOGDIR=str(logdir), SEED="7", DIVISION="open",
                MAX_SAMPLES_TERMINATION=str(samples), EVAL_ITER_SAMPLES=str(samples), TARGET_MLM_ACCURACY="1.0")
-    env["EXTRA_PARAMS"] += " data.eval_samples=0 " + " ".join(f"{k}={v}" for k, v in extra.items()
-                                                             if k != "run.division")
+    # Appended to the user's overrides (a config before the one precedence put its own here).
+    env["EXTRA_PARAMS"] = " ".join([env.get("EXTRA_PARAMS", ""), "data.eval_samples=0",
+                                    *(f"{k}={v}" for k, v in extra.items() if k != "run.division")]).strip()
     before, load = resource.getrusage(resource.RUSAGE_CHILDREN), os.getloadavg()[0]
     r = subprocess.run(["./run_and_time.sh"], cwd=tree, env=env, capture_output=True, text=True)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -339,8 +339,10 @@ def our_training(case, optimizer: str, fault: str = "") -> dict:
             scheduler.step()
     pcfg = PrecisionConfig(dtype="fp32")
     prec = build_precision(pcfg, "cpu")
-    learner = Learner(model, model, opt, scheduler, build_scaler(pcfg, prec, "cpu"), prec,
-                      grad_sync.build(GradSyncConfig(), None, model.parameters(), 1.0), torch.device("cpu"))
+    learner = Learner(model=model, train_model=model, optimizer=opt, scheduler=scheduler,
+                      scaler=build_scaler(pcfg, prec, "cpu"), precision=prec,
+                      grad_sync=grad_sync.build(GradSyncConfig(), None, model.parameters(), 1.0),
+                      device=torch.device("cpu"))
     batches = iter([collate(samples({k: v[i] for k, v in case.batches.items()}), True, SEQ) for i in range(STEPS)])
     rates, losses = [], []
     for _ in range(STEPS):

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import torch
 
-from bert import loader, step_graph
+from bert import step_graph
 from bert import triton_attention as ta
 from bert.attention import TritonVarlenAttention
+from bert.batches import warmup_token_counts
 from bert.config import build_config
 from bert.distributed import DistEnv
 from bert.evaluate import mlm_accuracy
-from bert.trainer import Trainer, train_layout
+from bert.trainer import Trainer, train_plan
 
 SINGLE = DistEnv(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=29500, launcher="single")
 LAYERS = 4
@@ -56,12 +57,9 @@ def _compiles_per_phase(levers: dict) -> dict[str, int]:
     f1 = frames()
     trainer.prepare_eval()
     f2 = frames()
-    m, d, r = cfg.model, cfg.data, cfg.run
-    layout = train_layout(cfg, 1)
-    rungs = step_graph.warmup_token_counts(layout, r.local_batch_size, d.max_seq_length)
-    fresh = step_graph.synthetic_batches(loader.batch_collate(m.unpad, m.pack, d.max_seq_length, layout), rungs,
-                                         r.local_batch_size, d.max_seq_length, d.max_predictions_per_seq, m.vocab_size,
-                                         seed=7)
+    plan = train_plan(cfg, 1)  # the batches the loader would make: one fresh batch per rung
+    rungs = warmup_token_counts(plan.layout, plan.batch_size, plan.max_seq_length)
+    fresh = plan.warmup_batches(seed=7)
     learner = trainer.learner
     with torch._dynamo.config.patch(error_on_recompile=True):
         for _ in range(2):
