@@ -49,8 +49,9 @@ class Manifest:
     def __init__(self, root: Path, sums: dict[str, str]):
         self.root, self.sums = root, sums
         self.path = root / MANIFEST
-        self.verified: set[str] = set()  # relative paths hashed and matched in this process
-        self._passed: set[str] = set()  # the same, as the paths were given: no resolve per read
+        # Paths hashed and matched in this process, as they were given: a row read's file, the
+        # thousandth time, is one lookup (no resolve per read).
+        self.verified: set[str] = set()
 
     @staticmethod
     def find(root: str | Path) -> Manifest | None:
@@ -72,12 +73,9 @@ class Manifest:
     def check(self, path: Path) -> None:
         """Hash ``path`` (the first time only); ``DataError`` unless the manifest lists it with
         that md5."""
-        if str(path) in self._passed:  # a row read's file, the thousandth time: one lookup
+        if str(path) in self.verified:
             return
         rel = Path(path).resolve().relative_to(self.root.resolve()).as_posix()
-        if rel in self.verified:
-            self._passed.add(str(path))
-            return
         want = self.sums.get(rel)
         if want is None:
             raise DataError(f"{path}: not listed in {self.path}: the manifest does not describe this directory "
@@ -91,5 +89,4 @@ class Manifest:
         if got != want:
             raise DataError(f"{path}: md5 {got}, but {self.path} says {want}: the file changed after the manifest "
                             f"was made (a damaged copy or disk); copy it again from the source")
-        self.verified.add(rel)
-        self._passed.add(str(path))
+        self.verified.add(str(path))

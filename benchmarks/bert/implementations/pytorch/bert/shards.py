@@ -369,12 +369,11 @@ def _structure_and_rows(path: str | Path, f: h5py.File, rows: np.ndarray | None)
         raise DataError(f"{path}: missing dataset(s) {missing} for a {layout}-length shard "
                         f"(has: {sorted(present)})")
     ds = {k: ids if k == "input_ids" else f[k] for k in names}
-    n = None
+    n = ids.shape[0]  # _detect_layout: [N, S] or [N]
     for k, d in ds.items():
         if not isinstance(d, h5py.Dataset):
             raise DataError(f"{path}: '{k}' is a group, not a dataset")
         shape, dtype = d.shape, d.dtype
-        n = shape[0] if n is None and shape else n
         base = h5py.check_vlen_dtype(dtype) if layout == "variable" else None
         if layout == "variable" and k != "next_sentence_labels" and (len(shape) != 1 or base is None):
             raise DataError(f"{path}: dataset '{k}' has shape {shape} and dtype {dtype}; "
