@@ -25,6 +25,7 @@ layout.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Sequence
@@ -149,6 +150,40 @@ class Shard:
         return Shard(path, cat("input_ids", np.int16), cat("segment_ids", np.int8), row_offsets(lens),
                      cat("masked_positions", np.int16), cat("masked_ids", np.int16), row_offsets(mlens),
                      np.array([s.nsp_label for s in samples], dtype=np.int8))
+
+
+def example_records(tokens: np.ndarray, segments: np.ndarray, offsets: np.ndarray, positions: np.ndarray,
+                    labels: np.ndarray, poffsets: np.ndarray, nsp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every example as one record of little-endian int32, back to back: its length L, its L
+    token ids, its L segment ids, its number P of predictions, their P positions (padding slots
+    left out), their P label ids, its next-sentence label. Returns (the records, the int64
+    offset of each record and of the end): the same bytes for the fixed and the variable layout."""
+    n = len(nsp)
+    lengths, preds = np.diff(offsets), np.diff(poffsets)
+    start = np.zeros(n + 1, np.int64)
+    np.cumsum(3 + 2 * lengths + 2 * preds, out=start[1:])
+    out = np.empty(int(start[-1]), "<i4")
+    head = start[:-1]
+    out[head] = lengths
+    tok = np.repeat(head + 1, lengths) + (np.arange(len(tokens)) - np.repeat(offsets[:-1], lengths))
+    out[tok] = tokens
+    out[tok + np.repeat(lengths, lengths)] = segments
+    mid = head + 1 + 2 * lengths
+    out[mid] = preds
+    pred = np.repeat(mid + 1, preds) + (np.arange(len(positions)) - np.repeat(poffsets[:-1], preds))
+    out[pred] = positions
+    out[pred + np.repeat(preds, preds)] = labels
+    out[mid + 1 + 2 * preds] = nsp
+    return out, start
+
+
+def examples_md5(shard: Shard) -> str:
+    """md5 of ``shard``'s examples (``example_records``): the same for either file layout, so
+    that what a shard holds is named by content, not by its file's bytes (``check``'s
+    examples_md5, and the samples a checkpoint proves on resume)."""
+    records, _ = example_records(shard.tokens, shard.segments, shard.offsets, shard.mlm_positions, shard.mlm_ids,
+                                 shard.mlm_offsets, shard.nsp)
+    return hashlib.md5(memoryview(records).cast("B")).hexdigest()
 
 
 # ---------------------------------------------------------------- reading and writing files

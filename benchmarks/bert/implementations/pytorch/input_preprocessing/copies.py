@@ -38,35 +38,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from bert.shards import example_records  # the one record format (check's examples_md5, the run's probe)
+
 MIN_COPY_TOKENS = 32
 PARTITIONS = 64
 EXAMPLES_PER_PAIR = 3
 _CHUNK = 1 << 20  # keys scanned at once while a partition is gathered (8 MiB of temporaries)
-
-
-def example_records(tokens: np.ndarray, segments: np.ndarray, offsets: np.ndarray, positions: np.ndarray,
-                    labels: np.ndarray, poffsets: np.ndarray, nsp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Every example as one record of little-endian int32, back to back: its length L, its L
-    token ids, its L segment ids, its number P of predictions, their P positions (padding slots
-    left out), their P label ids, its next-sentence label. Returns (the records, the int64
-    offset of each record and of the end): the same bytes for the fixed and the variable layout."""
-    n = len(nsp)
-    lengths, preds = np.diff(offsets), np.diff(poffsets)
-    start = np.zeros(n + 1, np.int64)
-    np.cumsum(3 + 2 * lengths + 2 * preds, out=start[1:])
-    out = np.empty(int(start[-1]), "<i4")
-    head = start[:-1]
-    out[head] = lengths
-    tok = np.repeat(head + 1, lengths) + (np.arange(len(tokens)) - np.repeat(offsets[:-1], lengths))
-    out[tok] = tokens
-    out[tok + np.repeat(lengths, lengths)] = segments
-    mid = head + 1 + 2 * lengths
-    out[mid] = preds
-    pred = np.repeat(mid + 1, preds) + (np.arange(len(positions)) - np.repeat(poffsets[:-1], preds))
-    out[pred] = positions
-    out[pred + np.repeat(preds, preds)] = labels
-    out[mid + 1 + 2 * preds] = nsp
-    return out, start
 
 
 def restored_tokens(tokens: np.ndarray, offsets: np.ndarray, positions: np.ndarray, labels: np.ndarray,
