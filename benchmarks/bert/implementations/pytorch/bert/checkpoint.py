@@ -5,11 +5,13 @@ A checkpoint is a directory ``step_000000123/`` holding
 
   train.pt     (rank 0) model, optimizer, LR schedule, grad scaler (when there is one), the
                loop's TrainState, and what must match on resume (world size, global batch)
-  rank_<r>.pt  (every rank) its RNG states (python, numpy, torch CPU, CUDA), the position
-               of its training-data stream (``batches.state_dict()``: with its sampling
-               road, world size and the identity of its training data, which a resume must
-               match), and its gradient-sync state (PowerSGD's residuals and factors; empty
-               otherwise), and the step
+  rank_<r>.pt  (every rank) its RNG states (python, numpy, torch CPU, CUDA), its
+               gradient-sync state (PowerSGD's residuals and factors; empty otherwise), and
+               the step
+  stream.json  (rank 0) every rank's position in the training stream (``batches.state_dict()``:
+               its sampling road and what the road needs to continue, the identity of the
+               training data and the samples last trained on, which a resume must match),
+               gathered, so that a run of any world size can continue it
   config.json  (rank 0) the run's settings (bert.config.dumps), what a resume is compared
                with (``check_settings``)
   meta.json    written last by rank 0: step, samples, world size, global batch, and each
@@ -22,7 +24,10 @@ kill at any instant leaves the previous checkpoints, or those plus the new one, 
 one. The newest ``keep`` are kept. A checkpoint is written only from finite weights and
 optimizer state (``agree_finite``; the run ends as diverged instead), so pruning never removes
 the newest finite checkpoint for a NaN one. The optimizer state is replicated (DDP), so rank
-0's copy is everyone's. A write that fails on any rank (a full disk: any OSError) is learned by
+0's copy is everyone's, on any number of ranks: a run of another world size resumes it when
+it keeps the global batch (``restore``), each rank then continuing the gathered stream
+(bert/loader.py), its RNG streams reseeded and PowerSGD's residuals begun afresh (they were
+the old ranks' own). A write that fails on any rank (a full disk: any OSError) is learned by
 every rank from the collective that ends the write; rank 0 removes the temp directory and
 every rank raises ``storage.WriteFailed`` (bert.train: exit 5).
 
@@ -32,7 +37,8 @@ in a tensor loads as another number), and restoring cross-checks the step and sa
 meta.json, the train state and the rank files. One that fails is named; ``ckpt.resume=auto``
 moves it aside and resumes from the newest checkpoint that verifies, ``require`` refuses. A
 resume under settings the checkpointed run did not have is refused, naming them
-(``check_settings``; which may differ: bert.config.RESUME_MAY_DIFFER).
+(``check_settings``; which may differ: bert.config.RESUME_MAY_DIFFER, the world size and the
+split of the global batch among them).
 
 Files are read with ``torch.load(weights_only=True)``: a checkpoint is data, never code.
 """
@@ -52,6 +58,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import numpy as np
 import torch
 
 from . import distributed, rng, storage
@@ -64,6 +71,7 @@ from .weights import CheckpointError  # one error type for every checkpoint prob
 STEP_DIR = re.compile(r"step_(\d{9})")
 FINISHED = "finished.json"  # the run these checkpoints belong to has ended: never resume it
 SETTINGS = "config.json"  # in a checkpoint: the settings of the run that wrote it
+STREAM = "stream.json"  # in a checkpoint: every rank's training-stream state
 
 log = logging.getLogger(__name__)
 
@@ -167,11 +175,12 @@ def _meta(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{meta_path}: cannot read: {e}") from None
 
 
-def verify(path: Path, rank: int) -> str | None:
+def verify(path: Path, rank: int, world_size: int) -> str | None:
     """Why checkpoint ``path`` does not prove its bytes to this rank (None: it does): each file
-    this rank reads (train.pt, its rank file, config.json) must have the CRC-32 and size
-    meta.json records. A checkpoint written before meta.json held sums is taken as it is, and
-    one written before checkpoints held their settings has no config.json to check."""
+    this rank reads (train.pt, config.json, stream.json, and its rank file when the checkpoint
+    is of this world size) must have the CRC-32 and size meta.json records. A checkpoint
+    written before meta.json held sums is taken as it is, and one written before checkpoints
+    held their settings (or the gathered stream) has no such file to check."""
     try:
         meta = _meta(path)
     except CheckpointError as e:
@@ -179,7 +188,8 @@ def verify(path: Path, rank: int) -> str | None:
     files = meta.get("files")
     if not isinstance(files, dict):
         return None  # no sums recorded (an older checkpoint): nothing to check against
-    for name in ("train.pt", f"rank_{rank}.pt", *([SETTINGS] if SETTINGS in files else [])):
+    own = [f"rank_{rank}.pt"] if meta.get("world_size") == world_size else []
+    for name in ("train.pt", *own, *[n for n in (SETTINGS, STREAM) if n in files]):
         want = files.get(name)
         if not isinstance(want, dict):
             return f"{path / 'meta.json'}: records no sum of {name}"
@@ -199,21 +209,12 @@ def choose(directory: Path, newest: Path, mode: str, rank: int, world_size: int)
     tried). Under ``ckpt.resume=auto`` a damaged one is moved aside (``<name>.damaged``, rank 0;
     kept for a look) and the next older one tried, saying so; ``require`` refuses, naming the
     damage and the newest checkpoint that verifies. None verifying: refused. A checkpoint of
-    another world size is refused for that, before anything is called damaged (its rank files
-    are not this run's ranks'), and nothing is moved."""
+    another world size is verified by what this run reads of it (not the rank files of ranks
+    it does not have)."""
     candidates = [p for p in complete_checkpoints(directory) if p.name <= newest.name][::-1]
     damaged: list[tuple[Path, str]] = []
     for path in candidates:
-        try:
-            written_by = _meta(path).get("world_size")
-        except CheckpointError:
-            written_by = world_size  # unreadable: verify names it
-        if written_by != world_size:
-            raise CheckpointError(f"{path}: written by a run of world_size={written_by}, this run has {world_size}: "
-                                  "a resume continues each rank's own data stream and state, so it keeps the world "
-                                  f"size; resume with {written_by} ranks, or start a fresh run with another ckpt.dir "
-                                  "and log.output_dir")
-        seen = distributed.all_gather_object(verify(path, rank))
+        seen = distributed.all_gather_object(verify(path, rank, world_size))
         why = next((f"{t} (on rank {r})" for r, t in enumerate(seen) if t is not None), None)
         if why is None:
             break
@@ -257,17 +258,48 @@ def check_settings(path: Path, cfg: Config) -> None:
             "sample and step limits) may differ (bert/config.py RESUME_MAY_DIFFER)")
 
 
+def batch_sizes(global_batch: int, world_size: int) -> str:
+    """What keeps ``global_batch`` on ``world_size`` ranks, in words (a refusal's fix)."""
+    if global_batch % world_size:
+        near = [w for w in range(1, global_batch + 1) if global_batch % w == 0 and w <= 2 * world_size][-4:]
+        return (f"{global_batch} samples do not split over {world_size} ranks; numbers of ranks that divide it: "
+                f"{', '.join(map(str, near))}")
+    per = global_batch // world_size
+    splits = [f"run.local_batch_size={per // a} with run.grad_accum_steps={a}"
+              for a in range(1, per + 1) if per % a == 0][:3]
+    return f"on {world_size} ranks: {' or '.join(splits)} (BATCHSIZE, GRADIENT_STEPS)"
+
+
+@dataclasses.dataclass
+class Restored:
+    """What a resume continues besides the learner and the train state: the training stream
+    (``TrainStream.load_state_dict``'s argument, applied once the data is open, after
+    run_start) and, on another world size, what could not carry over (a line each)."""
+
+    stream: dict[str, Any]
+    world_size: int  # of the run that wrote it
+    reset: list[str]
+
+
 def restore(path: Path, learner: Learner, state: TrainState, rank: int, world_size: int,
-            global_batch: int) -> dict[str, Any]:
+            global_batch: int) -> Restored:
     """Load checkpoint ``path`` into the built ``learner`` and the loop's ``state``, in place.
 
-    Returns this rank's data-stream position for the loader's ``load_state_dict``: the
-    caller applies it once the data is open, after run_start (bert.trainer.Trainer.open_data)."""
+    A checkpoint of another world size resumes when this run keeps its global batch (the
+    learning-rate schedule, the sample count and the eval cadence count in its units); the
+    model and optimizer state are replicated, so they carry over whole. What was per rank
+    cannot: each rank's RNG streams are reseeded from (seed, step, rank), PowerSGD's residuals
+    and factors begin afresh. The stream position is the gathered one (stream.json)."""
     meta = _meta(path)
-    for key, mine in (("world_size", world_size), ("global_batch", global_batch)):
-        if meta.get(key) != mine:
-            raise CheckpointError(f"{path}: written with {key}={meta.get(key)}, this run has {mine}; "
-                                  "a resume must keep the world size and batch")
+    then = int(meta.get("world_size") or 0)
+    if meta.get("global_batch") != global_batch:
+        raise CheckpointError(f"{path}: written with global batch {meta.get('global_batch')} ({then} ranks), this "
+                              f"run has {global_batch} ({world_size} ranks); a resume keeps the global batch (the "
+                              f"schedule and the data stream count in it): {batch_sizes(meta.get('global_batch') or 0, world_size)}")
+    elastic = then != world_size
+    if elastic and not (path / STREAM).is_file():
+        raise CheckpointError(f"{path}: written by {then} ranks before checkpoints gathered every rank's data stream "
+                              f"(no {STREAM}): it resumes on {then} ranks only")
     shared = _load(path / "train.pt")
     why = (_shape_mismatch(learner.model.state_dict(), shared["model"])
            or _optimizer_mismatch(learner.optimizer, shared["optimizer"]))
@@ -280,24 +312,48 @@ def restore(path: Path, learner: Learner, state: TrainState, rank: int, world_si
     if shared.get("scaler") is None:
         raise CheckpointError(f"{path / 'train.pt'}: no grad scaler state (not a checkpoint of this trainer)")
     learner.scaler.load_state_dict(shared["scaler"])
-    # The bookkeeping three ways: meta.json, the train state, each rank's file. Damage that
-    # the sums miss (meta.json has none of its own) must not resume at the wrong step.
+    # The bookkeeping three ways: meta.json, the train state, the stream and each rank's file.
+    # Damage that the sums miss (meta.json has none of its own) must not resume at the wrong step.
     saved = shared["train_state"]
-    mine = _load(path / f"rank_{rank}.pt")
-    for key, name, got in (("step", "train.pt", saved.get("step")), ("samples", "train.pt", saved.get("samples")),
-                           ("step", f"rank_{rank}.pt", mine.get("step", meta.get("step")))):
+    mine = {} if elastic else _load(path / f"rank_{rank}.pt")
+    stream = _stream(path) if (path / STREAM).is_file() else {"world_size": then, "ranks": None}
+    checks = [("step", "train.pt", saved.get("step")), ("samples", "train.pt", saved.get("samples")),
+              ("step", STREAM, stream.get("step", meta.get("step")))]
+    if not elastic:
+        checks.append(("step", f"rank_{rank}.pt", mine.get("step", meta.get("step"))))
+    for key, name, got in checks:
         if got != meta.get(key):
             raise CheckpointError(f"{path}: meta.json says {key} {meta.get(key)}, {name} says {got}: the checkpoint "
                                   "contradicts itself; resume from another one (move this one aside)")
     for k, v in saved.items():
         old = getattr(state, k)
         setattr(state, k, v.to(old.device) if torch.is_tensor(old) else type(old)(v))
-    try:  # PowerSGD's residuals and factors; nothing for the other modes
-        learner.grad_sync.load_state_dict(mine.get("grad_sync", {}), learner.device)
-    except ValueError as e:
-        raise CheckpointError(f"{path / f'rank_{rank}.pt'}: {e}") from None
-    rng.set_state(mine["rng"], learner.device)
-    return mine["batches"]
+    reset = []
+    if elastic:
+        rng.seed_everything(int(np.random.SeedSequence([state.seed, state.step, rank]).generate_state(1)[0]))
+        reset.append("each rank's RNG streams (dropout, masking) reseeded from (seed, step, rank)")
+        if learner.grad_sync.state_dict():
+            reset.append("PowerSGD's residuals and factors begun afresh (they were each old rank's own), its "
+                         "uncompressed warm-up steps too")
+    else:
+        try:  # PowerSGD's residuals and factors; nothing for the other modes
+            learner.grad_sync.load_state_dict(mine.get("grad_sync", {}), learner.device)
+        except ValueError as e:
+            raise CheckpointError(f"{path / f'rank_{rank}.pt'}: {e}") from None
+        rng.set_state(mine["rng"], learner.device)
+    if stream["ranks"] is None:  # written before the stream was gathered: this rank's own, in its rank file
+        stream = mine["batches"]
+    return Restored(stream, then, reset)
+
+
+def _stream(path: Path) -> dict[str, Any]:
+    try:
+        stream = json.loads((path / STREAM).read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path / STREAM}: cannot read: {e}") from None
+    if not isinstance(stream, dict) or not isinstance(stream.get("ranks"), list):
+        raise CheckpointError(f"{path / STREAM}: holds no list of the ranks' stream states")
+    return stream
 
 
 def finite(learner: Learner) -> torch.Tensor:
@@ -488,9 +544,8 @@ class Checkpointer:
         def own_files() -> None:
             tmp.mkdir(parents=True, exist_ok=True)  # every rank: the directory is on a shared filesystem
             name = f"rank_{self.rank}.pt"
-            sums[name] = storage.save_torch({"rng": rng.state(self.device), "batches": position,
-                                             "grad_sync": learner.grad_sync.state_dict(), "step": state.step},
-                                            tmp / name).as_dict()
+            sums[name] = storage.save_torch({"rng": rng.state(self.device), "grad_sync": learner.grad_sync.state_dict(),
+                                             "step": state.step}, tmp / name).as_dict()
             if self.rank == 0:
                 sums["train.pt"] = storage.save_torch(
                     {"model": learner.model.state_dict(), "optimizer": learner.optimizer.state_dict(),
@@ -500,7 +555,9 @@ class Checkpointer:
                     sums[SETTINGS] = storage.write_text(tmp / SETTINGS, self.settings).as_dict()
 
         def complete() -> None:
-            files = {name: every[name] for every in gathered for name in every}
+            files = {name: every[name] for every, _ in gathered for name in every}
+            stream = {"step": state.step, "world_size": self.world_size, "ranks": [p for _, p in gathered]}
+            files[STREAM] = storage.write_text(tmp / STREAM, json.dumps(stream) + "\n").as_dict()
             meta = {"step": state.step, "samples": state.samples, "world_size": self.world_size,
                     "global_batch": self.global_batch, "files": dict(sorted(files.items()))}
             (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
@@ -514,8 +571,9 @@ class Checkpointer:
         # The collective that ends the write (it was a barrier): every rank's file is in place,
         # or every rank learns which failed, before rank 0 names the directory complete.
         self._agree(storage.attempt(what, self.dir, "ckpt.dir", own_files), tmp)
-        # Every rank's sums, for rank 0's meta.json: one small gather, in checkpoint steps only.
-        gathered = distributed.all_gather_object(sums)
+        # Every rank's sums and stream position, for rank 0's meta.json and stream.json: one small
+        # gather, in checkpoint steps only.
+        gathered = distributed.all_gather_object((sums, position))
         # Rank 0's meta.json, rename and fsyncs: one more 4-byte collective, in checkpoint steps only.
         self._agree(storage.attempt(what, self.dir, "ckpt.dir", complete) if self.rank == 0 else None, tmp)
         self.last_write = time.monotonic()

@@ -45,6 +45,7 @@ from .precision import build_precision, build_scaler, loss_scale
 from .pretrain import Phase
 from .shards import Bounds, DataError
 from .state import Learner, TrainState
+from .trace import SampleTrace
 from .weights import load_weights, tf_tensor_names
 
 log = logging.getLogger(__name__)
@@ -162,17 +163,18 @@ class Data:
 
 
 def open_data(cfg: Config, rank: int, world_size: int, pin: bool = False, timed: bool = True,
-              stopped: Callable[[], str | None] | None = None) -> Data:
+              stopped: Callable[[], str | None] | None = None, resume: dict[str, Any] | None = None) -> Data:
     """The training stream and the eval set: the run's first touch of the data (listing,
     manifest, length index, hdf5 opens), so called only after run_start. Reading and
     collating the eval set (10,000 samples, ~1 s) is therefore timed, as the rules want.
     ``pin``: batches in pinned host memory (a CUDA device); ``timed``: a timed run's rules
     apply (the closed division's full eval set); ``stopped()``: why the run must stop now
-    (a wait for data ends on it)."""
+    (a wait for data ends on it); ``resume``: the training stream a checkpoint saved, continued
+    (``loader.train_batches``)."""
     d = cfg.data
     batches = loader.train_batches(data=d, sampler=cfg.sampler, model=cfg.model, plan=train_plan(cfg, world_size, pin),
-                                   seed=cfg.run.seed, rank=rank, world_size=world_size,
-                                   read_timeout_s=read_timeout_s(cfg), stopped=stopped)
+                                   seed=cfg.run.seed, rank=rank, world_size=world_size, accum=cfg.run.grad_accum_steps,
+                                   read_timeout_s=read_timeout_s(cfg), stopped=stopped, resume=resume)
     check_eval_dir(d.train_dir, d.eval_dir)  # never evaluate on training samples
     eval_set = EvalSet(d.eval_dir, rank, world_size, d.eval_samples, d.max_seq_length,
                        bounds=Bounds(cfg.model.vocab_size, cfg.model.type_vocab_size), verify_md5=d.verify_md5,
@@ -299,6 +301,7 @@ class Trainer:
         self._loader_state: dict[str, Any] | None = None  # a resumed stream's position, for open_data
         self._resumed_from: Path | None = None  # the checkpoint it came from
         self.curves: Curves | None = None  # TensorBoard (log.tensorboard_dir), opened by ``train``
+        self.trace: SampleTrace | None = None  # the sample trace (log.sample_trace), opened by ``train``
 
     @property
     def precision_hyperparameters(self) -> dict[str, Any]:
@@ -309,9 +312,13 @@ class Trainer:
         now; the data stream's position once ``open_data`` opens it. The checkpointed run's
         seed replaces this one's (it decides the data order)."""
         s = self.state
-        self._loader_state = checkpoint.restore(path, self.learner, s, self.denv.rank, self.denv.world_size,
-                                            self.global_batch)
+        restored = checkpoint.restore(path, self.learner, s, self.denv.rank, self.denv.world_size, self.global_batch)
+        self._loader_state = restored.stream
         self._resumed_from = path
+        if restored.world_size != self.denv.world_size:
+            log.info(f"resuming a run of {restored.world_size} ranks on {self.denv.world_size}: its global batch "
+                     f"{self.global_batch} kept, the data stream continued (docs/faults.md says what each sampling "
+                     f"road keeps); " + "; ".join(restored.reset))
         s.nonfinite = s.nonfinite.to(self.device)
         if s.seed != self.cfg.run.seed:
             log.info(f"resuming: run.seed {s.seed} of the checkpointed run replaces {self.cfg.run.seed}")
@@ -366,17 +373,15 @@ class Trainer:
     def open_data(self, timed: bool = True) -> None:
         """The training stream and the eval set (``open_data``), after run_start; a resumed
         stream continues where its checkpoint left it."""
-        data = open_data(self.cfg, self.denv.rank, self.denv.world_size, pin=self.device.type == "cuda", timed=timed,
-                         stopped=self.checkpointer.stop.reason)
+        try:
+            data = open_data(self.cfg, self.denv.rank, self.denv.world_size, pin=self.device.type == "cuda",
+                             timed=timed, stopped=self.checkpointer.stop.reason, resume=self._loader_state)
+        except loader.ResumeRefused as e:  # not this checkpoint's data: nothing trained on the wrong stream
+            raise checkpoint.CheckpointError(
+                f"{self._resumed_from}: a resume continues the checkpointed run, but {e}. Point data.train_dir "
+                "(DATADIR) at the data that run trained on, with its sampler settings, or start a fresh run with "
+                "another ckpt.dir and log.output_dir") from None
         self.batches, self.eval_batches, self.eval_samples = data.batches, data.eval_batches, data.eval_samples
-        if self._loader_state is not None:
-            try:
-                self.batches.load_state_dict(self._loader_state)
-            except DataError as e:  # not this checkpoint's data: nothing trained on the wrong stream
-                raise checkpoint.CheckpointError(
-                    f"{self._resumed_from}: a resume continues the checkpointed run, but {e}. Point data.train_dir "
-                    "(DATADIR) at the data that run trained on, with its sampler settings, or start a fresh run with "
-                    "another ckpt.dir and log.output_dir") from None
 
     def evaluate(self, interrupted: Callable[[], bool] = lambda: False) -> dict[str, float] | None:
         """The mode's evaluation over the eval set (None: Ctrl-C reached a rank during it)."""
@@ -389,6 +394,10 @@ class Trainer:
         the run_stop status ("success", "aborted") or why it stopped ("preempted",
         "interrupted", "diverged": a NaN/inf streak, or NaN/inf state at a checkpoint)."""
         cfg, s, mllog = self.cfg, self.state, self.mllog
+        if cfg.log.sample_trace and self.trace is None:  # on the loader itself: it names each batch's samples
+            self.trace = SampleTrace(self.batches, cfg.log.sample_trace, rank=self.denv.rank,
+                                     world_size=self.denv.world_size, accum=cfg.run.grad_accum_steps, step=s.step)
+            self.batches = self.trace
         if cfg.log.tensorboard_dir and self.curves is None:  # from this run's first step: a resume continues
             self.curves = Curves(cfg.log.tensorboard_dir, cfg.model, self.denv.rank, self.denv.world_size,
                                  cfg.run.grad_accum_steps, cfg.log.peak_flops_per_s, s.step, s.samples)
@@ -517,6 +526,8 @@ class Trainer:
         stopped_ms = clock_ms()  # run_stop's time: the final outputs below are written after it, untimed
         if self.curves is not None:
             self.curves.close()
+        if self.trace is not None:
+            self.trace.close()
         total_nonfinite = int(s.nonfinite[0])  # host sync, once
         mllog.event("nonfinite_loss_steps", total_nonfinite)  # not an MLPerf key; skipped/NaN steps
         clip = self.learner.grad_sync.clip
@@ -569,9 +580,14 @@ class Trainer:
                                lambda: checkpoint.mark_finished(directory, status, self.state.step))
 
     def _log_failure(self) -> storage.Failure | None:
-        """Rank 0's MLPerf log, when a line could not be written: read at every agreement point."""
+        """Rank 0's MLPerf log, or this rank's sample trace, when a line could not be written:
+        read at every agreement point."""
         err = self.mllog.write_error
-        return storage.Failure("the MLPerf log", self.files.log, err, "log.output_dir") if err else None
+        if err:
+            return storage.Failure("the MLPerf log", self.files.log, err, "log.output_dir")
+        if self.trace is not None and self.trace.write_error is not None:
+            return storage.Failure("the sample trace", self.trace.path, self.trace.write_error, "log.sample_trace")
+        return None
 
 
 def save_weights(model: torch.nn.Module, path: str | Path) -> None:
