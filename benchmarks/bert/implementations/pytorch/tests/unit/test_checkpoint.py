@@ -71,6 +71,57 @@ def test_resume_with_another_vocabulary_padding_is_refused(tiny_data, tmp_path):
     checkpoint.restore(saved, unpadded.learner, TrainState(), 0, 1, unpadded.global_batch)  # the same padding resumes
 
 
+def test_a_checkpoint_resumes_on_another_world_size_when_the_global_batch_is_kept(tiny_data, tmp_path):
+    """A one-rank checkpoint restored as rank 0 of 2: refused for another global batch,
+    naming the splits that keep it; with it kept, the model, the optimizer (moments, step
+    counts), the schedule and the counters are the checkpoint's exactly, no rank file is read
+    or verified (they are the old ranks' own), and what could not carry is named. A
+    checkpoint from before the stream was gathered resumes on its own world size only."""
+    from bert import checkpoint
+    from bert.config import build_config
+    from bert.distributed import DistEnv
+    from bert.state import TrainState
+    from bert.trainer import Trainer
+
+    single = DistEnv(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=29500,
+                     launcher="single")
+    over = dict(a.split("=", 1) for a in TINY if not a.startswith(("dist.", "run.max_samples")))
+    over.update({"data.train_dir": str(tiny_data / "train"), "data.eval_dir": str(tiny_data / "eval"),
+                 "ckpt.dir": str(tmp_path)})
+    first = Trainer(build_config(over), single, torch.device("cpu"))
+    first.open_data(timed=False)
+    for _ in range(3):
+        first.state.advance(*first.step(first.batches, 1), first.global_batch)
+    saved = first.checkpointer.save(first.learner, first.state, first.batches)
+    assert checkpoint.verify(saved, 0, 1) is None
+    (saved / "rank_0.pt").unlink()  # not this world size's: neither verified nor read
+    assert checkpoint.verify(saved, 1, 2) is None
+    other = Trainer(build_config({**over, "run.local_batch_size": "4"}), single, torch.device("cpu")).learner
+    with pytest.raises(checkpoint.CheckpointError, match=r"written with global batch 8 \(1 ranks\), this run has 16 "
+                                                     r"\(2 ranks\); a resume keeps the global batch .*: on 2 ranks: "
+                                                     r"run.local_batch_size=4 with run.grad_accum_steps=1 or "
+                                                     r"run.local_batch_size=2 with run.grad_accum_steps=2 or "
+                                                     r"run.local_batch_size=1 with run.grad_accum_steps=4"):
+        checkpoint.restore(saved, other, TrainState(), 0, 2, 16)
+    assert "numbers of ranks that divide it: 1, 2, 4, 8" in checkpoint.batch_sizes(8, 5)
+    state = TrainState()
+    restored = checkpoint.restore(saved, other, state, 0, 2, 8)
+    assert restored.world_size == 1 and len(restored.stream["ranks"]) == 1
+    assert restored.reset == ["each rank's RNG streams (dropout, masking) reseeded from (seed, step, rank)"]
+    assert (state.step, state.samples) == (3, 24)
+    mine, theirs = first.learner, other
+    assert all(torch.equal(a, b) for a, b in zip(mine.model.state_dict().values(), theirs.model.state_dict().values()))
+    for group_a, group_b in zip(mine.optimizer.state.values(), theirs.optimizer.state.values()):
+        assert group_a.keys() == group_b.keys() and all(torch.equal(torch.as_tensor(group_a[k]), torch.as_tensor(group_b[k]))
+                                                        for k in group_a)
+    assert theirs.scheduler.state_dict() == mine.scheduler.state_dict()
+    assert theirs.scheduler.get_last_lr() == mine.scheduler.get_last_lr()
+    (saved / "stream.json").unlink()  # as a checkpoint written before the stream was gathered
+    with pytest.raises(checkpoint.CheckpointError, match=r"written by 1 ranks before checkpoints gathered every rank's "
+                                                     r"data stream \(no stream.json\): it resumes on 1 ranks only"):
+        checkpoint.restore(saved, other, TrainState(), 0, 2, 8)
+
+
 def test_ctrl_c_during_an_evaluation_stops_it(tiny_data, tmp_path, monkeypatch, capsys):
     """Ctrl-C as an evaluation begins: it stops after the batch in hand (here before the
     first), not at its end; no eval_accuracy for it, run_stop aborted, exit 130."""

@@ -241,3 +241,36 @@ def test_a_resume_on_other_data_is_refused_naming_what_differs(tmp_path, dirs):
     (moved["plain"] / "part_3.hdf5").unlink()
     with pytest.raises(DataError, match=r"shards 6 there, 5 here; files [0-9a-f]{16} there, [0-9a-f]{16} here"):
         _stream(moved, "closed").load_state_dict(state)
+
+
+@pytest.mark.parametrize("mode", ["closed", "strata"])
+def test_data_made_again_under_the_same_names_and_sizes_is_refused(tmp_path, mode):
+    """Without an md5 list the names and sizes were all a stream knew of its data: the samples
+    it trained on last (its probe) are read again on resume, so shards made again (other
+    samples, the same lengths, names and byte sizes) are refused naming them, on the road that
+    reads whole shards and on the one that reads rows by id; the same data resumes."""
+    import re
+
+    here = road_dirs(tmp_path / "here")
+    first = _stream(here, mode)
+    for _ in range(3):
+        next(first)
+    state = first.state_dict()
+    assert len(state["probe"]["samples"]) == 4 and re.fullmatch(r"[0-9a-f]{32}", state["probe"]["examples_md5"])
+    again = _stream(here, mode, resume=state)
+    assert _same(next(again), next(first))
+
+    def other(shard):  # other tokens, the same lengths: every file keeps its size
+        shard.tokens[:] = np.where(shard.tokens > 200, shard.tokens - 1, shard.tokens)
+
+    made_again = road_dirs(tmp_path / "again", change=other)
+    kind = MODES[mode][0]
+    assert [f.stat().st_size for f in sorted(made_again[kind].rglob("*.hdf5"))] == \
+           [f.stat().st_size for f in sorted(here[kind].rglob("*.hdf5"))]
+    with pytest.raises(loader.ResumeRefused, match=r"the samples rank 0 trained on last \(rows of .*\.hdf5.*\) are "
+                                                    r"other samples here \(examples md5 [0-9a-f]{32}, [0-9a-f]{32} "
+                                                    r"there\): .* holds other data under the same names and sizes"):
+        _stream(made_again, mode, resume=state)
+    for s in (first, again):
+        s.close()
+
