@@ -26,6 +26,13 @@
 # job (nothing trained again); a phase that failed (its run.sub record says so) is run again,
 # from its newest train-state checkpoint when there is one (resumed: the same settings are
 # required), else from the start; this says which before submitting.
+# NODES: the jobs' node count (sbatch -N; default each config's DGXNNODES), a number or a range
+# (2-4: SLURM starts or requeues a job on what it has). On another count than the config's the
+# job keeps the config's global batch (run.sub: BATCHSIZE x GRADIENT_STEPS x DGXNNODES x
+# DGXNGPU, split anew), so a phase stopped on 2 nodes continues on 1 when submitted again with
+# NODES=1 (docs/cluster.md); a count over which the batch cannot split is refused here (exit 2,
+# naming those that keep it), nothing submitted. DGXNNODES is the config's, part of its batch:
+# setting it changes the global batch, which a resume refuses (exit 2, the job stops unrecorded).
 # A config that runs on GPUs (run.device=cuda) asks SLURM for DGXNGPU of them per node
 # (--gpus-per-node). Partition, account and other sbatch options: sbatch's own variables
 # (SBATCH_PARTITION, SBATCH_ACCOUNT, ...: they reach both jobs) or SBATCH_EXTRA, word-split.
@@ -49,22 +56,43 @@ for p in 1 2; do
   DATADIR="${!data}" EVALDIR="${!eval}" python3 tools/config_env.py show "${!cfg}" || exit 2
 done
 python3 tools/config_env.py phases "${cfg1}" "${cfg2}" || exit 2
+if [[ -n "${NODES:-}" ]]; then
+  if [[ ! "${NODES}" =~ ^([1-9][0-9]*)(-([1-9][0-9]*))?$ ]]; then
+    echo "$0: NODES=${NODES}: a number of nodes, or a range such as 2-4" >&2
+    exit 2
+  fi
+  low=${BASH_REMATCH[1]} high=${BASH_REMATCH[3]:-${BASH_REMATCH[1]}}
+  for p in 1 2; do  # every count of the range: SLURM may start or requeue the job on any of them
+    cfg="cfg${p}"
+    for (( n = low; n <= high; n++ )); do
+      if ! (envs=$(python3 tools/config_env.py env "${!cfg}") && eval "${envs}" &&
+            python3 tools/config_env.py split "${n}" > /dev/null); then
+        echo "$0: phase ${p} ($(basename "${!cfg}")) on NODES=${NODES}: nothing submitted" >&2
+        exit 2
+      fi
+    done
+  done
+fi
 # A resubmission: run.sub skips a run its state file records as done, failed or not; a failed
 # phase's record goes, so that its job runs it again (resuming from its checkpoints, if any).
+# A phase stopped by a signal and not requeued (scancel, a preemption), or whose resume was
+# refused, has no record: its job continues it.
 for p in 1 2; do
   state="${OUTDIR}/phase${p}/phase${p}_state.txt"
+  ckpt="${OUTDIR}/phase${p}/phase${p}_1_ckpt"  # run.sub's CKPT_DIR; finished.json: ended, never resumed
+  resumes=0
+  if compgen -G "${ckpt}/step_*" > /dev/null && [[ ! -f "${ckpt}/finished.json" ]]; then resumes=1; fi
   if [[ -f "${state}" ]] && read -r _ _ rc _ < <(grep "^done 1 " "${state}"); then
     if (( rc == 0 )); then
       echo "phase ${p}: completed before (${state}): its job finds it done"
     else
       sed -i '/^done 1 /d' "${state}"
-      ckpt="${OUTDIR}/phase${p}/phase${p}_1_ckpt"  # run.sub's CKPT_DIR; finished.json: ended, never resumed
       how="from the start"
-      if compgen -G "${ckpt}/step_*" > /dev/null && [[ ! -f "${ckpt}/finished.json" ]]; then
-        how="resumed from its newest checkpoint in ${ckpt}"
-      fi
+      if (( resumes )); then how="resumed from its newest checkpoint in ${ckpt}"; fi
       echo "phase ${p}: failed before (training exit ${rc}): run again, ${how}"
     fi
+  elif (( resumes )); then
+    echo "phase ${p}: stopped before its end: its job continues it from its newest checkpoint in ${ckpt}"
   fi
 done
 
@@ -80,7 +108,7 @@ submit() { # submit PHASE CONFIG DATADIR EVALDIR [DEPENDENCY]: prints the job id
     if [[ -n "${5:-}" ]]; then dep=(--dependency="afterok:$5" --kill-on-invalid-dep=yes); fi
     device=$(python3 tools/config_env.py get run.device) || exit 2
     if [[ "${device}" == cuda ]]; then gpus=(--gpus-per-node="${DGXNGPU}"); fi
-    sbatch --parsable --requeue --signal="B:USR1@${SIGNAL_LEAD:-300}" -N "${DGXNNODES}" -t "${WALLTIME}" \
+    sbatch --parsable --requeue --signal="B:USR1@${SIGNAL_LEAD:-300}" -N "${NODES:-${DGXNNODES}}" -t "${WALLTIME}" \
       --ntasks-per-node="${DGXNGPU}" "${gpus[@]}" \
       -J "bert-pretrain-phase$1" -o "${LOGDIR}/slurm-%j.out" --open-mode=append "${dep[@]}" "${extra[@]}" run.sub \
       | cut -d';' -f1

@@ -576,6 +576,26 @@ def global_batch_size(cfg: Config, world_size: int) -> int:
     return cfg.run.local_batch_size * cfg.run.grad_accum_steps * world_size
 
 
+def batch_split(cfg: Config, config_nodes: int, per_node: int, nodes: int) -> tuple[int, int, int]:
+    """The config's global batch (run.local_batch_size x run.grad_accum_steps x its
+    ``config_nodes`` x ``per_node`` ranks) on ``nodes`` nodes of ``per_node`` ranks: (micro-batch,
+    micro-steps, global batch), the fewest micro-steps whose micro-batch is no larger than the
+    config's (what is known to fit in memory). Megatron's rule: the global and micro-batch fixed,
+    the accumulation derived. ConfigError, naming the node counts that keep it, when the ranks
+    do not divide it."""
+    gbs = global_batch_size(cfg, config_nodes * per_node)
+    ranks = nodes * per_node
+    if gbs % ranks:
+        fits = [n for n in range(1, 4 * max(nodes, config_nodes) + 1) if gbs % (n * per_node) == 0]
+        raise ConfigError(f"the config's global batch {gbs} (run.local_batch_size {cfg.run.local_batch_size} x "
+                          f"run.grad_accum_steps {cfg.run.grad_accum_steps} x {config_nodes} node(s) x {per_node}) does "
+                          f"not split over {nodes} node(s) x {per_node} = {ranks} ranks; node counts that keep it: "
+                          f"{', '.join(map(str, fits)) or 'none'}")
+    per_rank = gbs // ranks
+    steps = next(a for a in range(1, per_rank + 1) if per_rank % a == 0 and per_rank // a <= cfg.run.local_batch_size)
+    return per_rank // steps, steps, gbs
+
+
 def eval_interval_samples(cfg: Config, world_size: int) -> int:
     """Samples between evaluations: the override, else the reference rule."""
     if cfg.eval.interval_samples != -1:

@@ -7,6 +7,7 @@ bert/config_script.py, from bash.
     python3 tools/config_env.py show CONFIG_SH [key=value ...]   # the run's settings, checked
     python3 tools/config_env.py get KEY [KEY ...] [key=value ...]  # resolved values, from this environment
     python3 tools/config_env.py phases PHASE1_SH PHASE2_SH  # phase 2 can start from phase 1's weights
+    python3 tools/config_env.py split NODES [key=value ...]  # the config's global batch on NODES nodes
 
 ``env`` prints ``export``/``unset`` lines: the config script sourced, then every value you set
 put back over it; the values of a config script this shell sourced earlier (CONFIG_SCRIPT)
@@ -16,7 +17,10 @@ the run ends) and checks what can be checked on a login node: DATADIR and EVALDI
 exist, and the eval set holds data.eval_samples (counted from the shards' metadata, where h5py
 is importable). ``get`` prints one value a line (lists as N,N,...). ``key=value`` words are
 the trainer's command line. ``phases``: exit 2 naming each model setting that would stop phase
-2 from loading phase 1's weights (positions, vocab, sizes).
+2 from loading phase 1's weights (positions, vocab, sizes). ``split``: how a job on NODES nodes of
+DGXNGPU ranks keeps the global batch the environment's config has on its DGXNNODES (run.sub, on
+another node count): "MICRO_BATCH MICRO_STEPS GLOBAL_BATCH" (bert/config.py batch_split), or
+exit 2 naming the node counts that keep it.
 
 Standard library only, but for ``show``'s count (h5py): run by the host's python3 (3.10 or
 newer), outside the image. Exit status 2 for a bad config, environment or data, with a line
@@ -35,9 +39,9 @@ PKG = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PKG))
 
 from bert import config_script  # noqa: E402
-from bert.config import (COMMAND_LINE, ConfigError, Setting, global_batch_size, handover_problems,  # noqa: E402
-                         launcher_settings, origin_lines, parse_overrides, resolve, start_notes,
-                         timed_run_problems)
+from bert.config import (COMMAND_LINE, ConfigError, Setting, batch_split, global_batch_size,  # noqa: E402
+                         handover_problems, launcher_settings, origin_lines, parse_overrides, resolve,
+                         start_notes, timed_run_problems)
 
 
 def env_lines(path: str, caller: dict[str, str]) -> list[str]:
@@ -99,6 +103,17 @@ def show(path: str, words: list[str], caller: dict[str, str]) -> list[str]:
     return lines
 
 
+def split(nodes: str, words: list[str], caller: dict[str, str]) -> list[str]:
+    """The config's global batch (this environment's, ``words`` its command line) on ``nodes`` nodes."""
+    cfg, _ = resolve(config_script.environment_settings(caller) + _command_line(words))
+    counts = {}
+    for var, value in (("NODES", nodes), ("DGXNNODES", caller.get("DGXNNODES", "")), ("DGXNGPU", caller.get("DGXNGPU", ""))):
+        if not value.isdigit() or int(value) < 1:
+            raise ConfigError(f"{var}={value!r}: not a number of nodes or ranks per node")
+        counts[var] = int(value)
+    return [" ".join(map(str, batch_split(cfg, counts["DGXNNODES"], counts["DGXNGPU"], counts["NODES"])))]
+
+
 def phases(first: str, second: str, caller: dict[str, str]) -> list[str]:
     (c1, e1, _), (c2, e2, _) = (config_script.load(p, caller) for p in (first, second))
     problems = handover_problems(c1, c2)
@@ -123,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("phases")
     p.add_argument("phase1")
     p.add_argument("phase2")
+    p = sub.add_parser("split")
+    p.add_argument("nodes")
+    p.add_argument("words", nargs="*", metavar="key=value")
     a = ap.parse_args(argv)
     caller = dict(os.environ)
     try:
@@ -132,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
             lines = show(a.config, a.words, caller)
         elif a.command == "get":
             lines = resolved(a.words, caller)
+        elif a.command == "split":
+            lines = split(a.nodes, a.words, caller)
         else:
             lines = phases(a.phase1, a.phase2, caller)
     except ConfigError as e:

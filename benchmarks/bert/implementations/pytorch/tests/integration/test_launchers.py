@@ -339,7 +339,9 @@ def test_run_sub_asks_for_the_gpus_a_cuda_config_names_and_takes_sbatch_options(
     node without a GPU request the job stops before any run, saying what to ask for; with
     --gpus-per-node=2 it passes that check and the trainer, on this CPU-only torch, refuses the
     CUDA run in one line. sbatch's own options give a partition, an account, memory and a
-    shared node over run.sub's #SBATCH lines (--exclusive --mem=0)."""
+    shared node over run.sub's #SBATCH lines (--exclusive --mem=0). A timed run (the checker
+    judges it) of a config written for 2 nodes, in a job of 1, with nothing to continue, stops
+    before it starts: its log would pass as the 2-node system's."""
     from slurm_cluster import SlurmCluster, slurm_unavailable
 
     why = slurm_unavailable()
@@ -354,11 +356,11 @@ def test_run_sub_asks_for_the_gpus_a_cuda_config_names_and_takes_sbatch_options(
     try:
         cluster.start()
 
-        def job(*flags: str) -> tuple[dict[str, str], str]:
+        def job(*flags: str, **variables: str) -> tuple[dict[str, str], str]:
             out = tmp_path / f"job{len(list(tmp_path.glob('job*.out')))}.out"
             sub = subprocess.run(["sbatch", "--parsable", "-N", "1", "-t", "5", "-o", str(out), "-p", "ci", "-A", "lab",
-                                  "--mem=100M", "--oversubscribe", "--ntasks-per-node=2", *flags, "run.sub"], cwd=PKG, env=env,
-                                 capture_output=True, text=True, timeout=60)
+                                  "--mem=100M", "--oversubscribe", "--ntasks-per-node=2", *flags, "run.sub"], cwd=PKG,
+                                 env={**env, **variables}, capture_output=True, text=True, timeout=60)
             assert sub.returncode == 0, sub.stderr
             job_id = sub.stdout.strip().split(";")[0]
             fields = cluster.job_fields(job_id)
@@ -374,6 +376,12 @@ def test_run_sub_asks_for_the_gpus_a_cuda_config_names_and_takes_sbatch_options(
         state, text = job("--gpus-per-node=2")
         assert "== run 1/1" in text and "config error: run.device=cuda: this torch" in text, text[-3000:]
         assert "== run 1/1: training exit 2" in text and state["ExitCode"] == "1:0", text[-3000:]
+        state, text = job("--gpus-per-node=2", DGXNNODES="2", CHECK_COMPLIANCE="1")
+        assert state["ExitCode"] == "2:0" and "== run 1/1" not in text, text[-3000:]
+        assert "run.sub: the job has 1 node(s), the config 2 (DGXNNODES): its global batch 128 kept as 32 per task x 2 " \
+               "micro-step(s) x 2 tasks" in text, text[-3000:]
+        assert "run.sub: run 1 would start fresh on 1 node(s), and a timed result runs on its config's 2 (DGXNNODES: " \
+               "the system CPU_1x2 describes): submit with sbatch -N 2" in text, text[-3000:]
     finally:
         cluster.stop()
 

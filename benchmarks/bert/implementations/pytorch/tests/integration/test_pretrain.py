@@ -1,22 +1,21 @@
 """Pretraining mode (run.mode=pretrain): no target, held-out MLM/NSP accuracy and loss at
 intervals, ends at its step count with curves and a plot; phase 2 starts from phase 1's
-weights; submit_pretrain.sh chains both phases on a real SLURM cluster (phase 1 preempted
-once, requeued and resumed); the small two-phase demo on real text, checked by HF transformers."""
+weights; what submit_pretrain.sh gives its jobs and refuses before submitting (its phases on
+a real SLURM cluster, preempted and resubmitted on another node count: test_two_nodes.py); the
+small two-phase demo on real text, checked by HF transformers."""
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
-import time
 
 import pytest
 
 from bert.config import build_config
 from bert.train import run
-from conftest import PKG, hold_env, mllog_events, source_config
+from conftest import PKG, mllog_events, source_config
 
 TINY = {"model.vocab_size": "128", "model.hidden_size": "32", "model.num_layers": "1", "model.num_heads": "2",
         "model.intermediate_size": "64", "model.max_position_embeddings": "128", "model.hidden_dropout": "0",
@@ -92,60 +91,6 @@ def test_pretrain_demo_small_both_phases_and_transformers(tmp_path, no_procps_pa
 # ---------------------------------------------------------------- SLURM: both phases, chained
 
 
-def test_submit_pretrain_chains_phases_and_survives_a_preemption(demo_data, tmp_path):
-    """submit_pretrain.sh on a private one-node SLURM cluster with tiny phase configs: phase 2
-    waits for phase 1 (afterok); phase 1 gets SIGUSR1 mid-run (what --signal=B:USR1@<s> sends
-    before the time limit), checkpoints, requeues itself and resumes; phase 2 then starts from
-    phase 1's final weights and completes."""
-    from slurm_cluster import SlurmCluster, slurm_unavailable
-
-    why = slurm_unavailable()
-    if why:
-        pytest.skip(why)
-    cluster = SlurmCluster(tmp_path / "slurm")
-    (tmp_path / "slurm").mkdir()
-    demo = source_config("config_CPU_1x2.sh")
-    for p, steps in ((1, 40), (2, 10)):  # phase 1: held after step 10 until signalled (hold_env)
-        (tmp_path / f"phase{p}.sh").write_text(
-            f"export DGXSYSTEM=CPU_1x2 DGXNNODES=1 DGXNGPU=2 WALLTIME=10 CPU_THREADS_PER_RANK=1 DIVISION=open\n"
-            f"export BATCHSIZE=16 GRADIENT_STEPS=2 LR=0.005 MAX_STEPS={steps} WARMUP_STEPS=2 EVAL_ITER_SAMPLES=640\n"
-            f"export CONFIG_PARAMS=\"run.mode=pretrain {demo['CONFIG_PARAMS']} data.eval_samples=200 "
-            f"log.progress_interval_steps=5 ckpt.poll_steps=5\"\n")
-    try:
-        cluster.start()
-        env = dict(os.environ, PATH=demo_data.path, SLURM_CONF=cluster.env["SLURM_CONF"],
-                   DATADIR1=str(demo_data.train), EVALDIR1=str(demo_data.eval), DATADIR2=str(demo_data.train),
-                   EVALDIR2=str(demo_data.eval), OUTDIR=str(tmp_path / "out"),
-                   **hold_env(tmp_path, "boundary:0:10:signal:if=LOGFILE=phase1_1.log"))
-        sub = subprocess.run(["./submit_pretrain.sh", str(tmp_path / "phase1.sh"), str(tmp_path / "phase2.sh")],
-                             cwd=PKG, env=env, capture_output=True, text=True, timeout=60)
-        assert sub.returncode == 0, sub.stderr
-        job1, job2 = re.findall(r"job (\d+)", sub.stdout)[:2]
-        assert (cluster.job_fields(job2).get("Dependency") or "").startswith(f"afterok:{job1}")
-        out1 = tmp_path / "out" / "phase1"
-        deadline = time.monotonic() + 240
-        while not (tmp_path / "held" / "held_rank0_step10").exists():
-            assert time.monotonic() < deadline, cluster.logs()
-            time.sleep(0.1)
-        subprocess.run(["scancel", "--batch", "--signal=USR1", job1], env=cluster.env, check=True, timeout=30)
-        cluster.requeue_now(job1)  # not after SLURM's ~2-minute hold
-        j1 = cluster.wait_job(job1, timeout_s=300)
-        j2 = cluster.wait_job(job2, timeout_s=300)
-        text1 = "".join(f.read_text() for f in out1.glob("slurm-*.out"))
-        text2 = "".join(f.read_text() for f in (tmp_path / "out" / "phase2").glob("slurm-*.out"))
-        assert j1["JobState"] == "COMPLETED" and j1["Restarts"] == "1", text1[-3000:]
-        assert "SIGUSR1: requeueing job" in text1 and re.search(r"resumed from .*phase1_1_ckpt", text1), text1[-3000:]
-        assert j2["JobState"] == "COMPLETED", text2[-3000:]
-        assert (out1 / "final.pt").exists() and (tmp_path / "out" / "phase2" / "final.pt").exists()
-        cfg2 = json.loads((tmp_path / "out" / "phase2" / "phase2_1_config.json").read_text())
-        assert cfg2["run"]["init_checkpoint"] == str(out1 / "final.pt") and cfg2["run"]["mode"] == "pretrain"
-        stops = [e["metadata"]["status"] for e in mllog_events(out1 / "phase1_1.log") if e["key"] == "run_stop"]
-        assert stops == ["aborted", "success"]
-        assert (out1 / "phase1_1_curves.png").exists()
-    finally:
-        cluster.stop()
-
-
 # ---------------------------------------------------------------- how a run ends, as the docs launch it
 
 
@@ -190,7 +135,7 @@ def _submit(tmp_path, demo_data, configs, **env_extra) -> tuple[subprocess.Compl
     env = dict(os.environ, PATH=f"{PKG / 'tests' / 'support' / 'standin'}:{demo_data.path}", SBATCH_RECORD=str(record),
                DATADIR1=str(demo_data.train), EVALDIR1=str(demo_data.eval), DATADIR2=str(demo_data.train),
                EVALDIR2=str(demo_data.eval), OUTDIR=str(tmp_path / "out"))
-    for var in ("EXTRA_PARAMS", "CONFIG_PARAMS", "CONFIG_SCRIPT", "LR", "SBATCH_EXTRA"):
+    for var in ("EXTRA_PARAMS", "CONFIG_PARAMS", "CONFIG_SCRIPT", "LR", "SBATCH_EXTRA", "NODES"):
         env.pop(var, None)
     env.update(env_extra)
     r = subprocess.run(["./submit_pretrain.sh", *configs], cwd=PKG, env=env, capture_output=True, text=True, timeout=120)
@@ -222,6 +167,7 @@ def test_submit_pretrain_passes_what_the_user_set_and_asks_for_the_gpus(tmp_path
     for phase, (job, config) in enumerate(zip(jobs, configs), 1):
         argv, env = job["argv"], job["env"]
         assert "--gpus-per-node=4" in argv and argv[argv.index("-N") + 1] == "8" and argv[-1] == "run.sub"
+        assert "--requeue" in argv and "--signal=B:USR1@300" in argv  # checkpoint and requeue near the time limit
         assert env["SBATCH_PARTITION"] == "gpu" and env["SBATCH_ACCOUNT"] == "lab"
         assert env["EXTRA_PARAMS"] == "model.vocab_size=8000" and env["LR"] == "1e-3"
         assert env["CONFIG_SCRIPT"] == str(PKG / config) and "run.mode=pretrain" in env["CONFIG_PARAMS"]
@@ -236,8 +182,10 @@ def test_submit_pretrain_passes_what_the_user_set_and_asks_for_the_gpus(tmp_path
 def test_submit_pretrain_refuses_before_submitting_what_would_fail_in_the_job(tmp_path, demo_data):
     """Checked before any sbatch: a phase 1 with 128 positions for a phase 2 at 512 (phase 2
     could not load its weights), and an eval set smaller than data.eval_samples (2,000 demo
-    samples, 10,000 asked): exit 2 naming the setting, nothing submitted. A resubmission
-    after phase 2 failed runs phase 2 again, and leaves a completed phase 1 done."""
+    samples, 10,000 asked), a node count over which a phase's global batch cannot split (NODES=3
+    for 8 x 4 GPUs' 65,536): exit 2 naming the setting, nothing submitted. A resubmission after
+    phase 2 failed runs phase 2 again, on the nodes NODES asks for, and leaves a completed phase
+    1 done."""
     phase1 = tmp_path / "config_mine_phase1.sh"
     phase1.write_text((PKG / "config_A100PCIE_8x4_pretrain_large_phase1.sh").read_text().replace(
         "data.max_seq_length=128", "data.max_seq_length=128 model.max_position_embeddings=128"))
@@ -249,13 +197,19 @@ def test_submit_pretrain_refuses_before_submitting_what_would_fail_in_the_job(tm
                                                   str(phase2)), EXTRA_PARAMS="data.eval_samples=10000")
     assert r.returncode == 2 and not jobs, r.stdout + r.stderr
     assert f"data.eval_samples=10000 but data.eval_dir={demo_data.eval} holds 1000 samples" in r.stderr
+    r, jobs = _submit(tmp_path / "n", demo_data, (str(phase2.with_name("config_A100PCIE_8x4_pretrain_large_phase1.sh")),
+                                                  str(phase2)), NODES="3")
+    assert r.returncode == 2 and not jobs, r.stdout + r.stderr
+    assert "the config's global batch 65536 (run.local_batch_size 64 x run.grad_accum_steps 32 x 8 node(s) x 4) does " \
+           "not split over 3 node(s) x 4 = 12 ranks; node counts that keep it: 1, 2, 4, 8, 16, 32" in r.stderr
     out = tmp_path / "c" / "out"
     for p, line in ((1, "done 1 0 0"), (2, "done 1 4 0")):
         (out / f"phase{p}").mkdir(parents=True)
         (out / f"phase{p}" / f"phase{p}_state.txt").write_text(line + "\n")
     r, jobs = _submit(tmp_path / "c", demo_data, ("config_A100PCIE_8x4_pretrain_large_phase1.sh", str(phase2)),
-                      OUTDIR=str(out))
+                      OUTDIR=str(out), NODES="4")
     assert r.returncode == 0 and len(jobs) == 2, r.stdout + r.stderr
+    assert [job["argv"][job["argv"].index("-N") + 1] for job in jobs] == ["4", "4"]
     assert "phase 1: completed before" in r.stdout and "phase 2: failed before (training exit 4): run again, from the " \
                                                      "start" in r.stdout
     assert (out / "phase1" / "phase1_state.txt").read_text() == "done 1 0 0\n"

@@ -242,9 +242,19 @@ PartitionName=ci Nodes={node_list} Default=YES MaxTime=INFINITE State=UP
         raise RuntimeError(f"the SLURM nodes never became idle:\n{self.logs()}")
 
     def node_state(self) -> str:
-        """'idle' when every node is; else the states sinfo lists."""
+        """'idle' when every node is; else the states sinfo lists ('drain': drained and idle)."""
         out = subprocess.run(["sinfo", "-h", "-o", "%t"], env=self.env, capture_output=True, text=True).stdout
         return " ".join(sorted(set(out.split())))
+
+    def drain(self, node: str) -> None:
+        """Take ``node`` out of scheduling, as an administrator drains a failing node: jobs
+        running there go on, no new one starts there (`undrain` puts it back)."""
+        subprocess.run(["scontrol", "update", f"NodeName={node}", "State=DRAIN", "Reason=test"], env=self.env,
+                       check=True, timeout=30)
+
+    def undrain(self, node: str) -> None:
+        subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=self.env, check=True,
+                       timeout=30)
 
     def logs(self) -> str:
         return "\n".join(f"== {p.name}\n{p.read_text()[-2000:]}" for p in sorted(self.root.glob("*.log")))
@@ -280,14 +290,15 @@ PartitionName=ci Nodes={node_list} Default=YES MaxTime=INFINITE State=UP
 
     def requeue_now(self, job_id: str, timeout_s: float = 120) -> None:
         """Start a job that requeued itself now, not after SLURM's ~2-minute hold (its BeginTime),
-        once every node is idle and 2 s later: slurmd marks the old instance's credential revoked
+        once every node is idle (or drained) and 2 s later: slurmd marks the old instance's credential revoked
         at a time in whole seconds and refuses every credential of the job created in that second
         or before (cred->ctime <= revoked), so a start within the requeue's second fails the job
         ("Job credential revoked"; seen in CI with a start 0.8 s after the requeue)."""
         deadline = time.monotonic() + timeout_s
         while True:
             job = self.job_fields(job_id)
-            if job.get("Restarts") == "1" and job.get("JobState") == "PENDING" and self.node_state() == "idle":
+            if job.get("Restarts") == "1" and job.get("JobState") == "PENDING" and \
+                    set(self.node_state().split()) <= {"idle", "drain"}:
                 break
             if time.monotonic() > deadline:
                 pytest.fail(f"job {job_id} did not come back PENDING on idle nodes: {job.get('JobState')}\n"

@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from bert.config import Config, ConfigError, build_config, dumps, eval_interval_samples, load_file, parse_overrides
+from bert.config import (Config, ConfigError, batch_split, build_config, dumps, eval_interval_samples, load_file,
+                         parse_overrides)
 
 
 def test_defaults_are_the_benchmark():
@@ -205,3 +206,22 @@ def test_phase_two_must_have_the_model_phase_one_makes():
     assert handover_problems(p1, p2) == ["model.max_position_embeddings: phase 1 has 128, phase 2 needs 512 "
                                          "(data.max_seq_length=512)"]
     assert handover_problems(p2, p2) == []
+
+
+def test_another_node_count_keeps_the_global_batch_with_the_fewest_micro_steps():
+    """run.sub on another node count than the config's: the global batch kept, the micro-batch
+    never above the config's (it must fit), the fewest micro-steps that allow it."""
+    def split(batch, steps, config_nodes, per_node, nodes):
+        cfg = build_config({"run.local_batch_size": batch, "run.grad_accum_steps": steps})
+        return batch_split(cfg, config_nodes, per_node, nodes)
+
+    assert split(32, 1, 2, 1, 1) == (32, 2, 64)  # fewer nodes: more micro-steps of the same batch
+    assert split(32, 1, 1, 1, 2) == (16, 1, 32)  # more nodes at one micro-step: a smaller micro-batch
+    assert split(16, 64, 8, 4, 4) == (16, 128, 32768)
+    assert split(64, 32, 8, 4, 16) == (64, 16, 65536)
+    assert split(48, 2, 4, 8, 4) == (48, 2, 3072)  # the config's own count: its own split
+    assert split(12, 1, 2, 1, 3) == (8, 1, 24)
+    with pytest.raises(ConfigError, match=r"the config's global batch 65536 \(run.local_batch_size 64 x "
+                                          r"run.grad_accum_steps 32 x 8 node\(s\) x 4\) does not split over 3 node\(s\) x "
+                                          r"4 = 12 ranks; node counts that keep it: 1, 2, 4, 8, 16, 32"):
+        split(64, 32, 8, 4, 3)

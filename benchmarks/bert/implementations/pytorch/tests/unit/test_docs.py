@@ -77,6 +77,11 @@ BLOCKS: dict[tuple[str, str, str], object] = {
     ("docs/cluster.md", "Running on a SLURM cluster: `run.sub`", "source config_DGXA100_8x8x48x1.sh"): Covered(
         "tests/integration/test_launchers.py::test_readme_quick_start_on_a_cluster", ("run.sub", "sbatch"),
         "a DGX config needs GPUs and pyxis; the quick start submits run.sub with the CPU config"),
+    ("docs/cluster.md", "On another node count: resubmitted or requeued", "source config_DGXA100_8x8x48x1.sh"): Covered(
+        "tests/integration/test_two_nodes.py::test_two_nodes_submit_pretrain_resubmitted_on_more_nodes_continues",
+        ("run.sub", "sbatch", "submit_pretrain.sh", "NODES", "DGXNNODES"),
+        "a DGX config needs GPUs and pyxis, the paths are yours: the test continues a run.sub job requeued from 2 "
+        "nodes on 1, and submit_pretrain.sh's phase 1 from 1 node on NODES=2, on its two-node cluster"),
     ("docs/cluster.md", "Launchers", "./run_and_time.sh"): Covered(
         "tests/integration/test_launchers.py::test_mpirun_two_ranks_through_mpi4py", ("run_and_time.sh", "mpirun", "LAUNCHER"),
         "srun runs inside run.sub (the quick start), mpirun and torchrun in tests/integration/test_launchers.py"),
@@ -114,7 +119,7 @@ BLOCKS: dict[tuple[str, str, str], object] = {
     ("docs/pretraining.md", "A walkthrough: a few MB of your own text, end to end", "# Man pages as text"): RUN,
     ("docs/cluster.md", "A config for your own cluster", "cat > config_H100_4x8.sh"): RUN,
     ("docs/pretraining.md", "On a SLURM cluster", "DATADIR1=..."): Covered(
-        "tests/integration/test_pretrain.py::test_submit_pretrain_chains_phases_and_survives_a_preemption",
+        "tests/integration/test_two_nodes.py::test_two_nodes_submit_pretrain_resubmitted_on_more_nodes_continues",
         ("submit_pretrain.sh",), "the paths are yours, and the configs want 32 GPUs"),
     ("docs/pretraining.md", "The plan before the spend (`tools/plan.py`)", "python tools/plan.py --configs"): RUN,
     ("docs/pretraining.md", "The plan before the spend (`tools/plan.py`)", "python tools/plan.py --recipe"): Covered(
