@@ -196,11 +196,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="check_bench_") as tmp:
         work = Path(tmp)
         if a.demo:
-            demo_data.generate(work / "demo", 20000, 2000, seed=1, seq_len=128, max_pred=20, vocab=128)
+            demo_data.generate(work / "demo", train_samples=20000, eval_samples=2000, seed=1, seq_len=128, max_pred=20, vocab=128)
             result["datasets"].append(dataset("demo", work / "demo" / "train", work / "demo" / "eval",
                                               [*IDS[:1], "128", *IDS[2:]], a.reps, a.workers))
         if a.shards:
-            demo_data.generate(work / "gen", a.shards * a.per_shard, 10000, seed=2, seq_len=512, max_pred=76,
+            demo_data.generate(work / "gen", train_samples=a.shards * a.per_shard, eval_samples=10000, seed=2, seq_len=512, max_pred=76,
                                vocab=30522, shards=a.shards)
             result["datasets"].append(dataset(f"{a.shards} shards of {a.per_shard} at seq 512", work / "gen" / "train",
                                               work / "gen" / "eval", IDS, a.reps, a.workers))
