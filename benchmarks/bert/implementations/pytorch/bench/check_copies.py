@@ -128,7 +128,8 @@ def corpora(work: Path, wiki: list[str]) -> list[dict]:
     from input_preprocessing.check import Vocabulary, check
     from input_preprocessing.create import CreateOptions, create
     from input_preprocessing.pick_eval import pick_eval
-    from input_preprocessing.toy_corpus import make_corpus, train_vocab
+    from input_preprocessing.toy_corpus import make_corpus
+    from input_preprocessing.wordpiece import train_vocab
 
     texts = {}
     toy = make_corpus(work / "toy", parts=5, docs_per_part=150, seed=0)
