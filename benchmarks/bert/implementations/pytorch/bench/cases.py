@@ -201,6 +201,7 @@ def other_cases(big: int, old: int, fast_sweep: list[int], default_sweep: list[i
         _case("compiled", old, EST_NEW_COMPILE, recompiles=WHOLE_MODEL_COMPILE, b={"bench.compile": "inductor"}),
     ]
 
+
 def parse_case(text: str) -> Case:
     """``NAME:key=value,key=value`` (``run.local_batch_size`` required) -> Case."""
     name, sep, rest = text.partition(":")

@@ -27,6 +27,7 @@ from bench.cases import Case, ablations, add_case_args, fp8_case, head_cases, le
 from bench.measure import (gemm_peak, nothing, record_failure, report, run_case, run_header,  # noqa: E402
                            setup_device, smoke_compile)
 
+
 def all_cases(args) -> list[Case]:
     """Every case in the order this script runs them (names once: the smoke's small batches
     repeat some), then ``--case`` ones."""
@@ -37,7 +38,6 @@ def all_cases(args) -> list[Case]:
             seen.add(c.name)
             out.append(c)
     return out
-
 
 
 def main(argv=None) -> int:
