@@ -128,7 +128,8 @@ def corpora(work: Path, wiki: list[str]) -> list[dict]:
     from input_preprocessing.check import Vocabulary, check
     from input_preprocessing.create import CreateOptions, create
     from input_preprocessing.pick_eval import pick_eval
-    from input_preprocessing.toy_corpus import make_corpus, train_vocab
+    from input_preprocessing.toy_corpus import make_corpus
+    from input_preprocessing.wordpiece import train_vocab
 
     texts = {}
     toy = make_corpus(work / "toy", parts=5, docs_per_part=150, seed=0)
@@ -196,11 +197,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="check_bench_") as tmp:
         work = Path(tmp)
         if a.demo:
-            demo_data.generate(work / "demo", 20000, 2000, seed=1, seq_len=128, max_pred=20, vocab=128)
+            demo_data.generate(work / "demo", train_samples=20000, eval_samples=2000, seed=1, seq_len=128, max_pred=20, vocab=128)
             result["datasets"].append(dataset("demo", work / "demo" / "train", work / "demo" / "eval",
                                               [*IDS[:1], "128", *IDS[2:]], a.reps, a.workers))
         if a.shards:
-            demo_data.generate(work / "gen", a.shards * a.per_shard, 10000, seed=2, seq_len=512, max_pred=76,
+            demo_data.generate(work / "gen", train_samples=a.shards * a.per_shard, eval_samples=10000, seed=2, seq_len=512, max_pred=76,
                                vocab=30522, shards=a.shards)
             result["datasets"].append(dataset(f"{a.shards} shards of {a.per_shard} at seq 512", work / "gen" / "train",
                                               work / "gen" / "eval", IDS, a.reps, a.workers))

@@ -390,8 +390,10 @@ class Trainer:
         "interrupted", "diverged": a NaN/inf streak, or NaN/inf state at a checkpoint)."""
         cfg, s, mllog = self.cfg, self.state, self.mllog
         if cfg.log.tensorboard_dir and self.curves is None:  # from this run's first step: a resume continues
-            self.curves = Curves(cfg.log.tensorboard_dir, cfg.model, self.denv.rank, self.denv.world_size,
-                                 cfg.run.grad_accum_steps, cfg.log.peak_flops_per_s, s.step, s.samples)
+            self.curves = Curves(cfg.log.tensorboard_dir, model=cfg.model, rank=self.denv.rank,
+                                 world_size=self.denv.world_size, accum=cfg.run.grad_accum_steps,
+                                 peak_flops_per_s=cfg.log.peak_flops_per_s, start_step=s.step,
+                                 start_samples=s.samples)
             self.batches = self.curves.count(self.batches)
         last_t, last_samples = time.perf_counter(), s.samples
         # The open block's first sample count (its block_stop repeats it) and when it began:

@@ -296,6 +296,10 @@ def _run_check(a: argparse.Namespace) -> object:
 
 
 def _vocab_args(p: argparse.ArgumentParser) -> None:
+    from .wordpiece import TIE_BREAK
+
+    p.epilog = ("The same corpus and options give the same vocab.txt, byte for byte, on every run and machine "
+                "(Hugging Face tokenizers' WordPiece trainer, its starting pieces numbered first). " + TIE_BREAK)
     p.add_argument("--input", required=True, help="directory of text parts (the format create reads)")
     p.add_argument("--pattern", default="*", help="glob of the parts inside --input (default: every non-hidden file)")
     p.add_argument("--output", required=True, help="the vocab.txt to write, one token per line")
@@ -305,7 +309,7 @@ def _vocab_args(p: argparse.ArgumentParser) -> None:
 
 def _run_vocab(a: argparse.Namespace) -> object:
     from .common import PrepError
-    from .toy_corpus import train_vocab
+    from .wordpiece import train_vocab
 
     files = sorted(f for f in Path(a.input).glob(a.pattern) if f.is_file() and not f.name.startswith("."))
     if not files:
@@ -316,7 +320,8 @@ def _run_vocab(a: argparse.Namespace) -> object:
 
 STEPS["shard"] = ("re-chop hdf5 parts into N shards, fixed or variable layout", _shard_args, _run_shard)
 STEPS["eval"] = ("pick the evenly spaced eval set (10,000 samples) from the eval examples", _eval_args, _run_eval)
-STEPS["vocab"] = ("train a WordPiece vocab.txt on your own corpus (BERT's special tokens first)",
+STEPS["vocab"] = ("train a WordPiece vocab.txt on your own corpus (BERT's special tokens first; the same bytes "
+                  "every run)",
                   _vocab_args, _run_vocab)
 STEPS["checksum"] = ("write an md5 manifest of every shard", _sum_args, _run_checksum)
 STEPS["verify"] = ("check shards against their md5 manifest (exit 2 on any difference)", _sum_args, _run_verify)

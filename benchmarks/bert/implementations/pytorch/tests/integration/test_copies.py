@@ -18,7 +18,8 @@ import pytest
 
 from copies_helpers import DEMO_IDS, PKG, Demo, real_text, shard_names
 from input_preprocessing.create import SOURCES
-from input_preprocessing.toy_corpus import make_corpus, train_vocab
+from input_preprocessing.toy_corpus import make_corpus
+from input_preprocessing.wordpiece import train_vocab
 
 PREP = [sys.executable, "-m", "input_preprocessing"]
 

@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 from bert.shards import list_shards, read_shard
-from input_preprocessing.toy_corpus import make_corpus, train_vocab
+from input_preprocessing.toy_corpus import make_corpus
+from input_preprocessing.wordpiece import train_vocab
 
 PKG = Path(__file__).resolve().parents[2]
 
