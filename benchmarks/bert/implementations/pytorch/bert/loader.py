@@ -100,6 +100,12 @@ class BatchPlan:
 # ---------------------------------------------------------------- the training stream
 
 
+# Samples of the last batch a checkpoint names and a resume reads again (each in a shard of its
+# own on the id-based roads: a row read each). Data made again differs in every sample; one
+# changed sample in place is the md5 list's to find.
+PROBE = 4
+
+
 class ResumeRefused(DataError):
     """A stream state that this stream cannot continue: drawn by another road, from other
     data, or (its probe) from other samples under the same names."""
@@ -155,6 +161,7 @@ class TrainLoader:
         self.prefetch = prefetch and not policy.main_thread
         self._position: Position = (0, 0)
         self._last: tuple[list[Sample], np.ndarray] | None = None  # the last batch: samples, [n, 2] (shard, row)
+        self._sizes: dict[int, int] = {}  # samples in each shard sized so far (a metadata open each, once)
         self._it: Iterator[tuple[list[Sample], np.ndarray, Position]] | None = None
         self._pending: watchdog.Read | None = None  # the read in flight (the poll looks at it)
         self._reading: watchdog.Read | None = None  # the read whose thread draws now
@@ -162,10 +169,26 @@ class TrainLoader:
     # -- what the policy may ask (sampler.Source), inside the read that draws
 
     def size(self, shard: int) -> int:
+        if shard in self._sizes:
+            return self._sizes[shard]
         path, read = self.paths[shard], self._reading
         if read is None:
-            return self.reader.wait(path, lambda r: self.reader.size(r, path))
-        return self.reader.size(read, path)
+            n = self.reader.wait(path, lambda r: self.reader.size(r, path))
+        else:
+            n = self.reader.size(read, path)
+        self._sizes[shard] = n
+        return n
+
+    def sizes(self, shards: Sequence[int]) -> list[int]:
+        """``size`` of each of ``shards``, those not sized yet in one read (one thread, each
+        file under the bound)."""
+        todo = sorted({int(s) for s in shards} - self._sizes.keys())
+        if todo:
+            def read_all(read: watchdog.Read) -> list[int]:
+                return [self.reader.size(read, self.paths[s]) for s in todo]
+
+            self._sizes.update(zip(todo, self.reader.wait(self.reader.root, read_all)))
+        return [self._sizes[int(s)] for s in shards]
 
     def samples(self, draw: Draw) -> list[Sample]:
         if self._reading is None:
@@ -275,7 +298,7 @@ class TrainLoader:
                "data": self.data, **self.policy.state(self._position)}
         if self._last is not None:  # hashed here, at a checkpoint, never per step
             samples, _ = self._last
-            out["probe"] = {"samples": self.last, "examples_md5": examples_md5(Shard.from_samples(samples))}
+            out["probe"] = {"samples": self.last[:PROBE], "examples_md5": examples_md5(Shard.from_samples(samples[:PROBE]))}
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

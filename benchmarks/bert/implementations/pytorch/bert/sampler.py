@@ -486,6 +486,10 @@ class Source(Protocol):
         """Samples in ``shard`` (its metadata only)."""
         ...
 
+    def sizes(self, shards: Sequence[int]) -> list[int]:
+        """``size`` of each of ``shards``, read together."""
+        ...
+
     def samples(self, draw: Draw) -> list[Sample]:
         """The samples of ``draw``, read and checked."""
         ...
@@ -634,6 +638,7 @@ class ShardOrder:
             mine = restored(self.rank, world_size)
             self.plan, self.plan_end = mine.plan, mine.plan_end
             return int(states[self.rank]["position"][0]), int(states[self.rank]["position"][1])
+        source.sizes(range(self.num_shards))  # every shard is some earlier rank's: sized in one read
         pool: list[Segment] = []
         begun = []
         for r in range(world_size):
