@@ -314,8 +314,10 @@ class CheckpointConfig:
     # must agree to stop at the same step): about 50 us of NCCL latency per poll, so every 10
     # steps costs nothing measurable.
     poll_steps: int = 10
-    # auto: continue from the newest complete checkpoint in ``dir`` if there is one;
-    # require: fail if there is none (``python -m bert.train --resume``); off: start fresh.
+    # auto: continue an unfinished run from the newest complete checkpoint in ``dir``; start
+    # fresh over a finished run's (bert/checkpoint.py ``plan``), naming what goes. require
+    # (``python -m bert.train --resume``): fail if there is none; continue a finished run only
+    # to limits past its end, else refuse naming why. off: start fresh.
     resume: Literal["auto", "require", "off"] = "auto"
 
 
