@@ -179,17 +179,6 @@ class TrainLoader:
         self._sizes[shard] = n
         return n
 
-    def sizes(self, shards: Sequence[int]) -> list[int]:
-        """``size`` of each of ``shards``, those not sized yet in one read (one thread, each
-        file under the bound)."""
-        todo = sorted({int(s) for s in shards} - self._sizes.keys())
-        if todo:
-            def read_all(read: watchdog.Read) -> list[int]:
-                return [self.reader.size(read, self.paths[s]) for s in todo]
-
-            self._sizes.update(zip(todo, self.reader.wait(self.reader.root, read_all)))
-        return [self._sizes[int(s)] for s in shards]
-
     def samples(self, draw: Draw) -> list[Sample]:
         if self._reading is None:
             data, where = self.reader.wait(self.reader.root, lambda r: self._read(r, draw))
@@ -295,7 +284,7 @@ class TrainLoader:
 
     def state_dict(self) -> dict[str, Any]:
         out = {"policy": self.policy.name, "position": [int(x) for x in self._position], "world_size": self.world_size,
-               "data": self.data, **self.policy.state(self._position)}
+               "data": self.data, **self.policy.state(self._position, self)}
         if self._last is not None:  # hashed here, at a checkpoint, never per step
             samples, _ = self._last
             out["probe"] = {"samples": self.last[:PROBE], "examples_md5": examples_md5(Shard.from_samples(samples[:PROBE]))}

@@ -137,6 +137,10 @@ BLOCKS: dict[tuple[str, str, str], object] = {
         ("run_and_time.sh", "TENSORBOARD_DIR", "tensorboard", "--logdir", "--host", "127.0.0.1"),
         "the image, your data and a cluster are yours: run.sub's TENSORBOARD=1 sets TENSORBOARD_DIR for "
         "run_and_time.sh, which the test sets on 2 CPU ranks, then serves the folder on a free port"),
+    ("docs/watching.md", "Which samples a step took", "python -m bert.trace --config results/result_0_config.json"):
+        Covered("tests/integration/test_elastic.py::test_the_step_command_says_what_the_trace_says",
+                ("bert.trace", "--config", "--step", "--vocab"),
+                "results/ and step 41000 stand for your run; the test runs the command on its runs' resolved configs"),
     ("docs/published_recipe.md", "The paper's recipe, as published (Kim et al. 2024, open division)",
      "python tools/schedule.py"): RUN,
     ("docs/published_recipe.md", "The paper's recipe, as published (Kim et al. 2024, open division)",
