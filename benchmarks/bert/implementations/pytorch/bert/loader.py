@@ -111,7 +111,6 @@ class ResumeRefused(DataError):
     data, or (its probe) from other samples under the same names."""
 
 
-
 @runtime_checkable
 class TrainStream(Protocol):
     """The training batches the loop draws from, whatever the sampling mode: endless
@@ -287,7 +286,8 @@ class TrainLoader:
                "data": self.data, **self.policy.state(self._position, self)}
         if self._last is not None:  # hashed here, at a checkpoint, never per step
             samples, _ = self._last
-            out["probe"] = {"samples": self.last[:PROBE], "examples_md5": examples_md5(Shard.from_samples(samples[:PROBE]))}
+            out["probe"] = {"samples": self.last[:PROBE],
+                            "examples_md5": examples_md5(Shard.from_samples(samples[:PROBE]))}
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -327,7 +327,7 @@ class TrainLoader:
         where = {name: i for i, name in enumerate(self.names)}
         missing = sorted({name for name, _ in samples if name not in where})
         if missing:
-            raise ResumeRefused(f"{self.reader.root} holds no {missing[0]}")
+            raise DataError(f"{self.reader.root} holds no {missing[0]}")
         shard = np.array([where[name] for name, _ in samples], dtype=np.int64)
         row = np.array([r for _, r in samples], dtype=np.int64)
         return self.samples(Draw(shard, row, (0, 0), (0, 0)))
@@ -351,8 +351,8 @@ class TrainLoader:
         if got != probe["examples_md5"]:
             files = ", ".join(sorted({name for name, _ in probe["samples"]})[:3])
             raise ResumeRefused(f"the samples rank {rank} trained on last (rows of {files}) are other samples here "
-                            f"(examples md5 {got}, {probe['examples_md5']} there): {self.reader.root} holds other "
-                            "data under the same names and sizes (made again?)")
+                                f"(examples md5 {got}, {probe['examples_md5']} there): {self.reader.root} holds other "
+                                "data under the same names and sizes (made again?)")
 
     def close(self) -> None:
         """Stop drawing: the generator ends, and the read in flight is waited for (at most its
