@@ -5,11 +5,13 @@ A checkpoint is a directory ``step_000000123/`` holding
 
   train.pt     (rank 0) model, optimizer, LR schedule, grad scaler (when there is one), the
                loop's TrainState, and what must match on resume (world size, global batch)
-  rank_<r>.pt  (every rank) its RNG states (python, numpy, torch CPU, CUDA), the position
-               of its training-data stream (``batches.state_dict()``: with its sampling
-               road, world size and the identity of its training data, which a resume must
-               match), and its gradient-sync state (PowerSGD's residuals and factors; empty
-               otherwise), and the step
+  rank_<r>.pt  (every rank) its RNG states (python, numpy, torch CPU, CUDA), its
+               gradient-sync state (PowerSGD's residuals and factors; empty otherwise), and
+               the step
+  stream.json  (rank 0) every rank's position in the training stream (``batches.state_dict()``:
+               its sampling road and what the road needs to continue, the identity of the
+               training data and the samples last trained on, which a resume must match),
+               gathered, so that a run of any world size can continue it
   config.json  (rank 0) the run's settings (bert.config.dumps), what a resume is compared
                with (``check_settings``)
   meta.json    written last by rank 0: step, samples, world size, global batch, and each
@@ -22,7 +24,10 @@ kill at any instant leaves the previous checkpoints, or those plus the new one, 
 one. The newest ``keep`` are kept. A checkpoint is written only from finite weights and
 optimizer state (``agree_finite``; the run ends as diverged instead), so pruning never removes
 the newest finite checkpoint for a NaN one. The optimizer state is replicated (DDP), so rank
-0's copy is everyone's. A write that fails on any rank (a full disk: any OSError) is learned by
+0's copy is everyone's, on any number of ranks: a run of another world size resumes it when
+it keeps the global batch (``restore``), each rank then continuing the gathered stream
+(bert/loader.py), its RNG streams reseeded and PowerSGD's residuals begun afresh (they were
+the old ranks' own). A write that fails on any rank (a full disk: any OSError) is learned by
 every rank from the collective that ends the write; rank 0 removes the temp directory and
 every rank raises ``storage.WriteFailed`` (bert.train: exit 5).
 
@@ -32,7 +37,16 @@ in a tensor loads as another number), and restoring cross-checks the step and sa
 meta.json, the train state and the rank files. One that fails is named; ``ckpt.resume=auto``
 moves it aside and resumes from the newest checkpoint that verifies, ``require`` refuses. A
 resume under settings the checkpointed run did not have is refused, naming them
-(``check_settings``; which may differ: bert.config.RESUME_MAY_DIFFER).
+(``check_settings``; which may differ: bert.config.RESUME_MAY_DIFFER, the world size and the
+split of the global batch among them).
+
+A run that ends (its target, or its limit) writes its final weights, then ``finished.json``
+(``mark_finished``: status, step, samples, what ended it); one ended by its limit writes a
+checkpoint at its last step first, where it checkpoints periodically (bert/trainer.py
+``finish``). A plain rerun (auto, off) starts fresh over a finished run, naming what it
+removes (``clear``); ``--resume`` continues it when the new limits lie past its end, and
+refuses naming why when they do not (``plan``); the continuation takes the mark away as it
+begins to train (``reopen``) and writes it again when it ends.
 
 Files are read with ``torch.load(weights_only=True)``: a checkpoint is data, never code.
 """
@@ -52,6 +66,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import numpy as np
 import torch
 
 from . import distributed, rng, storage
@@ -62,8 +77,9 @@ from .state import Learner, TrainState
 from .weights import CheckpointError  # one error type for every checkpoint problem
 
 STEP_DIR = re.compile(r"step_(\d{9})")
-FINISHED = "finished.json"  # the run these checkpoints belong to has ended: never resume it
+FINISHED = "finished.json"  # the run these checkpoints belong to has ended (``ended``)
 SETTINGS = "config.json"  # in a checkpoint: the settings of the run that wrote it
+STREAM = "stream.json"  # in a checkpoint: every rank's training-stream state
 
 log = logging.getLogger(__name__)
 
@@ -100,37 +116,111 @@ def complete_checkpoints(directory: Path) -> list[Path]:
     return sorted(found, key=lambda p: p.name)
 
 
-def plan(directory: Path, mode: str) -> Path | None:
+def ended(directory: Path) -> dict[str, Any] | None:
+    """How the run whose checkpoints these are ended (its finished mark: status, step, samples,
+    what ended it, its last evaluation), or None while it is unfinished. A mark written before
+    marks held the sample count has it from the newest checkpoint's global batch (a run keeps
+    its global batch)."""
+    file = directory / FINISHED
+    if not file.is_file():
+        return None
+    try:
+        mark = json.loads(file.read_text())
+        step = int(mark["step"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{file}: cannot read the finished mark: {e}; remove it if its run did not end") from None
+    if "samples" not in mark:
+        found = complete_checkpoints(directory)
+        mark["samples"] = step * _meta(found[-1]).get("global_batch", 0) if found else 0
+    return mark
+
+
+def _past_end(mark: dict[str, Any], *, end_samples: int, target: float | None) -> str | None:
+    """Why limits that end a run at ``end_samples`` (and, in the benchmark mode, at ``target``)
+    do not lie past the end of the finished run ``mark`` describes; None: they do."""
+    done = mark["samples"]
+    reached = (mark.get("eval") or {}).get("mlm_accuracy")
+    if target is not None and mark.get("ended_by") == "target" and reached is not None and target <= reached:
+        return (f"it ended at step {mark['step']} by its target (masked-LM accuracy {reached:.6g}), and this run's "
+                f"eval.target_accuracy={target:g} is reached already: raise it above {reached:.6g} to continue it")
+    if end_samples <= done:
+        per_step = done // mark["step"] if mark["step"] else 0
+        at = f"step {-(-end_samples // per_step)} ({end_samples} samples)" if per_step else f"{end_samples} samples"
+        fix = ("run.max_steps past it (up to optim.total_steps, where a pretraining phase ends)" if target is None
+               else "run.max_steps or run.max_samples past it")
+        return (f"it ended at step {mark['step']} ({done} samples), and this run's limits end it at {at}, not past "
+                f"that: raise {fix} to continue it")
+    return None
+
+
+def plan(directory: Path, mode: str, *, end_samples: int, target: float | None) -> Path | None:
     """The checkpoint to resume from (None = start fresh); every rank computes the same.
 
-    Raises ``CheckpointError`` when ``mode`` is "require" and there is nothing to resume, and
-    when a fresh start would mix its checkpoints with an unfinished run's ("off").
+    ``end_samples``: the sample count this run's limits end it at (bert.config.max_samples);
+    ``target``: the benchmark mode's eval.target_accuracy (None in pretraining). An unfinished
+    run's newest checkpoint is resumed (auto, require). A finished run (``ended``) is continued
+    only by "require", and only when this run's limits lie past its end; auto and off start
+    fresh over it (``clear`` then names what it removes): a plain rerun of a finished run is a
+    new run, as MLPerf's reruns are.
+
+    Raises ``CheckpointError`` when ``mode`` is "require" and there is nothing to resume or the
+    finished run's end is not passed (naming why), and when a fresh start would mix its
+    checkpoints with an unfinished run's ("off").
     """
     found = complete_checkpoints(directory)
-    finished = (directory / FINISHED).is_file()
-    if mode == "require" and (not found or finished):
-        why = "holds only checkpoints of a finished run" if found else "holds no complete checkpoint"
-        raise CheckpointError(f"--resume / ckpt.resume=require: {directory} {why}")
-    if mode == "off" and found and not finished:
+    mark = ended(directory)
+    if mode == "require":
+        if not found:
+            raise CheckpointError(f"--resume / ckpt.resume=require: {directory} holds no complete checkpoint")
+        why = _past_end(mark, end_samples=end_samples, target=target) if mark else None
+        if why:
+            raise CheckpointError(f"--resume / ckpt.resume=require: {directory} holds a finished run: {why}, or "
+                                  "drop --resume to start a fresh run there")
+        return found[-1]
+    if mode == "off" and found and mark is None:
         raise CheckpointError(f"ckpt.resume=off but {directory} holds checkpoints of an unfinished run "
                               f"(newest {found[-1].name}); resume it, or use another ckpt.dir / log.output_dir")
-    return found[-1] if found and not finished and mode != "off" else None
+    return found[-1] if found and mark is None and mode != "off" else None
 
 
 def clear(directory: Path) -> None:
-    """Rank 0, fresh start: drop a finished run's checkpoints and any torn temp directories."""
+    """Rank 0, fresh start: drop a finished run's checkpoints, its mark and any torn temp
+    directories, naming them in one line (nothing a run wrote goes without a word)."""
     if not directory.is_dir():
         return
-    for p in directory.iterdir():
-        if STEP_DIR.fullmatch(p.name) or (p.name.startswith(".step_") and p.name.endswith(".tmp")):
-            shutil.rmtree(p)
+    mark = ended(directory)
+    gone = sorted(p for p in directory.iterdir()
+                  if STEP_DIR.fullmatch(p.name) or (p.name.startswith(".step_") and p.name.endswith(".tmp")))
+    if not gone and mark is None:
+        return
+    names = ", ".join(p.name for p in gone) or FINISHED
+    if mark is not None:
+        whose = (f"{'the checkpoints' if gone else 'the mark'} of a finished run (it ended at step {mark['step']}, "
+                 f"run_stop {mark.get('status')}); --resume continues a finished run instead, to limits past its end")
+    else:
+        whose = "unfinished writes of a run that stopped during them"
+    log.info(f"starting fresh in {directory}: removing {names}, {whose}")
+    for p in gone:
+        shutil.rmtree(p)
     (directory / FINISHED).unlink(missing_ok=True)
 
 
-def mark_finished(directory: Path, status: str, step: int) -> None:
-    """Rank 0, at run_stop: the checkpoints here must not be resumed by a later auto start."""
+def reopen(directory: Path) -> None:
+    """Rank 0, as a continuation of a finished run begins to train (every refusal behind it):
+    its finished mark goes, so that a stop before it ends again leaves an unfinished run that
+    the same command resumes. Before this point a stop leaves the finished run as it was."""
+    (directory / FINISHED).unlink(missing_ok=True)
+
+
+def mark_finished(directory: Path, *, status: str, step: int, samples: int, ended_by: str,
+                  metrics: dict[str, float]) -> None:
+    """Rank 0, at run_stop, once the final weights are safe: the run these checkpoints belong
+    to ended (``ended_by``: "target" or "limit"), at ``step`` after ``samples``, its last
+    evaluation ``metrics``. A later auto start begins afresh over them; --resume continues
+    them only to limits past this end (``plan``)."""
     if directory.is_dir():
-        storage.write_text(directory / FINISHED, json.dumps({"status": status, "step": step}) + "\n")
+        mark = {"status": status, "step": step, "samples": samples, "ended_by": ended_by, "eval": metrics}
+        storage.write_text(directory / FINISHED, json.dumps(mark) + "\n")
 
 
 # ---------------------------------------------------------------- save and restore
@@ -167,11 +257,12 @@ def _meta(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{meta_path}: cannot read: {e}") from None
 
 
-def verify(path: Path, rank: int) -> str | None:
+def verify(path: Path, rank: int, world_size: int) -> str | None:
     """Why checkpoint ``path`` does not prove its bytes to this rank (None: it does): each file
-    this rank reads (train.pt, its rank file, config.json) must have the CRC-32 and size
-    meta.json records. A checkpoint written before meta.json held sums is taken as it is, and
-    one written before checkpoints held their settings has no config.json to check."""
+    this rank reads (train.pt, config.json, stream.json, and its rank file when the checkpoint
+    is of this world size) must have the CRC-32 and size meta.json records. A checkpoint
+    written before meta.json held sums is taken as it is, and one written before checkpoints
+    held their settings (or the gathered stream) has no such file to check."""
     try:
         meta = _meta(path)
     except CheckpointError as e:
@@ -179,7 +270,8 @@ def verify(path: Path, rank: int) -> str | None:
     files = meta.get("files")
     if not isinstance(files, dict):
         return None  # no sums recorded (an older checkpoint): nothing to check against
-    for name in ("train.pt", f"rank_{rank}.pt", *([SETTINGS] if SETTINGS in files else [])):
+    own = [f"rank_{rank}.pt"] if meta.get("world_size") == world_size else []
+    for name in ("train.pt", *own, *[n for n in (SETTINGS, STREAM) if n in files]):
         want = files.get(name)
         if not isinstance(want, dict):
             return f"{path / 'meta.json'}: records no sum of {name}"
@@ -199,21 +291,12 @@ def choose(directory: Path, newest: Path, mode: str, rank: int, world_size: int)
     tried). Under ``ckpt.resume=auto`` a damaged one is moved aside (``<name>.damaged``, rank 0;
     kept for a look) and the next older one tried, saying so; ``require`` refuses, naming the
     damage and the newest checkpoint that verifies. None verifying: refused. A checkpoint of
-    another world size is refused for that, before anything is called damaged (its rank files
-    are not this run's ranks'), and nothing is moved."""
+    another world size is verified by what this run reads of it (not the rank files of ranks
+    it does not have)."""
     candidates = [p for p in complete_checkpoints(directory) if p.name <= newest.name][::-1]
     damaged: list[tuple[Path, str]] = []
     for path in candidates:
-        try:
-            written_by = _meta(path).get("world_size")
-        except CheckpointError:
-            written_by = world_size  # unreadable: verify names it
-        if written_by != world_size:
-            raise CheckpointError(f"{path}: written by a run of world_size={written_by}, this run has {world_size}: "
-                                  "a resume continues each rank's own data stream and state, so it keeps the world "
-                                  f"size; resume with {written_by} ranks, or start a fresh run with another ckpt.dir "
-                                  "and log.output_dir")
-        seen = distributed.all_gather_object(verify(path, rank))
+        seen = distributed.all_gather_object(verify(path, rank, world_size))
         why = next((f"{t} (on rank {r})" for r, t in enumerate(seen) if t is not None), None)
         if why is None:
             break
@@ -257,17 +340,48 @@ def check_settings(path: Path, cfg: Config) -> None:
             "sample and step limits) may differ (bert/config.py RESUME_MAY_DIFFER)")
 
 
+def batch_sizes(global_batch: int, world_size: int) -> str:
+    """What keeps ``global_batch`` on ``world_size`` ranks, in words (a refusal's fix)."""
+    if global_batch % world_size:
+        near = [w for w in range(1, global_batch + 1) if global_batch % w == 0 and w <= 2 * world_size][-4:]
+        return (f"{global_batch} samples do not split over {world_size} ranks; numbers of ranks that divide it: "
+                f"{', '.join(map(str, near))}")
+    per = global_batch // world_size
+    splits = [f"run.local_batch_size={per // a} with run.grad_accum_steps={a}"
+              for a in range(1, per + 1) if per % a == 0][:3]
+    return f"on {world_size} ranks: {' or '.join(splits)} (BATCHSIZE, GRADIENT_STEPS)"
+
+
+@dataclasses.dataclass
+class Restored:
+    """What a resume continues besides the learner and the train state: the training stream
+    (``TrainStream.load_state_dict``'s argument, applied once the data is open, after
+    run_start) and, on another world size, what could not carry over (a line each)."""
+
+    stream: dict[str, Any]
+    world_size: int  # of the run that wrote it
+    reset: list[str]
+
+
 def restore(path: Path, learner: Learner, state: TrainState, rank: int, world_size: int,
-            global_batch: int) -> dict[str, Any]:
+            global_batch: int) -> Restored:
     """Load checkpoint ``path`` into the built ``learner`` and the loop's ``state``, in place.
 
-    Returns this rank's data-stream position for the loader's ``load_state_dict``: the
-    caller applies it once the data is open, after run_start (bert.trainer.Trainer.open_data)."""
+    A checkpoint of another world size resumes when this run keeps its global batch (the
+    learning-rate schedule, the sample count and the eval cadence count in its units); the
+    model and optimizer state are replicated, so they carry over whole. What was per rank
+    cannot: each rank's RNG streams are reseeded from (seed, step, rank), PowerSGD's residuals
+    and factors begin afresh. The stream position is the gathered one (stream.json)."""
     meta = _meta(path)
-    for key, mine in (("world_size", world_size), ("global_batch", global_batch)):
-        if meta.get(key) != mine:
-            raise CheckpointError(f"{path}: written with {key}={meta.get(key)}, this run has {mine}; "
-                                  "a resume must keep the world size and batch")
+    then = int(meta.get("world_size") or 0)
+    if meta.get("global_batch") != global_batch:
+        raise CheckpointError(f"{path}: written with global batch {meta.get('global_batch')} ({then} ranks), this "
+                              f"run has {global_batch} ({world_size} ranks); a resume keeps the global batch (the "
+                              f"schedule and the data stream count in it): {batch_sizes(meta.get('global_batch') or 0, world_size)}")
+    elastic = then != world_size
+    if elastic and not (path / STREAM).is_file():
+        raise CheckpointError(f"{path}: written by {then} ranks before checkpoints gathered every rank's data stream "
+                              f"(no {STREAM}): it resumes on {then} ranks only")
     shared = _load(path / "train.pt")
     why = (_shape_mismatch(learner.model.state_dict(), shared["model"])
            or _optimizer_mismatch(learner.optimizer, shared["optimizer"]))
@@ -280,24 +394,48 @@ def restore(path: Path, learner: Learner, state: TrainState, rank: int, world_si
     if shared.get("scaler") is None:
         raise CheckpointError(f"{path / 'train.pt'}: no grad scaler state (not a checkpoint of this trainer)")
     learner.scaler.load_state_dict(shared["scaler"])
-    # The bookkeeping three ways: meta.json, the train state, each rank's file. Damage that
-    # the sums miss (meta.json has none of its own) must not resume at the wrong step.
+    # The bookkeeping three ways: meta.json, the train state, the stream and each rank's file.
+    # Damage that the sums miss (meta.json has none of its own) must not resume at the wrong step.
     saved = shared["train_state"]
-    mine = _load(path / f"rank_{rank}.pt")
-    for key, name, got in (("step", "train.pt", saved.get("step")), ("samples", "train.pt", saved.get("samples")),
-                           ("step", f"rank_{rank}.pt", mine.get("step", meta.get("step")))):
+    mine = {} if elastic else _load(path / f"rank_{rank}.pt")
+    stream = _stream(path) if (path / STREAM).is_file() else {"world_size": then, "ranks": None}
+    checks = [("step", "train.pt", saved.get("step")), ("samples", "train.pt", saved.get("samples")),
+              ("step", STREAM, stream.get("step", meta.get("step")))]
+    if not elastic:
+        checks.append(("step", f"rank_{rank}.pt", mine.get("step", meta.get("step"))))
+    for key, name, got in checks:
         if got != meta.get(key):
             raise CheckpointError(f"{path}: meta.json says {key} {meta.get(key)}, {name} says {got}: the checkpoint "
                                   "contradicts itself; resume from another one (move this one aside)")
     for k, v in saved.items():
         old = getattr(state, k)
         setattr(state, k, v.to(old.device) if torch.is_tensor(old) else type(old)(v))
-    try:  # PowerSGD's residuals and factors; nothing for the other modes
-        learner.grad_sync.load_state_dict(mine.get("grad_sync", {}), learner.device)
-    except ValueError as e:
-        raise CheckpointError(f"{path / f'rank_{rank}.pt'}: {e}") from None
-    rng.set_state(mine["rng"], learner.device)
-    return mine["batches"]
+    reset = []
+    if elastic:
+        rng.seed_everything(int(np.random.SeedSequence([state.seed, state.step, rank]).generate_state(1)[0]))
+        reset.append("each rank's RNG streams (dropout, masking) reseeded from (seed, step, rank)")
+        if learner.grad_sync.state_dict():
+            reset.append("PowerSGD's residuals and factors begun afresh (they were each old rank's own), its "
+                         "uncompressed warm-up steps too")
+    else:
+        try:  # PowerSGD's residuals and factors; nothing for the other modes
+            learner.grad_sync.load_state_dict(mine.get("grad_sync", {}), learner.device)
+        except ValueError as e:
+            raise CheckpointError(f"{path / f'rank_{rank}.pt'}: {e}") from None
+        rng.set_state(mine["rng"], learner.device)
+    if stream["ranks"] is None:  # written before the stream was gathered: this rank's own, in its rank file
+        stream = mine["batches"]
+    return Restored(stream, then, reset)
+
+
+def _stream(path: Path) -> dict[str, Any]:
+    try:
+        stream = json.loads((path / STREAM).read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path / STREAM}: cannot read: {e}") from None
+    if not isinstance(stream, dict) or not isinstance(stream.get("ranks"), list):
+        raise CheckpointError(f"{path / STREAM}: holds no list of the ranks' stream states")
+    return stream
 
 
 def finite(learner: Learner) -> torch.Tensor:
@@ -488,9 +626,8 @@ class Checkpointer:
         def own_files() -> None:
             tmp.mkdir(parents=True, exist_ok=True)  # every rank: the directory is on a shared filesystem
             name = f"rank_{self.rank}.pt"
-            sums[name] = storage.save_torch({"rng": rng.state(self.device), "batches": position,
-                                             "grad_sync": learner.grad_sync.state_dict(), "step": state.step},
-                                            tmp / name).as_dict()
+            sums[name] = storage.save_torch({"rng": rng.state(self.device), "grad_sync": learner.grad_sync.state_dict(),
+                                             "step": state.step}, tmp / name).as_dict()
             if self.rank == 0:
                 sums["train.pt"] = storage.save_torch(
                     {"model": learner.model.state_dict(), "optimizer": learner.optimizer.state_dict(),
@@ -500,7 +637,9 @@ class Checkpointer:
                     sums[SETTINGS] = storage.write_text(tmp / SETTINGS, self.settings).as_dict()
 
         def complete() -> None:
-            files = {name: every[name] for every in gathered for name in every}
+            files = {name: every[name] for every, _ in gathered for name in every}
+            stream = {"step": state.step, "world_size": self.world_size, "ranks": [p for _, p in gathered]}
+            files[STREAM] = storage.write_text(tmp / STREAM, json.dumps(stream) + "\n").as_dict()
             meta = {"step": state.step, "samples": state.samples, "world_size": self.world_size,
                     "global_batch": self.global_batch, "files": dict(sorted(files.items()))}
             (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
@@ -514,8 +653,9 @@ class Checkpointer:
         # The collective that ends the write (it was a barrier): every rank's file is in place,
         # or every rank learns which failed, before rank 0 names the directory complete.
         self._agree(storage.attempt(what, self.dir, "ckpt.dir", own_files), tmp)
-        # Every rank's sums, for rank 0's meta.json: one small gather, in checkpoint steps only.
-        gathered = distributed.all_gather_object(sums)
+        # Every rank's sums and stream position, for rank 0's meta.json and stream.json: one small
+        # gather, in checkpoint steps only.
+        gathered = distributed.all_gather_object((sums, position))
         # Rank 0's meta.json, rename and fsyncs: one more 4-byte collective, in checkpoint steps only.
         self._agree(storage.attempt(what, self.dir, "ckpt.dir", complete) if self.rank == 0 else None, tmp)
         self.last_write = time.monotonic()

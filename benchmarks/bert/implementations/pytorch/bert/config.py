@@ -314,8 +314,10 @@ class CheckpointConfig:
     # must agree to stop at the same step): about 50 us of NCCL latency per poll, so every 10
     # steps costs nothing measurable.
     poll_steps: int = 10
-    # auto: continue from the newest complete checkpoint in ``dir`` if there is one;
-    # require: fail if there is none (``python -m bert.train --resume``); off: start fresh.
+    # auto: continue an unfinished run from the newest complete checkpoint in ``dir``; start
+    # fresh over a finished run's (bert/checkpoint.py ``plan``), naming what goes. require
+    # (``python -m bert.train --resume``): fail if there is none; continue a finished run only
+    # to limits past its end, else refuse naming why. off: start fresh.
     resume: Literal["auto", "require", "off"] = "auto"
 
 
@@ -333,6 +335,10 @@ class LogConfig:
     # One device's peak FLOP/s for the model's arithmetic, the denominator of the MFU curve
     # (e.g. 989e12, an H100 SXM's dense bf16 tensor cores); 0 = unknown: no MFU curve.
     peak_flops_per_s: float = 0.0
+    # Which samples each step took: every rank appends one JSON line per optimizer step to
+    # DIR/rank_<r>.jsonl, {"step", "rank", "samples": [[shard, row], ...]} (bert/trace.py;
+    # docs/watching.md); empty = off. Costs a write per step per rank (BENCHMARKS.md section 17).
+    sample_trace: str = ""
     # Also print the MLPerf log's :::MLLOG lines on stdout (they always go to the log file);
     # off, a person sees the progress and eval lines and the verdicts.
     echo_mllog: bool = False
@@ -435,6 +441,7 @@ LAUNCHER_VARIABLES: dict[str, str] = {
     "LOGDIR": "log.output_dir",
     "LOGFILE": "log.log_file",
     "TENSORBOARD_DIR": "log.tensorboard_dir",
+    "SAMPLE_TRACE": "log.sample_trace",
     "DGXSYSTEM": "log.system",
     "SUBMISSION_ORG": "log.submitter",
     "SUBMISSION_PLATFORM": "log.platform",
@@ -529,10 +536,14 @@ def launcher_variable(key: str) -> str:
 # data.train_dir / data.eval_dir: the same data under another path (a moved mount); the
 # training stream's state records its data's identity (bert/loader.py describe_data), which a
 # resume must match. run.seed: the checkpointed run's seed is used (said).
+# run.local_batch_size / run.grad_accum_steps / data.token_budgets: how the global batch is split
+# among ranks and micro-steps (a resume on another number of ranks); the global batch itself must
+# be the checkpoint's (bert/checkpoint.py restore refuses another, naming the splits that keep it).
 RESUME_MAY_DIFFER = ("data.train_dir", "data.eval_dir", "data.read_timeout_s", "data.verify_md5", "ckpt.*",
                      "log.*", "dist.*", "run.init_checkpoint", "run.save_checkpoint", "run.seed",
                      "run.max_nonfinite_steps", "run.exclusive", "run.cache_cleared", "run.threads",
-                     "eval.target_accuracy", "run.max_samples", "run.max_steps")
+                     "eval.target_accuracy", "run.max_samples", "run.max_steps", "run.local_batch_size",
+                     "run.grad_accum_steps", "data.token_budgets")
 
 # What a saved config that lacks a key meant by it: the value the code that wrote it ran, where
 # that is not today's default. Checkpoints and resolved configs written before model.activation

@@ -26,8 +26,8 @@ from .batches import collate, collate_packed, pinned, synthetic_batches, warmup_
 from .budget import BudgetCollate, Layout
 from .config import DataConfig, ModelConfig, SamplerConfig
 from .reader import ShardReader
-from .sampler import Draw, LengthIndex, Policy, Position, ShardOrder, build_policy
-from .shards import SHARD_SUFFIXES, Bounds, DataError, Sample, Shard, list_shards
+from .sampler import Canon, Draw, LengthIndex, Policy, Position, ShardOrder, build_policy
+from .shards import SHARD_SUFFIXES, Bounds, DataError, Sample, Shard, examples_md5, list_shards
 
 # ---------------------------------------------------------------- the batch plan
 
@@ -100,6 +100,17 @@ class BatchPlan:
 # ---------------------------------------------------------------- the training stream
 
 
+# Samples of the last batch a checkpoint names and a resume reads again (each in a shard of its
+# own on the id-based roads: a row read each). Data made again differs in every sample; one
+# changed sample in place is the md5 list's to find.
+PROBE = 4
+
+
+class ResumeRefused(DataError):
+    """A stream state that this stream cannot continue: drawn by another road, from other
+    data, or (its probe) from other samples under the same names."""
+
+
 @runtime_checkable
 class TrainStream(Protocol):
     """The training batches the loop draws from, whatever the sampling mode: endless
@@ -129,31 +140,43 @@ class TrainLoader:
     ranks never disagree on the number of steps.
 
     ``state_dict()`` is the position of the next sample not handed out, with what it is a
-    position of (the policy, the world size, the training data's identity: ``data()``,
-    described once, when a checkpoint first asks), so a resume continues with the same
-    batches, or is refused naming what differs."""
+    position of (the policy and what it needs to continue, the world size, the training
+    data's identity: ``data()``, described once, when a checkpoint first asks) and the last
+    batch handed out (its samples by shard and row, and their examples' md5: the probe a
+    resume reads again to prove the data holds the same samples). A checkpoint keeps every
+    rank's; ``load_state_dict`` continues from them on this rank, on the same world size or
+    another, or refuses naming what differs. ``last`` names the last batch's samples
+    (shard relative to the training directory, row), for the sample trace."""
 
     def __init__(self, *, policy: Policy, reader: ShardReader, paths: Sequence[Path],
                  collate: Callable[[Sequence[Sample]], dict], batch_size: int, world_size: int,
-                 data: Callable[[], dict[str, Any]], prefetch: bool = True):
+                 data: Callable[[], dict[str, Any]], prefetch: bool = True, rank: int = 0):
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         self.policy, self.reader, self.paths, self.collate = policy, reader, list(paths), collate
-        self.batch_size, self.world_size, self._describe = batch_size, world_size, data
+        self.batch_size, self.world_size, self.rank, self._describe = batch_size, world_size, rank, data
+        self.names = [p.relative_to(reader.root).as_posix() for p in self.paths]
         self._data: dict[str, Any] | None = None
         self.prefetch = prefetch and not policy.main_thread
         self._position: Position = (0, 0)
-        self._it: Iterator[tuple[list[Sample], Position]] | None = None
+        self._last: tuple[list[Sample], np.ndarray] | None = None  # the last batch: samples, [n, 2] (shard, row)
+        self._sizes: dict[int, int] = {}  # samples in each shard sized so far (a metadata open each, once)
+        self._it: Iterator[tuple[list[Sample], np.ndarray, Position]] | None = None
         self._pending: watchdog.Read | None = None  # the read in flight (the poll looks at it)
         self._reading: watchdog.Read | None = None  # the read whose thread draws now
 
     # -- what the policy may ask (sampler.Source), inside the read that draws
 
     def size(self, shard: int) -> int:
+        if shard in self._sizes:
+            return self._sizes[shard]
         path, read = self.paths[shard], self._reading
         if read is None:
-            return self.reader.wait(path, lambda r: self.reader.size(r, path))
-        return self.reader.size(read, path)
+            n = self.reader.wait(path, lambda r: self.reader.size(r, path))
+        else:
+            n = self.reader.size(read, path)
+        self._sizes[shard] = n
+        return n
 
     def samples(self, draw: Draw) -> list[Sample]:
         if self._reading is None:
@@ -208,12 +231,13 @@ class TrainLoader:
             self._pending = self.reader.start(self.reader.root, load)
         return self._pending
 
-    def _batches(self) -> Iterator[tuple[list[Sample], Position]]:
-        """Endless (a batch's samples, the position after its last) from ``self._position``
-        on; a batch may span draws."""
+    def _batches(self) -> Iterator[tuple[list[Sample], np.ndarray, Position]]:
+        """Endless (a batch's samples, their (shard, row), the position after its last) from
+        ``self._position`` on; a batch may span draws."""
         draws = self.policy.draws(self._position, self)
         pending = self._start(draws)
         batch: list[Sample] = []
+        ids: list[np.ndarray] = []
         while True:
             draw, (data, where) = pending.result()  # bounded: data.read_timeout_s per file
             if self.prefetch:
@@ -222,10 +246,11 @@ class TrainLoader:
             while i < len(order):
                 take = order[i:i + self.batch_size - len(batch)]
                 batch += [data[j] for j in take]
+                ids.append(np.stack([draw.shard[i:i + len(take)], draw.row[i:i + len(take)]], axis=1))
                 i += len(take)
                 if len(batch) == self.batch_size:
-                    yield batch, draw.after(i - 1)
-                    batch = []
+                    yield batch, np.concatenate(ids), draw.after(i - 1)
+                    batch, ids = [], []
             if not self.prefetch:
                 pending = self._start(draws)
 
@@ -235,8 +260,15 @@ class TrainLoader:
     def __next__(self) -> dict:
         if self._it is None:
             self._it = self._batches()
-        batch, self._position = next(self._it)
+        batch, ids, self._position = next(self._it)
+        self._last = batch, ids
         return self.collate(batch)
+
+    @property
+    def last(self) -> list[list[Any]]:
+        """The last batch handed out, sample by sample: [shard relative to the training
+        directory, row]."""
+        return [] if self._last is None else [[self.names[s], r] for s, r in self._last[1].tolist()]
 
     def failure(self) -> str | None:
         """Why the read in flight cannot deliver (bad data, or past its bound), without waiting."""
@@ -250,23 +282,77 @@ class TrainLoader:
         return self._data
 
     def state_dict(self) -> dict[str, Any]:
-        return {"policy": self.policy.name, "position": list(self._position), "world_size": self.world_size,
-                "data": self.data}
+        out = {"policy": self.policy.name, "position": [int(x) for x in self._position], "world_size": self.world_size,
+               "data": self.data, **self.policy.state(self._position, self)}
+        if self._last is not None:  # hashed here, at a checkpoint, never per step
+            samples, _ = self._last
+            out["probe"] = {"samples": self.last[:PROBE],
+                            "examples_md5": examples_md5(Shard.from_samples(samples[:PROBE]))}
+        return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue at ``state``'s position; ``DataError`` naming what differs when it is a
-        position of another world size, sampling road or training data (a part of the
-        identity that one side lacks, an md5 list, is not compared)."""
-        state = _current(state)
-        theirs = {"policy": state.get("policy"), "world_size": state.get("world_size"), **state.get("data", {})}
-        mine = {"policy": self.policy.name, "world_size": self.world_size, **self.data}
+        """Continue the stream ``state`` describes: every rank's ``state_dict`` as a checkpoint
+        keeps them (``{"world_size": W, "ranks": [...]}``), or this rank's own (a run of the
+        same world size). ``DataError`` naming what differs when it was drawn by another
+        sampling road or from other training data (a part of the identity that one side lacks,
+        an md5 list, is not compared), or when the samples it last trained on (each earlier
+        rank's probe, read again here by rank ``r % world_size``) are not what these files hold."""
+        states = [_current(st) for st in state["ranks"]] if "ranks" in state else None
+        first = states[0] if states else _current(state)
+        then = int(state.get("world_size") or first.get("world_size") or self.world_size)
+        states = states or [first] * (then if then == self.world_size else 1)
+        theirs = {"policy": first.get("policy"), **first.get("data", {})}
+        mine = {"policy": self.policy.name, **self.data}
         differ = [f"{k} {theirs.get(k)} there, {v} here" for k, v in mine.items()
-                  if theirs.get(k) != v and v is not None and (theirs.get(k) is not None or not state.get("older"))
+                  if theirs.get(k) != v and v is not None and (theirs.get(k) is not None or not first.get("older"))
                   and not (k == "md5sums.txt" and theirs.get(k) is None)]
         if differ:
-            raise DataError(f"its training stream was drawn otherwise: {'; '.join(differ)}")
+            raise ResumeRefused(f"its training stream was drawn otherwise: {'; '.join(differ)}")
+        if len(states) != then or (first.get("older") and then != self.world_size):
+            raise ResumeRefused(f"its training stream was saved as one rank's own position (world_size {then} there, "
+                                f"{self.world_size} here): it resumes on {then} ranks only; every rank's, gathered "
+                                "(a checkpoint's stream.json), resumes on any")
         self.close()
-        self._position = (int(state["position"][0]), int(state["position"][1]))
+        for r in range(self.rank, len(states), self.world_size):
+            self._check_probe(states[r].get("probe"), r)
+        try:
+            self._position = self.policy.resume(states, then, self)
+        except ValueError as e:  # DataError stays what it is: a file of the data
+            if isinstance(e, DataError):
+                raise
+            raise ResumeRefused(f"its training stream cannot continue here: {e}") from None
+
+    def read_named(self, samples: Sequence[Sequence[Any]]) -> list[Sample]:
+        """The samples named [shard relative to the training directory, row], read (every guard)."""
+        where = {name: i for i, name in enumerate(self.names)}
+        missing = sorted({name for name, _ in samples if name not in where})
+        if missing:
+            raise DataError(f"{self.reader.root} holds no {missing[0]}")
+        shard = np.array([where[name] for name, _ in samples], dtype=np.int64)
+        row = np.array([r for _, r in samples], dtype=np.int64)
+        return self.samples(Draw(shard, row, (0, 0), (0, 0)))
+
+    def ahead(self, skip: int, count: int) -> list[list[Any]]:
+        """[shard, row] of the ``count`` samples this stream hands out after the next ``skip``,
+        from its policy alone (shard sizes from their metadata; no sample read)."""
+        out: list[list[Any]] = []
+        for d in self.policy.draws(self.policy.seek(self._position, skip, self), self):
+            out += [[self.names[s], r] for s, r in zip(d.shard.tolist(), d.row.tolist())]
+            if len(out) >= count:
+                return out[:count]
+        raise AssertionError("draws are endless")
+
+    def _check_probe(self, probe: dict[str, Any] | None, rank: int) -> None:
+        """Read rank ``rank``'s last batch again (every guard) and compare its examples' md5:
+        files regenerated under the same names and sizes hold other samples."""
+        if not probe or not probe.get("samples"):
+            return
+        got = examples_md5(Shard.from_samples(self.read_named(probe["samples"])))
+        if got != probe["examples_md5"]:
+            files = ", ".join(sorted({name for name, _ in probe["samples"]})[:3])
+            raise ResumeRefused(f"the samples rank {rank} trained on last (rows of {files}) are other samples here "
+                                f"(examples md5 {got}, {probe['examples_md5']} there): {self.reader.root} holds other "
+                                "data under the same names and sizes (made again?)")
 
     def close(self) -> None:
         """Stop drawing: the generator ends, and the read in flight is waited for (at most its
@@ -290,7 +376,7 @@ def _current(state: dict[str, Any]) -> dict[str, Any]:
     if "step" in state:
         return {"policy": "ids", "position": [state["step"], 0], "world_size": state.get("world_size"), "older": True,
                 "data": {"samples": state.get("samples")}}
-    raise DataError(f"its training stream's position is not one this loader knows: {sorted(state)}")
+    raise ResumeRefused(f"its training stream's position is not one this loader knows: {sorted(state)}")
 
 
 def _digest(obj: Any) -> str:
@@ -398,37 +484,69 @@ def check_train_dir(train_dir: str, sm: SamplerConfig) -> bool:
     return False
 
 
-def train_batches(*, data: DataConfig, sampler: SamplerConfig, model: ModelConfig, plan: BatchPlan, seed: int,
-                  rank: int, world_size: int, read_timeout_s: float = 60.0,
-                  stopped: Callable[[], str | None] | None = None, prefetch: bool = True) -> TrainLoader:
-    """The training stream of ``plan.batch_size`` samples per rank, its policy chosen once
-    from the data, sampler and model sections; ``read_timeout_s`` the seconds a shard may
-    take to read (``config.read_timeout_s``); ``stopped()`` why the run must stop now (a
-    wait for data ends on it).
+@dataclass
+class TrainingData:
+    """The training directory opened for reading: its reader (every guard), its shards in the
+    order global ids count them, and the length index where the sampling mode needs one."""
 
-    Closed-division sampling (random, no deal) over a plain directory draws by
-    ``ShardOrder`` (each rank reads its own shards, whole). Everything else -- a strata
-    directory, a deal, packed rows -- draws by id from the length index (its ``random`` is a
-    uniform permutation of all samples per epoch). One reader, one loader, whichever.
-    """
-    d, sm, m = data, sampler, model
-    reader = ShardReader(d.train_dir, max_seq_length=d.max_seq_length, bounds=Bounds(m.vocab_size, m.type_vocab_size),
-                         verify_md5=d.verify_md5, timeout_s=read_timeout_s, stopped=stopped)
-    stratified_dir = check_train_dir(d.train_dir, sm)
-    policy: Policy
-    index: LengthIndex | None = None
-    if sm.mode == "random" and sm.deal == "none" and not stratified_dir and not m.pack:
-        paths = list_shards(d.train_dir)
-        policy = ShardOrder(len(paths), rank, world_size, seed)
-    else:
+    reader: ShardReader
+    paths: list[Path]
+    index: LengthIndex | None
+
+    @classmethod
+    def open(cls, *, data: DataConfig, sampler: SamplerConfig, model: ModelConfig, read_timeout_s: float = 60.0,
+             stopped: Callable[[], str | None] | None = None) -> TrainingData:
+        """Closed-division sampling (random, no deal) over a plain directory draws by
+        ``ShardOrder`` (each rank reads its own shards, whole; no index). Everything else -- a
+        strata directory, a deal, packed rows -- draws by id from the length index (its
+        ``random`` is a uniform permutation of all samples per epoch)."""
+        d, sm, m = data, sampler, model
+        reader = ShardReader(d.train_dir, max_seq_length=d.max_seq_length,
+                             bounds=Bounds(m.vocab_size, m.type_vocab_size), verify_md5=d.verify_md5,
+                             timeout_s=read_timeout_s, stopped=stopped)
+        stratified_dir = check_train_dir(d.train_dir, sm)
+        if sm.mode == "random" and sm.deal == "none" and not stratified_dir and not m.pack:
+            return cls(reader, list_shards(d.train_dir), None)
         index = LengthIndex.from_dir(d.train_dir, reader)
-        paths = index.paths
-        policy = build_policy(sm, index, rank=rank, world_size=world_size, local_batch=plan.batch_size, seed=seed,
-                              max_seq_length=d.max_seq_length, hidden=m.hidden_size)
-    check_copies(Path(d.train_dir), reader, index)
-    return TrainLoader(policy=policy, reader=reader, paths=paths, collate=plan.collate, batch_size=plan.batch_size,
-                       world_size=world_size, data=lambda: describe_data(Path(d.train_dir), paths, index),
-                       prefetch=prefetch)
+        return cls(reader, index.paths, index)
+
+    def policy(self, *, data: DataConfig, sampler: SamplerConfig, model: ModelConfig, rank: int, world_size: int,
+               local_batch: int, accum: int, seed: int, resume: dict[str, Any] | None = None) -> Policy:
+        """Rank ``rank``'s policy (of ``world_size``), for ``local_batch`` samples a micro-step and
+        ``accum`` micro-steps a step; cutting the stream as the one ``resume`` (a stream state:
+        ``TrainLoader.load_state_dict``'s argument) was cut, where it began on another world
+        size or batch split (its draw units decide the strata counts, not this run's)."""
+        if self.index is None:
+            return ShardOrder(len(self.paths), rank, world_size, seed)
+        saved = ((resume.get("ranks") or [resume])[0] or {}).get("canon") if resume else None
+        return build_policy(sampler, self.index, rank=rank, world_size=world_size, local_batch=local_batch, seed=seed,
+                            max_seq_length=data.max_seq_length, hidden=model.hidden_size, accum=accum,
+                            canon=Canon(*(int(x) for x in saved)) if saved else None)
+
+    def identity(self) -> dict[str, Any]:
+        return describe_data(self.reader.root, self.paths, self.index)
+
+
+def train_batches(*, data: DataConfig, sampler: SamplerConfig, model: ModelConfig, plan: BatchPlan, seed: int,
+                  rank: int, world_size: int, accum: int = 1, read_timeout_s: float = 60.0,
+                  stopped: Callable[[], str | None] | None = None, prefetch: bool = True,
+                  resume: dict[str, Any] | None = None) -> TrainLoader:
+    """The training stream of ``plan.batch_size`` samples per rank (``accum`` micro-batches a
+    step), its policy chosen once from the data, sampler and model sections
+    (``TrainingData``); ``read_timeout_s`` the seconds a shard may take to read
+    (``config.read_timeout_s``); ``stopped()`` why the run must stop now (a wait for data
+    ends on it); ``resume``: the stream a checkpoint saved, continued (``load_state_dict``).
+    One reader, one loader, whichever the policy."""
+    train = TrainingData.open(data=data, sampler=sampler, model=model, read_timeout_s=read_timeout_s, stopped=stopped)
+    policy = train.policy(data=data, sampler=sampler, model=model, rank=rank, world_size=world_size,
+                          local_batch=plan.batch_size, accum=accum, seed=seed, resume=resume)
+    check_copies(Path(data.train_dir), train.reader, train.index)
+    stream = TrainLoader(policy=policy, reader=train.reader, paths=train.paths, collate=plan.collate,
+                         batch_size=plan.batch_size, world_size=world_size, rank=rank, data=train.identity,
+                         prefetch=prefetch)
+    if resume is not None:
+        stream.load_state_dict(resume)
+    return stream
 
 
 # ---------------------------------------------------------------- evaluation

@@ -49,7 +49,7 @@ import heapq
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -274,6 +274,26 @@ class LengthIndex:
 # ---------------------------------------------------------------- the sampler
 
 
+@dataclass(frozen=True)
+class Canon:
+    """How the stream a run continues was cut when it began, whatever the world size now:
+    ``units`` draw units of ``unit`` samples each (the first run's ranks, or its groups with
+    ``sampler.draw=group``, and their share) per micro-step, ``accum`` micro-steps per optimizer
+    step. Optimizer step k's samples are the units of canonical micro-steps k*accum ...
+    k*accum + accum - 1, laid out unit after unit: a list of ``global_batch`` ids that no later
+    world size changes (Mosaic streaming's canonical nodes). A run on another number of ranks
+    cuts its micro-steps out of that list (``IndexSampler.holder_ids``)."""
+
+    unit: int
+    units: int
+    accum: int
+
+    @property
+    def global_batch(self) -> int:
+        return self.unit * self.units * self.accum
+
+
+
 class IndexSampler:
     """Global ids of the samples rank ``rank`` trains on at step t; see the module doc.
 
@@ -285,7 +305,7 @@ class IndexSampler:
     def __init__(self, lengths: np.ndarray, strata: Strata | None, *, rank: int, world_size: int,
                  local_batch: int, seed: int, group: int = 1, draw: str = "rank",
                  deal_policy: str = "none", counts: Sequence[int] = (), rounding: str = "fixed",
-                 hidden: int = 1024):
+                 hidden: int = 1024, accum: int = 1, canon: Canon | None = None):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
         group = min(group or world_size, world_size)  # a job smaller than a node: one group
@@ -300,7 +320,17 @@ class IndexSampler:
         self.group, self.draw, self.deal_policy, self.hidden = group, draw, deal_policy, hidden
         if draw == "group" and deal_policy == "none":
             raise ValueError("sampler.draw=group needs a deal to split the group's samples")
-        unit = local_batch * (group if draw == "group" else 1)
+        # The holders of this run: ranks, or groups with draw=group; each takes ``share``
+        # samples a micro-step. The stream is cut in the canonical units (``Canon``): this
+        # run's own holders, unless it continues a stream begun on another world size.
+        self.share = local_batch * (group if draw == "group" else 1)
+        self.holders = world_size // (group if draw == "group" else 1)
+        self.accum = accum
+        self.canon = canon or Canon(self.share, self.holders, accum)
+        if self.canon.global_batch != self.share * self.holders * accum:
+            raise ValueError(f"the stream's global batch {self.canon.global_batch} is not this run's "
+                             f"{self.share * self.holders * accum}")
+        unit = self.canon.unit
         if strata is None:
             self.members = [np.arange(len(self.lengths), dtype=np.int32)]
             self.schedule = CountSchedule([1.0], unit)
@@ -322,7 +352,7 @@ class IndexSampler:
         self._stratum = np.zeros(len(self.lengths), dtype=np.int16)
         for j, m in enumerate(self.members):
             self._stratum[m] = j
-        self.units = world_size // (group if draw == "group" else 1)
+        self.units = self.canon.units
         self._perm_cache: dict[tuple[int, int], np.ndarray] = {}
 
     def members_of(self, ids: np.ndarray) -> np.ndarray:
@@ -350,18 +380,42 @@ class IndexSampler:
         return out
 
     def unit_ids(self, step: int, unit: int) -> np.ndarray:
-        """What draw unit ``unit`` takes at ``step``, stratum by stratum."""
+        """What canonical draw unit ``unit`` takes at canonical micro-step ``step``, stratum by stratum."""
         taken, counts = self.schedule.taken(step), self.schedule.counts(step)
         parts = [self._take(k, int(taken[k]) * self.units + unit * int(c), int(c))
                  for k, c in enumerate(counts) if c]
         return np.concatenate(parts)
 
+    def _step_units(self, k: int, first: int, count: int) -> np.ndarray:
+        """Units ``first`` .. ``first + count - 1`` of optimizer step ``k``'s list (``Canon``)."""
+        c = self.canon
+        return np.concatenate([self.unit_ids(k * c.accum + q // c.units, q % c.units)
+                               for q in range(first, first + count)])
+
+    def holder_ids(self, step: int, holder: int) -> np.ndarray:
+        """What holder ``holder`` (a rank, or a group with draw=group) of this run takes at its
+        micro-step ``step``: its cut of the optimizer step's canonical list. Whole units where
+        this run's micro-step is whole units that split evenly over its holders (each holder
+        then has the exact strata counts of the units it takes; a run on the stream's own
+        world size takes unit ``holder`` of canonical micro-step ``step``, as ever); otherwise
+        the micro-step's samples ordered by stratum and dealt round-robin, so each holder's
+        count of every stratum is within one of its share."""
+        c, m = self.canon, self.share * self.holders
+        k, j = divmod(step, self.accum)
+        start = j * m  # where this micro-step begins in step k's list
+        if start % c.unit == 0 and m % c.unit == 0 and (m // c.unit) % self.holders == 0:
+            n = m // c.unit // self.holders
+            return self._step_units(k, start // c.unit + holder * n, n)
+        first, last = start // c.unit, (start + m - 1) // c.unit
+        ids = self._step_units(k, first, last - first + 1)[start - first * c.unit:][:m]
+        return ids[np.argsort(self._stratum[ids], kind="stable")][holder::self.holders]
+
     def group_ids(self, step: int) -> np.ndarray:
         """The undealt samples of this rank's group (rank-major when drawn per rank)."""
         g = self.rank // self.group
         if self.draw == "group":
-            return self.unit_ids(step, g)
-        return np.concatenate([self.unit_ids(step, r) for r in range(g * self.group, (g + 1) * self.group)])
+            return self.holder_ids(step, g)
+        return np.concatenate([self.holder_ids(step, r) for r in range(g * self.group, (g + 1) * self.group)])
 
     def deal_group(self, ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         """This rank's share of the group's ``ids`` given their ``lengths``."""
@@ -371,14 +425,16 @@ class IndexSampler:
     def ids(self, step: int) -> np.ndarray:
         """This rank's ``local_batch`` ids at ``step``, from the length index (no exchange)."""
         if self.deal_policy == "none":
-            return self.unit_ids(step, self.rank)
+            return self.holder_ids(step, self.rank)
         ids = self.group_ids(step)
         return self.deal_group(ids, self.lengths[ids])
 
 
 def build_sampler(cfg: SamplerConfig, index: LengthIndex, *, rank: int, world_size: int, local_batch: int,
-                  seed: int, max_seq_length: int, hidden: int) -> IndexSampler:
-    """``cfg`` is a ``SamplerConfig``; strata from ``cfg.strata_width`` or the manifest."""
+                  seed: int, max_seq_length: int, hidden: int, accum: int = 1,
+                  canon: Canon | None = None) -> IndexSampler:
+    """``cfg`` is a ``SamplerConfig``; strata from ``cfg.strata_width`` or the manifest;
+    ``canon``: the cut of the stream this run continues (None: its own)."""
     strata = None
     if cfg.mode == "stratified":
         bounds = even_bounds(max_seq_length, cfg.strata_width) if cfg.strata_width else list(index.bounds)
@@ -387,15 +443,17 @@ def build_sampler(cfg: SamplerConfig, index: LengthIndex, *, rank: int, world_si
         strata = Strata.from_lengths(index.lengths, bounds)
     return IndexSampler(index.lengths, strata, rank=rank, world_size=world_size, local_batch=local_batch, seed=seed,
                         group=cfg.group_size, draw=cfg.draw, deal_policy=cfg.deal,
-                        counts=cfg.counts, rounding=cfg.rounding, hidden=hidden)
+                        counts=cfg.counts, rounding=cfg.rounding, hidden=hidden, accum=accum, canon=canon)
 
 
 # ---------------------------------------------------------------- what a rank draws, by global id
 
-# Where a rank's stream is: (epoch, samples of the epoch taken) for the shard order, (step,
-# samples of the step taken) for the id-based policies. What a checkpoint saves.
+# Where a rank's stream is: (epoch, samples of the epoch taken) for the shard order, or (PLAN,
+# samples of its plan taken) while it finishes the epochs a run of another world size began;
+# (micro-step, samples of it taken) for the id-based policies. What a checkpoint saves, with
+# what ``Policy.state`` adds.
 Position = tuple[int, int]
-
+PLAN = -1
 
 @dataclass
 class Draw:
@@ -437,12 +495,30 @@ class Policy(Protocol):
     """Which samples one rank trains on, in which order: endless draws from a position on,
     each a pure function of the seed, the rank and the position (so a resume continues
     exactly). ``main_thread``: its draws hold a collective, so they are made in the main
-    thread, in step order, and not read ahead. ``name``: what a checkpoint records."""
+    thread, in step order, and not read ahead. ``name``: what a checkpoint records.
+
+    ``state(position)``: what a resume needs besides the position (JSON values). ``resume``:
+    continue the stream whose ranks had ``states`` (each ``state`` plus its "position") in a
+    run of ``world_size`` ranks, on this run's rank and world size: the policy set up, this
+    rank's position returned; on the same world size each rank continues its own position,
+    bit for bit. ``seek``: the position ``samples`` samples of this rank's stream after
+    ``position`` (no data read; shard sizes from their metadata)."""
 
     name: str
     main_thread: bool
 
     def draws(self, position: Position, source: Source) -> Iterator[Draw]: ...
+
+    def state(self, position: Position, source: Source) -> dict[str, Any]: ...
+
+    def resume(self, states: Sequence[dict[str, Any]], world_size: int, source: Source) -> Position: ...
+
+    def seek(self, position: Position, samples: int, source: Source) -> Position: ...
+
+
+# (epoch, shard, start, step): rows ``start``, ``start + step``, ... of the shard's permutation in
+# that epoch. A rank's share of an epoch is a list of them; so is what it has left.
+Segment = tuple[int, int, int, int]
 
 
 class ShardOrder:
@@ -455,7 +531,14 @@ class ShardOrder:
     permuted with (seed, epoch, shard index in the sorted list). A draw is one shard's
     samples (the loader reads it whole); the positions are (epoch, samples of it taken), so
     a resume skips whole shards from their metadata alone (one open each, no data read).
-    """
+
+    On another world size (``resume``) the ranks finish the epochs the earlier run had begun
+    before any new one: what each earlier rank had left of them (its shards, the rest of the
+    one it was in: its ``state``, from the sizes of the shards it had drawn) is pooled in
+    epoch order and dealt round-robin to the new ranks as their ``plan``, and epoch
+    ``plan_end`` (the first no earlier rank had begun) is dealt the usual way: no shard is
+    sized for it. Every sample is still taken once an epoch; which step takes it is the new world
+    size's (the order is per rank by construction)."""
 
     name, main_thread = "shard_order", False
 
@@ -466,22 +549,36 @@ class ShardOrder:
             raise ValueError(f"seed must be >= 0, got {seed}")
         self.num_shards, self.rank, self.world_size, self.seed = num_shards, rank, world_size, seed
         self.dealt = num_shards >= world_size
+        self.plan: list[Segment] = []  # this rank's share of epochs an earlier world size began
+        self.plan_end = 0  # the epoch after them
+
+    def order(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng(self.seed + epoch).permutation(self.num_shards)
 
     def shards(self, epoch: int) -> list[int]:
-        order = np.random.default_rng(self.seed + epoch).permutation(self.num_shards)
+        order = self.order(epoch)
         return order[self.rank::self.world_size].tolist() if self.dealt else order.tolist()
 
     def select(self, epoch: int, shard: int, num_samples: int) -> np.ndarray:
         perm = np.random.default_rng([self.seed, epoch, shard]).permutation(num_samples)
         return perm if self.dealt else perm[self.rank::self.world_size]
 
+    def share(self, epoch: int) -> list[Segment]:
+        """This rank's share of ``epoch``, in its order."""
+        return [(epoch, s, 0, 1) if self.dealt else (epoch, s, self.rank, self.world_size) for s in self.shards(epoch)]
+
+    def rows(self, seg: Segment, source: Source) -> np.ndarray:
+        epoch, shard, start, step = seg
+        return np.random.default_rng([self.seed, epoch, shard]).permutation(source.size(shard))[start::step]
+
     def draws(self, position: Position, source: Source) -> Iterator[Draw]:
-        epoch, skip = position
         idle = 0  # shards in a row that gave this rank nothing
-        while True:
-            order, taken = self.shards(epoch), 0
-            for j, s in enumerate(order):
-                rows = self.select(epoch, s, source.size(s))
+
+        def region(key: int, segments: list[Segment], skip: int, after: Position) -> Iterator[Draw]:
+            nonlocal idle
+            taken = 0
+            for j, seg in enumerate(segments):
+                rows = self.rows(seg, source)
                 n = len(rows)
                 if skip and skip >= n:  # wholly before the position
                     skip, taken = skip - n, taken + n
@@ -495,19 +592,82 @@ class ShardOrder:
                                         "for the world size")
                     continue
                 idle = 0
-                end = (epoch + 1, 0) if j == len(order) - 1 else (epoch, taken)
-                yield Draw(np.full(len(rows), s, dtype=np.int64), rows.astype(np.int64), (epoch, first), end)
-            epoch, skip = epoch + 1, 0
+                end = after if j == len(segments) - 1 else (key, taken)
+                yield Draw(np.full(len(rows), seg[1], dtype=np.int64), rows.astype(np.int64), (key, first), end)
+
+        key, skip = position
+        if key == PLAN:
+            yield from region(PLAN, self.plan, skip, (self.plan_end, 0))
+            key, skip = self.plan_end, 0
+        while True:
+            yield from region(key, self.share(key), skip, (key + 1, 0))
+            key, skip = key + 1, 0
+
+    def state(self, position: Position, source: Source) -> dict[str, Any]:
+        """``left``: what this rank has left of the epochs it has begun, ``next``: the epoch it
+        would begin next (what a run of another world size pools); and its plan while it is in
+        one (what a run of this world size continues). Sizes only the shards it has drawn."""
+        left, after = self._left(position, source)
+        out: dict[str, Any] = {"left": [list(seg) for seg in left], "next": after}
+        if position[0] == PLAN:
+            out |= {"plan": [list(seg) for seg in self.plan], "plan_end": self.plan_end}
+        return out
+
+    def _left(self, position: Position, source: Source) -> tuple[list[Segment], int]:
+        key, skip = position
+        segments, after = (self.plan, self.plan_end) if key == PLAN else (self.share(key), key + 1)
+        left = []
+        for j, (epoch, shard, start, step) in enumerate(segments):
+            if not skip:  # the rest untouched: no size needed
+                left += segments[j:]
+                break
+            n = len(range(start, source.size(shard), step))
+            if skip >= n:
+                skip -= n
+                continue
+            left.append((epoch, shard, start + skip * step, step))
+            skip = 0
+        return left, after
+
+    def resume(self, states: Sequence[dict[str, Any]], world_size: int, source: Source) -> Position:
+        if world_size == self.world_size:
+            mine = states[self.rank]
+            self.plan = [tuple(int(x) for x in seg) for seg in mine.get("plan", [])]  # type: ignore[misc]
+            self.plan_end = int(mine.get("plan_end", 0))
+            return int(mine["position"][0]), int(mine["position"][1])
+        pool: list[Segment] = []
+        begun = []
+        for r in range(world_size):  # no shard sized: each earlier rank said what it had left
+            pool += [tuple(int(x) for x in seg) for seg in states[r]["left"]]  # type: ignore[misc]
+            begun.append((ShardOrder(self.num_shards, r, world_size, self.seed), int(states[r]["next"])))
+        end = max(after for _, after in begun)
+        for old, after in begun:  # epochs some rank began and this one had not: its whole share
+            for epoch in range(after, end):
+                pool += old.share(epoch)
+        place = {e: np.argsort(self.order(e)) for e in {seg[0] for seg in pool}}  # shard -> its place in the epoch
+        pool.sort(key=lambda seg: (seg[0], int(place[seg[0]][seg[1]]), seg[2]))
+        self.plan, self.plan_end = pool[self.rank::self.world_size], end
+        return (PLAN, 0) if self.plan else (end, 0)
+
+    def seek(self, position: Position, samples: int, source: Source) -> Position:
+        for d in self.draws(position, source):
+            if samples < len(d):
+                return (d.at[0], d.at[1] + samples) if samples else d.at
+            samples -= len(d)
+        raise AssertionError("draws are endless")
 
 
 class IdOrder:
     """An ``IndexSampler``'s draws (stratified or random, any deal from the length index): one
-    draw per step, located in the index's shards (``name`` "ids")."""
+    draw per micro-step, located in the index's shards (``name`` "ids"). ``rebuild(canon)``:
+    the sampler again, cutting the stream as ``canon`` says (a resume of a stream begun on
+    another world size or batch split)."""
 
     name, main_thread = "ids", False
 
-    def __init__(self, sampler: IndexSampler, index: LengthIndex):
-        self.sampler, self.index = sampler, index
+    def __init__(self, sampler: IndexSampler, index: LengthIndex,
+                 rebuild: Callable[[Canon], IndexSampler] | None = None):
+        self.sampler, self.index, self.rebuild = sampler, index, rebuild
 
     def _draw(self, step: int, ids: np.ndarray, known: dict[int, Sample] | None = None) -> Draw:
         shard, row = self.index.locate(ids)
@@ -523,6 +683,39 @@ class IdOrder:
             yield d
             step, skip = step + 1, 0
 
+    @property
+    def micro_batch(self) -> int:
+        """Samples all ranks take in one micro-step."""
+        return self.sampler.share * self.sampler.holders
+
+    def state(self, position: Position, source: Source) -> dict[str, Any]:
+        c = self.sampler.canon
+        # The global count (Megatron's consumed samples): a position on any world size.
+        return {"canon": [c.unit, c.units, c.accum], "micro_batch": self.micro_batch,
+                "consumed": position[0] * self.micro_batch}
+
+    def resume(self, states: Sequence[dict[str, Any]], world_size: int, source: Source) -> Position:
+        first = states[0]
+        if "canon" in first:
+            canon = Canon(*(int(x) for x in first["canon"]))
+            if canon != self.sampler.canon:
+                if self.rebuild is None:
+                    raise ValueError("this policy cannot cut the stream another way")
+                self.sampler = self.rebuild(canon)
+        if world_size == self.sampler.world_size and first.get("micro_batch", self.micro_batch) == self.micro_batch:
+            step, skip = states[self.sampler.rank]["position"]
+            return int(step), int(skip)
+        consumed, m = int(first["consumed"]), self.micro_batch
+        if any(int(st["position"][1]) for st in states) or consumed % m:
+            raise DataError(f"the stream stopped inside a micro-step ({consumed} samples consumed), which a run of "
+                            f"{m} samples a micro-step cannot continue")
+        return consumed // m, 0
+
+    def seek(self, position: Position, samples: int, source: Source) -> Position:
+        step, skip = position
+        more, skip = divmod(skip + samples, self.sampler.local_batch)
+        return step + more, skip
+
 
 class GatherDeal(IdOrder):
     """The deal with the group's lengths learnt by exchange (``sampler.lengths=gather``):
@@ -532,10 +725,11 @@ class GatherDeal(IdOrder):
 
     name, main_thread = "ids", True
 
-    def __init__(self, sampler: IndexSampler, index: LengthIndex):
+    def __init__(self, sampler: IndexSampler, index: LengthIndex,
+                 rebuild: Callable[[Canon], IndexSampler] | None = None):
         import torch.distributed as dist  # only this policy exchanges anything
 
-        super().__init__(sampler, index)
+        super().__init__(sampler, index, rebuild)
         if sampler.draw != "rank":
             raise ConfigError("sampler.lengths=gather needs sampler.draw=rank (each rank draws its own)")
         self.dist = dist
@@ -552,7 +746,7 @@ class GatherDeal(IdOrder):
     def draws(self, position: Position, source: Source) -> Iterator[Draw]:
         step, s = position[0], self.sampler
         while True:
-            own = s.unit_ids(step, s.rank)
+            own = s.holder_ids(step, s.rank)
             have = dict(zip(own.tolist(), source.samples(self._draw(step, own))))
             mine = torch.tensor([len(have[i].input_ids) for i in own.tolist()], dtype=torch.int64)
             if self.pg is None:
@@ -567,8 +761,12 @@ class GatherDeal(IdOrder):
 
 
 def build_policy(cfg: SamplerConfig, index: LengthIndex, *, rank: int, world_size: int, local_batch: int,
-                 seed: int, max_seq_length: int, hidden: int) -> IdOrder:
-    """The id-based policy of ``cfg`` over ``index`` (``build_sampler``'s draws)."""
-    sampler = build_sampler(cfg, index, rank=rank, world_size=world_size, local_batch=local_batch, seed=seed,
-                            max_seq_length=max_seq_length, hidden=hidden)
-    return (GatherDeal if cfg.lengths == "gather" else IdOrder)(sampler, index)
+                 seed: int, max_seq_length: int, hidden: int, accum: int = 1, canon: Canon | None = None) -> IdOrder:
+    """The id-based policy of ``cfg`` over ``index`` (``build_sampler``'s draws), cutting the
+    stream as ``canon`` says (None: as this run begins it)."""
+
+    def build(canon: Canon | None) -> IndexSampler:
+        return build_sampler(cfg, index, rank=rank, world_size=world_size, local_batch=local_batch, seed=seed,
+                             max_seq_length=max_seq_length, hidden=hidden, accum=accum, canon=canon)
+
+    return (GatherDeal if cfg.lengths == "gather" else IdOrder)(build(canon), index, rebuild=build)

@@ -45,6 +45,7 @@ from .precision import build_precision, build_scaler, loss_scale
 from .pretrain import Phase
 from .shards import Bounds, DataError
 from .state import Learner, TrainState
+from .trace import SampleTrace
 from .weights import load_weights, tf_tensor_names
 
 log = logging.getLogger(__name__)
@@ -162,17 +163,18 @@ class Data:
 
 
 def open_data(cfg: Config, rank: int, world_size: int, pin: bool = False, timed: bool = True,
-              stopped: Callable[[], str | None] | None = None) -> Data:
+              stopped: Callable[[], str | None] | None = None, resume: dict[str, Any] | None = None) -> Data:
     """The training stream and the eval set: the run's first touch of the data (listing,
     manifest, length index, hdf5 opens), so called only after run_start. Reading and
     collating the eval set (10,000 samples, ~1 s) is therefore timed, as the rules want.
     ``pin``: batches in pinned host memory (a CUDA device); ``timed``: a timed run's rules
     apply (the closed division's full eval set); ``stopped()``: why the run must stop now
-    (a wait for data ends on it)."""
+    (a wait for data ends on it); ``resume``: the training stream a checkpoint saved, continued
+    (``loader.train_batches``)."""
     d = cfg.data
     batches = loader.train_batches(data=d, sampler=cfg.sampler, model=cfg.model, plan=train_plan(cfg, world_size, pin),
-                                   seed=cfg.run.seed, rank=rank, world_size=world_size,
-                                   read_timeout_s=read_timeout_s(cfg), stopped=stopped)
+                                   seed=cfg.run.seed, rank=rank, world_size=world_size, accum=cfg.run.grad_accum_steps,
+                                   read_timeout_s=read_timeout_s(cfg), stopped=stopped, resume=resume)
     check_eval_dir(d.train_dir, d.eval_dir)  # never evaluate on training samples
     eval_set = EvalSet(d.eval_dir, rank, world_size, d.eval_samples, d.max_seq_length,
                        bounds=Bounds(cfg.model.vocab_size, cfg.model.type_vocab_size), verify_md5=d.verify_md5,
@@ -299,6 +301,8 @@ class Trainer:
         self._loader_state: dict[str, Any] | None = None  # a resumed stream's position, for open_data
         self._resumed_from: Path | None = None  # the checkpoint it came from
         self.curves: Curves | None = None  # TensorBoard (log.tensorboard_dir), opened by ``train``
+        self.trace: SampleTrace | None = None  # the sample trace (log.sample_trace), opened by ``train``
+        self.last_eval: dict[str, float] = {}  # the newest evaluation's metrics (the finished mark records them)
 
     @property
     def precision_hyperparameters(self) -> dict[str, Any]:
@@ -309,9 +313,13 @@ class Trainer:
         now; the data stream's position once ``open_data`` opens it. The checkpointed run's
         seed replaces this one's (it decides the data order)."""
         s = self.state
-        self._loader_state = checkpoint.restore(path, self.learner, s, self.denv.rank, self.denv.world_size,
-                                            self.global_batch)
+        restored = checkpoint.restore(path, self.learner, s, self.denv.rank, self.denv.world_size, self.global_batch)
+        self._loader_state = restored.stream
         self._resumed_from = path
+        if restored.world_size != self.denv.world_size:
+            log.info(f"resuming a run of {restored.world_size} ranks on {self.denv.world_size}: its global batch "
+                     f"{self.global_batch} kept, the data stream continued (docs/faults.md says what each sampling "
+                     f"road keeps); " + "; ".join(restored.reset))
         s.nonfinite = s.nonfinite.to(self.device)
         if s.seed != self.cfg.run.seed:
             log.info(f"resuming: run.seed {s.seed} of the checkpointed run replaces {self.cfg.run.seed}")
@@ -366,17 +374,15 @@ class Trainer:
     def open_data(self, timed: bool = True) -> None:
         """The training stream and the eval set (``open_data``), after run_start; a resumed
         stream continues where its checkpoint left it."""
-        data = open_data(self.cfg, self.denv.rank, self.denv.world_size, pin=self.device.type == "cuda", timed=timed,
-                         stopped=self.checkpointer.stop.reason)
+        try:
+            data = open_data(self.cfg, self.denv.rank, self.denv.world_size, pin=self.device.type == "cuda",
+                             timed=timed, stopped=self.checkpointer.stop.reason, resume=self._loader_state)
+        except loader.ResumeRefused as e:  # not this checkpoint's data: nothing trained on the wrong stream
+            raise checkpoint.CheckpointError(
+                f"{self._resumed_from}: a resume continues the checkpointed run, but {e}. Point data.train_dir "
+                "(DATADIR) at the data that run trained on, with its sampler settings, or start a fresh run with "
+                "another ckpt.dir and log.output_dir") from None
         self.batches, self.eval_batches, self.eval_samples = data.batches, data.eval_batches, data.eval_samples
-        if self._loader_state is not None:
-            try:
-                self.batches.load_state_dict(self._loader_state)
-            except DataError as e:  # not this checkpoint's data: nothing trained on the wrong stream
-                raise checkpoint.CheckpointError(
-                    f"{self._resumed_from}: a resume continues the checkpointed run, but {e}. Point data.train_dir "
-                    "(DATADIR) at the data that run trained on, with its sampler settings, or start a fresh run with "
-                    "another ckpt.dir and log.output_dir") from None
 
     def evaluate(self, interrupted: Callable[[], bool] = lambda: False) -> dict[str, float] | None:
         """The mode's evaluation over the eval set (None: Ctrl-C reached a rank during it)."""
@@ -389,12 +395,9 @@ class Trainer:
         the run_stop status ("success", "aborted") or why it stopped ("preempted",
         "interrupted", "diverged": a NaN/inf streak, or NaN/inf state at a checkpoint)."""
         cfg, s, mllog = self.cfg, self.state, self.mllog
-        if cfg.log.tensorboard_dir and self.curves is None:  # from this run's first step: a resume continues
-            self.curves = Curves(cfg.log.tensorboard_dir, model=cfg.model, rank=self.denv.rank,
-                                 world_size=self.denv.world_size, accum=cfg.run.grad_accum_steps,
-                                 peak_flops_per_s=cfg.log.peak_flops_per_s, start_step=s.step,
-                                 start_samples=s.samples)
-            self.batches = self.curves.count(self.batches)
+        ended = self._before_the_loop()
+        if ended:
+            return ended
         last_t, last_samples = time.perf_counter(), s.samples
         # The open block's first sample count (its block_stop repeats it) and when it began:
         # the throughput logged at each eval is over the block's training time, evals excluded.
@@ -420,6 +423,35 @@ class Trainer:
             stop = self.checkpointer.at_boundary(self.learner, s, self.batches)  # after the eval: never repeated
             if stop:
                 return stop
+
+    def _before_the_loop(self) -> str | None:
+        """The outputs that follow every step, from this run's first (the sample trace, on the
+        loader itself: it names each batch's samples; the curves), and what a resume decides
+        before it trains: at or past this run's end (the checkpoint of its last step, its
+        outputs not all written; or a limit lowered) no step is trained and its evaluation
+        decides (that status returned); a finished run continued (--resume past its end) is
+        unfinished again from here on."""
+        cfg, s = self.cfg, self.state
+        if cfg.log.sample_trace and self.trace is None:
+            self.trace = SampleTrace(self.batches, cfg.log.sample_trace, rank=self.denv.rank,
+                                     world_size=self.denv.world_size, accum=cfg.run.grad_accum_steps, step=s.step)
+            self.batches = self.trace
+        if cfg.log.tensorboard_dir and self.curves is None:  # from this run's first step: a resume continues
+            self.curves = Curves(cfg.log.tensorboard_dir, model=cfg.model, rank=self.denv.rank,
+                                 world_size=self.denv.world_size, accum=cfg.run.grad_accum_steps,
+                                 peak_flops_per_s=cfg.log.peak_flops_per_s, start_step=s.step,
+                                 start_samples=s.samples)
+            self.batches = self.curves.count(self.batches)
+        if self._resumed_from is None:
+            return None
+        if s.samples >= self.max_samples:
+            log.info(f"resumed at step {s.step}, at or past this run's end ({self.max_samples} samples): "
+                     "no step trained")
+            return self._evaluate(torch.full((), float("nan")), done=True) or "aborted"
+        failure = storage.attempt("the finished mark", self.files.checkpoints / checkpoint.FINISHED, "ckpt.dir",
+                                  lambda: checkpoint.reopen(self.files.checkpoints)) if self.denv.is_main else None
+        storage.check(failure, self.device)  # one small collective, once per resume
+        return None
 
     def _progress(self, loss: torch.Tensor, rate: float) -> None:
         """The progress line (the NaN guard is the checkpoint poll's: every rank agrees there)."""
@@ -454,6 +486,7 @@ class Trainer:
                 mllog.event(f"eval_{k}", v, epoch_num=s.samples)
         mllog.skipped_steps(int(s.skipped_steps), s.samples)  # a sync; the eval had one
         log.info(self.goal.line(s, metrics))
+        self.last_eval = metrics
         if self.curves is not None:
             self.curves.evaluate(s.step, s.samples, metrics)
         status = self.goal.after_eval(s, metrics, float(loss), done)
@@ -513,12 +546,15 @@ class Trainer:
             raise
 
     def finish(self, status: str) -> ExitStatus:
-        """The run's end: its last log lines, the final outputs (rank 0), the line a person
+        """The run's end: its last log lines, a checkpoint of its last step where its limit
+        ended it (``_checkpoints_its_end``), the final outputs (rank 0), the line a person
         reads, the exit status."""
         s, mllog, ckpt = self.state, self.mllog, self.checkpointer
         stopped_ms = clock_ms()  # run_stop's time: the final outputs below are written after it, untimed
         if self.curves is not None:
             self.curves.close()
+        if self.trace is not None:
+            self.trace.close()
         total_nonfinite = int(s.nonfinite[0])  # host sync, once
         mllog.event("nonfinite_loss_steps", total_nonfinite)  # not an MLPerf key; skipped/NaN steps
         clip = self.learner.grad_sync.clip
@@ -549,12 +585,27 @@ class Trainer:
                 said += f"; a rerun resumes from {found[-1].name}"
             log.info(f"interrupted (Ctrl-C): stopped at step {s.step}; {said}")
             return ExitStatus.INTERRUPTED
+        if self._checkpoints_its_end():  # before the final weights and the mark: nothing trained is lost
+            log.info(f"checkpoint {ckpt.save(self.learner, s, self.batches)} (the run's last step)")
         failure = self._save_outputs(status) if self.denv.is_main else None
         storage.check(failure or self._log_failure(), self.device)  # one small collective, after the timed run
         mllog.run_stop(status, s.samples, self.eval_samples, time_ms=stopped_ms)
         log.info(f"run_stop {status} after {s.step} steps, {s.samples} samples, {int(s.skipped_steps)} skipped"
                  + (f"; {total_nonfinite} steps had a NaN/inf loss" if total_nonfinite else ""))
         return ExitStatus.SUCCESS if status == "success" else ExitStatus.NOT_CONVERGED
+
+    def _checkpoints_its_end(self) -> bool:
+        """Whether a run that ended (finite) writes a checkpoint at its last step, the same
+        answer on every rank: where its limit ended it (a resume there trains nothing:
+        ``train``), it checkpoints periodically (ckpt.interval_steps or interval_minutes) and
+        has no checkpoint of that step yet. A later --resume to a later limit continues from
+        there, not from the last periodic one. A run without periodic checkpoints (a timed
+        MLPerf run) pays nothing; with them, one write after run_stop's time. Not at a target
+        reached before the limit: a rerun of that run (its final weights unwritten) resuming
+        there would train past it; it resumes from the last periodic one and reaches it again."""
+        c, s, name = self.cfg.ckpt, self.state, f"step_{self.state.step:09d}"
+        have = {p.name for p in self.checkpointer.written} | {self._resumed_from.name if self._resumed_from else ""}
+        return s.samples >= self.max_samples and (c.interval_steps > 0 or c.interval_minutes > 0) and name not in have
 
     def _save_outputs(self, status: str) -> storage.Failure | None:
         """Rank 0, after the timed run: the final weights (run.save_checkpoint), then the mark
@@ -566,14 +617,22 @@ class Trainer:
                                       lambda: save_weights(self.learner.model, path))
             if failure:
                 return failure
-        directory = self.files.checkpoints
+        directory, s = self.files.checkpoints, self.state
+        ended_by = "target" if self.cfg.run.mode == "mlperf" and status == "success" else "limit"
         return storage.attempt("the finished mark", directory / checkpoint.FINISHED, "ckpt.dir",
-                               lambda: checkpoint.mark_finished(directory, status, self.state.step))
+                               lambda: checkpoint.mark_finished(directory, status=status, step=s.step,
+                                                                samples=s.samples, ended_by=ended_by,
+                                                                metrics=self.last_eval))
 
     def _log_failure(self) -> storage.Failure | None:
-        """Rank 0's MLPerf log, when a line could not be written: read at every agreement point."""
+        """Rank 0's MLPerf log, or this rank's sample trace, when a line could not be written:
+        read at every agreement point."""
         err = self.mllog.write_error
-        return storage.Failure("the MLPerf log", self.files.log, err, "log.output_dir") if err else None
+        if err:
+            return storage.Failure("the MLPerf log", self.files.log, err, "log.output_dir")
+        if self.trace is not None and self.trace.write_error is not None:
+            return storage.Failure("the sample trace", self.trace.path, self.trace.write_error, "log.sample_trace")
+        return None
 
 
 def save_weights(model: torch.nn.Module, path: str | Path) -> None:

@@ -71,6 +71,57 @@ def test_resume_with_another_vocabulary_padding_is_refused(tiny_data, tmp_path):
     checkpoint.restore(saved, unpadded.learner, TrainState(), 0, 1, unpadded.global_batch)  # the same padding resumes
 
 
+def test_a_checkpoint_resumes_on_another_world_size_when_the_global_batch_is_kept(tiny_data, tmp_path):
+    """A one-rank checkpoint restored as rank 0 of 2: refused for another global batch,
+    naming the splits that keep it; with it kept, the model, the optimizer (moments, step
+    counts), the schedule and the counters are the checkpoint's exactly, no rank file is read
+    or verified (they are the old ranks' own), and what could not carry is named. A
+    checkpoint from before the stream was gathered resumes on its own world size only."""
+    from bert import checkpoint
+    from bert.config import build_config
+    from bert.distributed import DistEnv
+    from bert.state import TrainState
+    from bert.trainer import Trainer
+
+    single = DistEnv(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=29500,
+                     launcher="single")
+    over = dict(a.split("=", 1) for a in TINY if not a.startswith(("dist.", "run.max_samples")))
+    over.update({"data.train_dir": str(tiny_data / "train"), "data.eval_dir": str(tiny_data / "eval"),
+                 "ckpt.dir": str(tmp_path)})
+    first = Trainer(build_config(over), single, torch.device("cpu"))
+    first.open_data(timed=False)
+    for _ in range(3):
+        first.state.advance(*first.step(first.batches, 1), first.global_batch)
+    saved = first.checkpointer.save(first.learner, first.state, first.batches)
+    assert checkpoint.verify(saved, 0, 1) is None
+    (saved / "rank_0.pt").unlink()  # not this world size's: neither verified nor read
+    assert checkpoint.verify(saved, 1, 2) is None
+    other = Trainer(build_config({**over, "run.local_batch_size": "4"}), single, torch.device("cpu")).learner
+    with pytest.raises(checkpoint.CheckpointError, match=r"written with global batch 8 \(1 ranks\), this run has 16 "
+                                                     r"\(2 ranks\); a resume keeps the global batch .*: on 2 ranks: "
+                                                     r"run.local_batch_size=4 with run.grad_accum_steps=1 or "
+                                                     r"run.local_batch_size=2 with run.grad_accum_steps=2 or "
+                                                     r"run.local_batch_size=1 with run.grad_accum_steps=4"):
+        checkpoint.restore(saved, other, TrainState(), 0, 2, 16)
+    assert "numbers of ranks that divide it: 1, 2, 4, 8" in checkpoint.batch_sizes(8, 5)
+    state = TrainState()
+    restored = checkpoint.restore(saved, other, state, 0, 2, 8)
+    assert restored.world_size == 1 and len(restored.stream["ranks"]) == 1
+    assert restored.reset == ["each rank's RNG streams (dropout, masking) reseeded from (seed, step, rank)"]
+    assert (state.step, state.samples) == (3, 24)
+    mine, theirs = first.learner, other
+    assert all(torch.equal(a, b) for a, b in zip(mine.model.state_dict().values(), theirs.model.state_dict().values()))
+    for group_a, group_b in zip(mine.optimizer.state.values(), theirs.optimizer.state.values()):
+        assert group_a.keys() == group_b.keys() and all(torch.equal(torch.as_tensor(group_a[k]), torch.as_tensor(group_b[k]))
+                                                        for k in group_a)
+    assert theirs.scheduler.state_dict() == mine.scheduler.state_dict()
+    assert theirs.scheduler.get_last_lr() == mine.scheduler.get_last_lr()
+    (saved / "stream.json").unlink()  # as a checkpoint written before the stream was gathered
+    with pytest.raises(checkpoint.CheckpointError, match=r"written by 1 ranks before checkpoints gathered every rank's "
+                                                     r"data stream \(no stream.json\): it resumes on 1 ranks only"):
+        checkpoint.restore(saved, other, TrainState(), 0, 2, 8)
+
+
 def test_ctrl_c_during_an_evaluation_stops_it(tiny_data, tmp_path, monkeypatch, capsys):
     """Ctrl-C as an evaluation begins: it stops after the batch in hand (here before the
     first), not at its end; no eval_accuracy for it, run_stop aborted, exit 130."""
@@ -107,3 +158,114 @@ def test_config_dump_write_fails(tiny_data, tmp_path, capsys):
     assert events[-1]["key"] == "run_stop" and events[-1]["metadata"]["status"] == "aborted"
     assert "run_start" not in {e["key"] for e in events}
     assert not no_partial_files(tmp_path)
+
+
+def _finished_run(directory, *steps: int, mark: dict | None = None, global_batch: int = 8):
+    """A checkpoint directory as a run leaves it: complete checkpoints of ``steps`` (meta.json
+    only: plan reads no more) and, with ``mark``, its finished mark."""
+    import json
+
+    for step in steps:
+        (directory / f"step_{step:09d}").mkdir(parents=True)
+        (directory / f"step_{step:09d}" / "meta.json").write_text(json.dumps({"step": step, "global_batch": global_batch}))
+    if mark is not None:
+        (directory / "finished.json").write_text(json.dumps(mark))
+    return directory
+
+
+def test_a_finished_run_is_continued_by_resume_only_to_limits_past_its_end(tmp_path):
+    """Over a finished run (ended at its limit, step 6 of 8 samples): auto and off start fresh;
+    --resume continues from its newest checkpoint when this run's limits end it later, and
+    refuses, naming both ends, when they do not; one ended by its target also needs a target
+    above the accuracy it reached (the benchmark mode; a pretraining phase has none). A mark
+    written before marks held the sample count has it from the checkpoints' global batch."""
+    from bert import checkpoint
+
+    limit = {"status": "aborted", "step": 6, "samples": 48, "ended_by": "limit", "eval": {"mlm_accuracy": 0.01}}
+    d = _finished_run(tmp_path / "limit", 4, 6, mark=limit)
+    for mode in ("auto", "off"):
+        assert checkpoint.plan(d, mode, end_samples=96, target=0.72) is None
+    assert checkpoint.plan(d, "require", end_samples=56, target=0.72) == d / "step_000000006"
+    for end, target, fix in ((48, 0.72, "run.max_steps or run.max_samples past it"),
+                             (40, None, "run.max_steps past it (up to optim.total_steps, where a pretraining phase ends)")):
+        at = "step 6 (48 samples)" if end == 48 else "step 5 (40 samples)"
+        with pytest.raises(checkpoint.CheckpointError) as e:
+            checkpoint.plan(d, "require", end_samples=end, target=target)
+        assert str(e.value) == (f"--resume / ckpt.resume=require: {d} holds a finished run: it ended at step 6 (48 "
+                                f"samples), and this run's limits end it at {at}, not past that: raise {fix} to continue "
+                                "it, or drop --resume to start a fresh run there")
+
+    target = {**limit, "status": "success", "step": 5, "samples": 40, "ended_by": "target", "eval": {"mlm_accuracy": 0.73}}
+    d = _finished_run(tmp_path / "target", 2, 4, mark=target)
+    for t in (0.72, 0.73):
+        with pytest.raises(checkpoint.CheckpointError, match=r"it ended at step 5 by its target \(masked-LM accuracy "
+                                                             rf"0\.73\), and this run's eval\.target_accuracy={t} is "
+                                                             r"reached already: raise it above 0\.73 to continue it"):
+            checkpoint.plan(d, "require", end_samples=96, target=t)
+    assert checkpoint.plan(d, "require", end_samples=96, target=0.75) == d / "step_000000004"
+    assert checkpoint.plan(d, "require", end_samples=96, target=None) == d / "step_000000004"
+
+    d = _finished_run(tmp_path / "older", 4, 6, mark={"status": "aborted", "step": 6})
+    assert checkpoint.ended(d)["samples"] == 48
+    with pytest.raises(checkpoint.CheckpointError, match=r"ended at step 6 \(48 samples\)"):
+        checkpoint.plan(d, "require", end_samples=48, target=0.72)
+    assert checkpoint.plan(d, "require", end_samples=56, target=0.72) == d / "step_000000006"
+
+
+def test_an_unfinished_run_is_resumed_and_a_continuation_is_unfinished_once_it_trains(tmp_path):
+    """No mark: auto and --resume resume the newest checkpoint, off refuses to mix with it.
+    A continuation takes the mark away as it begins to train (``reopen``): stopped after
+    that, the same command resumes it instead of starting fresh over it."""
+    from bert import checkpoint
+
+    d = _finished_run(tmp_path, 4, 6, mark={"status": "aborted", "step": 6, "samples": 48, "ended_by": "limit"})
+    checkpoint.reopen(d)
+    assert checkpoint.ended(d) is None and not (d / "finished.json").exists()
+    for mode in ("auto", "require"):
+        assert checkpoint.plan(d, mode, end_samples=48, target=0.72) == d / "step_000000006"
+    with pytest.raises(checkpoint.CheckpointError, match="holds checkpoints of an unfinished run"):
+        checkpoint.plan(d, "off", end_samples=96, target=0.72)
+    (d / "finished.json").write_text("{")
+    with pytest.raises(checkpoint.CheckpointError, match=r"finished.json: cannot read the finished mark: .*remove it"):
+        checkpoint.plan(d, "auto", end_samples=96, target=0.72)
+
+
+def test_a_fresh_start_names_what_it_removes(tmp_path, caplog):
+    """clear, rank 0's fresh start: a finished run's checkpoints, torn temp directories and its
+    mark go, named in one line; damaged checkpoints moved aside stay; nothing to remove, no
+    line."""
+    import logging
+
+    from bert import checkpoint
+
+    d = _finished_run(tmp_path, 4, 6, mark={"status": "aborted", "step": 6, "samples": 48, "ended_by": "limit"})
+    (d / ".step_000000008.tmp").mkdir()
+    (d / "step_000000002.damaged").mkdir()
+    with caplog.at_level(logging.INFO, logger="bert.checkpoint"):
+        checkpoint.clear(d)
+        assert caplog.messages == [
+            f"starting fresh in {d}: removing .step_000000008.tmp, step_000000004, step_000000006, the checkpoints of "
+            "a finished run (it ended at step 6, run_stop aborted); --resume continues a finished run instead, to "
+            "limits past its end"]
+        assert sorted(p.name for p in d.iterdir()) == ["step_000000002.damaged"]
+        caplog.clear()
+        (d / ".step_000000002.tmp").mkdir()
+        checkpoint.clear(d)
+        assert caplog.messages == [f"starting fresh in {d}: removing .step_000000002.tmp, unfinished writes of a run "
+                                   "that stopped during them"]
+        caplog.clear()
+        checkpoint.clear(d)
+        assert caplog.messages == []
+
+
+def test_a_dry_run_over_a_finished_run_removes_nothing(tiny_data, tmp_path, capsys):
+    """A dry run trains nothing and writes no checkpoint: over a finished run it starts fresh
+    (auto) without removing that run's checkpoints or its mark."""
+    from bert import train
+
+    ckpts = _finished_run(tmp_path / "checkpoints", 4, 6,
+                          mark={"status": "aborted", "step": 6, "samples": 48, "ended_by": "limit"})
+    before = sorted(p.name for p in ckpts.iterdir())
+    assert train.main(["--dry-run", *train_args(tiny_data, tmp_path), "run.max_steps=12"]) == 0
+    assert sorted(p.name for p in ckpts.iterdir() if p.name != ".lock") == before
+    assert "starting fresh" not in capsys.readouterr().out
