@@ -1,24 +1,13 @@
 """check: scan every sample of every shard for what breaks training or silently spoils it.
 
-``bert.shards.read_shard`` stops at the first malformed sample it cannot use; this scan goes
-on, counts every defect of every sample per shard, and names a known cause when the counts
-carry its signature. Defects (a sample may have several):
-
-empty_sample        no real tokens (fixed: an all-zero ``input_mask``; variable: an empty row)
-too_long            more real tokens than ``--max-seq-length``
-pad_inside          a padding id (0) among a sample's real tokens (masked positions aside: the
-                    reference's random replacement may put any id there)
-mask_not_prefix     fixed layout: ``input_mask`` is not a prefix of ones
-mask_outside        a masked position outside the sample's real tokens
-mask_on_special     a masked position on [CLS] or [SEP] (its label is one of them)
-mask_duplicate      the same position predicted twice in one sample
-no_predictions      a sample without one masked position (the reference always makes one)
-id_out_of_vocab     an input or label id < 0 or >= the vocab size
-bad_segments        segment ids not 0...0 1...1, rows of different length, or not
-                    [CLS] A [SEP] B [SEP] (first token [CLS], exactly two [SEP], the last
-                    token [SEP], the first [SEP] closing segment A)
-bad_nsp_label       a next-sentence label other than 0 or 1
-unreadable          the shard cannot be opened or lacks a dataset (counted once per shard)
+A run stops at the first malformed sample it cannot use; this scan goes on, counts every
+defect of every sample per shard, and names a known cause when the counts carry its
+signature. The shards are decoded once, by the decoder a run reads them with
+(``bert.shards.scan_shard``, through the run's reader: the md5 list, the watchdog's bound, the
+vocab's bounds), which counts each defect (``bert.shards.DEFECTS`` says what each is; a sample
+may have several) and keeps its first offender in the words a run raises for it: the two
+report the same defect of the same shard alike. ``check`` applies the rules a run does not
+refuse too: the reference's example structure, by the vocab's [CLS]/[SEP]/[PAD] ids.
 
 Another vocabulary: the [CLS]/[SEP] ids (MLPerf's 101/102 unless ``--vocab`` or the id options
 say otherwise) must begin and end every sample. When no sample begins with [CLS] and none
@@ -27,7 +16,7 @@ the id-dependent counts (``bad_segments``, ``mask_on_special``) are then not rep
 the check says to pass ``--vocab`` (exit 2: the scan's premise, not the data, is wrong).
 
 Each readable shard also gets ``examples_md5``: the md5 of its examples, the same in either
-layout (``copies.example_records`` says what it hashes), so that shards made elsewhere (NVIDIA's
+layout (``bert.shards.example_records`` says what it hashes), so that shards made elsewhere (NVIDIA's
 scripts, the reference's output converted to hdf5) can be compared with ours part by part;
 ``--digests FILE`` writes them as ``<md5>  <shard>`` lines.
 
@@ -49,7 +38,9 @@ The [UNK] rate (the share of [UNK] among the samples' tokens, masked positions c
 their labels) is reported, not judged: above 1% the diagnosis names the likely cause.
 
 Exit status: 0 clean; 1 a defect or a copy; 2 the check's premise is wrong (an input that is
-not a directory of shards, an eval set that cannot be read, or shards of another vocabulary).
+not a directory of shards, a shard that differs from its directory's md5 list or is missing
+from it, a read past ``--read-timeout-s``, an eval set that cannot be read, or shards of
+another vocabulary).
 
 Known causes recognised:
 
@@ -66,20 +57,19 @@ Known causes recognised:
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-import h5py
 import numpy as np
 
-from bert.shards import SHARD_SUFFIXES, shard_size
+from bert.config import PREP_READ_TIMEOUT_S
+from bert.reader import ShardReader
+from bert.shards import (DEFECTS, SHARD_SUFFIXES, Bounds, DataError, Specials, example_records, examples_md5,
+                         records_md5, shard_size)
 
 from . import copies
 from .common import PrepError, input_directory, parallel_map, write_text
 
-DEFECTS = ("empty_sample", "too_long", "pad_inside", "mask_not_prefix", "mask_outside", "mask_on_special",
-           "mask_duplicate", "no_predictions", "id_out_of_vocab", "bad_segments", "bad_nsp_label", "unreadable")
 WRAP_SIGNATURE = "wrap256_padded"  # counted beside the defects: samples carrying the int8-wrap signature
 SPECIALS_IN_PLACE = "cls_or_sep_in_place"  # counted beside them: samples starting [CLS] or ending [SEP]
 VOCAB_DEPENDENT = ("bad_segments", "mask_on_special")  # meaningless when the [CLS]/[SEP] ids are not the shards'
@@ -91,6 +81,7 @@ SHOWN_PAIRS = 20  # pairs of shards with their rows in the JSON, the rest counte
 # holding some passages twice gives without any leak (the standard library's docstrings have a
 # few: asyncio's protocol classes share their methods' docs); a copied eval shard gives ~all.
 EVAL_TOLERANCE = 0.01
+TIMEOUT_KEY = "--read-timeout-s"  # the option that sets the reads' bound, named when one overruns it
 
 
 @dataclass(frozen=True)
@@ -109,152 +100,12 @@ class Vocabulary:
         v = load_vocab(path)
         return Vocabulary(v.size, v.cls, v.sep, v.unk)
 
+    def bounds(self) -> Bounds:
+        """The ids a sample may hold: the vocab's, and BERT's two segment types."""
+        return Bounds(self.size, 2, vocab_key="vocab_size", type_vocab_key="type_vocab_size")
 
-@dataclass
-class Ragged:
-    """A shard's samples as flat arrays plus row offsets (int64), exactly as stored: nothing
-    dropped, so a defect cannot hide behind the reader's tolerance."""
-
-    tokens: np.ndarray
-    segments: np.ndarray
-    offsets: np.ndarray  # [N+1]
-    positions: np.ndarray
-    labels: np.ndarray
-    poffsets: np.ndarray  # [N+1]
-    nsp: np.ndarray  # [N]
-    seg_len_mismatch: np.ndarray  # bool [N]: segment row and token row differ in length
-    mask_not_prefix: np.ndarray  # bool [N]: fixed layout only
-
-
-def _offsets(lengths: np.ndarray) -> np.ndarray:
-    out = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=out[1:])
-    return out
-
-
-def _read(path: Path) -> Ragged:
-    """Raises ``OSError``/``KeyError``/``ValueError`` on a file that is not a readable shard."""
-    with h5py.File(path, "r") as f:
-        ids = f["input_ids"]
-        nsp = np.asarray(f["next_sentence_labels"][()]).reshape(-1).astype(np.int64)
-        if ids.ndim == 2:  # fixed: real tokens are where input_mask is set
-            tok = ids[()].astype(np.int64)
-            mask = f["input_mask"][()] != 0
-            seg = f["segment_ids"][()].astype(np.int64)
-            pos = f["masked_lm_positions"][()].astype(np.int64)
-            lab = f["masked_lm_ids"][()].astype(np.int64)
-            n, s = tok.shape
-            if mask.shape != (n, s) or seg.shape != (n, s) or pos.shape != lab.shape or len(pos) != n or len(nsp) != n:
-                raise ValueError("datasets of different shapes")
-            lengths = mask.sum(axis=1).astype(np.int64)  # int64: no wrap at 256
-            prefix = np.arange(s)[None, :] < lengths[:, None]
-            real = pos != 0  # position 0 ([CLS]) marks a padding prediction slot
-            return Ragged(tok[prefix], seg[prefix], _offsets(lengths), pos[real], lab[real],
-                          _offsets(real.sum(axis=1)), nsp, np.zeros(n, bool), (mask != prefix).any(axis=1))
-        rows = {k: f[k][()] for k in ("input_ids", "segment_ids", "masked_lm_positions", "masked_lm_ids")}
-    n = len(rows["input_ids"])
-    if any(len(r) != n for r in rows.values()) or len(nsp) != n:
-        raise ValueError("datasets with different numbers of rows")
-
-    def lens(k: str) -> np.ndarray:
-        return np.fromiter((len(r) for r in rows[k]), dtype=np.int64, count=n)
-
-    def flat(k: str) -> np.ndarray:
-        return np.concatenate(rows[k]).astype(np.int64) if n else np.zeros(0, np.int64)
-
-    lengths, seg_lengths, plen = lens("input_ids"), lens("segment_ids"), lens("masked_lm_positions")
-    pos, lab = flat("masked_lm_positions"), flat("masked_lm_ids")
-    lab_lengths = lens("masked_lm_ids")
-    if not np.array_equal(lab_lengths, plen):
-        raise ValueError("masked_lm_ids and masked_lm_positions rows differ in length")
-    seg = flat("segment_ids")
-    mismatch = seg_lengths != lengths
-    if mismatch.any():  # keep the token layout; give mismatched rows zeros (flagged anyway)
-        fixed_seg = np.zeros(int(lengths.sum()), np.int64)
-        so, to = _offsets(seg_lengths), _offsets(lengths)
-        for i in np.nonzero(~mismatch)[0]:
-            fixed_seg[to[i]:to[i + 1]] = seg[so[i]:so[i + 1]]
-        seg = fixed_seg
-    real = pos != 0
-    row_of = np.repeat(np.arange(n), plen)
-    return Ragged(flat("input_ids"), seg, _offsets(lengths), pos[real], lab[real],
-                  _offsets(np.bincount(row_of[real], minlength=n)), nsp, mismatch, np.zeros(n, bool))
-
-
-def _records(r: Ragged) -> tuple[np.ndarray, np.ndarray]:
-    return copies.example_records(r.tokens, r.segments, r.offsets, r.positions, r.labels, r.poffsets, r.nsp)
-
-
-def examples_md5(r: Ragged) -> str:
-    """md5 of a shard's examples (``copies.example_records``), the same for both layouts."""
-    return hashlib.md5(memoryview(_records(r)[0]).cast("B")).hexdigest()
-
-
-def scan(r: Ragged, vocab: Vocabulary, max_seq_length: int) -> dict[str, int]:
-    """Number of samples with each defect (vectorised over the whole shard)."""
-    n = len(r.nsp)
-    lengths = np.diff(r.offsets)
-    row = np.repeat(np.arange(n), lengths)  # sample of every token
-    start = r.offsets[:-1]
-    prow = np.repeat(np.arange(n), np.diff(r.poffsets))  # sample of every prediction
-
-    def per_sample(flags: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        out = np.zeros(n, bool)
-        out[rows[flags]] = True
-        return out
-
-    t, s = r.tokens, r.segments
-    outside = (r.positions < 0) | (r.positions >= lengths[prow])
-    # A masked position's input may be any id, [PAD]/[CLS]/[SEP] included: the reference
-    # replaces 10% of them by a uniformly random vocabulary id. Structure checks skip them.
-    masked = np.zeros(len(t), bool)
-    masked[start[prow[~outside]] + r.positions[~outside]] = True
-    out = {
-        "empty_sample": lengths == 0,
-        "too_long": lengths > max_seq_length,
-        "pad_inside": per_sample((t == PAD_ID) & ~masked, row),
-        "mask_not_prefix": r.mask_not_prefix,
-        "no_predictions": np.diff(r.poffsets) == 0,
-        "bad_nsp_label": (r.nsp != 0) & (r.nsp != 1),
-    }
-    bad_id = per_sample((t < 0) | (t >= vocab.size), row) | per_sample((r.labels < 0) | (r.labels >= vocab.size), prow)
-    out["id_out_of_vocab"] = bad_id
-    out["mask_outside"] = per_sample(outside, prow)
-    # on [CLS]/[SEP]: the label says what the position held before masking
-    out["mask_on_special"] = per_sample((r.labels == vocab.cls) | (r.labels == vocab.sep), prow)
-    key = prow * (max(max_seq_length, int(r.positions.max(initial=0))) + 1) + r.positions
-    order = np.argsort(key, kind="stable")
-    dup = np.zeros(len(key), bool)
-    dup[order[1:]] = key[order[1:]] == key[order[:-1]]
-    out["mask_duplicate"] = per_sample(dup, prow)
-    # segments: 0/1 only, never back from 1 to 0, [CLS] first, [SEP] last, two [SEP]s,
-    # the first [SEP] the last token of segment A
-    local = np.arange(len(t)) - np.repeat(start, lengths)
-    bad = per_sample((s != 0) & (s != 1), row)
-    back = np.zeros(len(s), bool)
-    back[1:] = (s[1:] < s[:-1]) & (row[1:] == row[:-1])
-    bad |= per_sample(back, row)
-    nonempty = lengths > 0
-    first = np.where(nonempty, start, 0)
-    last = np.where(nonempty, r.offsets[1:] - 1, 0)
-    in_place = np.zeros(n, bool)
-    if len(t):
-        in_place = nonempty & ((t[first] == vocab.cls) | (t[last] == vocab.sep))
-        bad |= nonempty & ((t[first] != vocab.cls) | (t[last] != vocab.sep))
-    is_sep = (t == vocab.sep) & ~masked
-    bad |= nonempty & (np.bincount(row[is_sep], minlength=n) != 2)
-    seg_a_len = np.bincount(row[s == 0], minlength=n)  # [CLS] A [SEP] are segment 0
-    first_sep = np.full(n, -1)
-    sep_rows, sep_local = row[is_sep], local[is_sep]
-    first_sep[sep_rows[::-1]] = sep_local[::-1]  # the earliest [SEP] of each row wins
-    bad |= nonempty & (first_sep != seg_a_len - 1)
-    bad |= r.seg_len_mismatch
-    out["bad_segments"] = bad
-    counts = {k: int(out[k].sum()) if k in out else 0 for k in DEFECTS}
-    counts[WRAP_SIGNATURE] = int(_wrap_signature(t, r.offsets, vocab).sum())
-    counts[SPECIALS_IN_PLACE] = int(in_place.sum())
-    counts["nonempty"] = int(nonempty.sum())
-    return counts
+    def specials(self) -> Specials:
+        return Specials(self.cls, self.sep, PAD_ID)
 
 
 def _wrap_signature(t: np.ndarray, offsets: np.ndarray, vocab: Vocabulary) -> np.ndarray:
@@ -271,6 +122,16 @@ def _wrap_signature(t: np.ndarray, offsets: np.ndarray, vocab: Vocabulary) -> np
     return hit
 
 
+def _specials_in_place(t: np.ndarray, offsets: np.ndarray, vocab: Vocabulary) -> np.ndarray:
+    """Samples that begin with [CLS] or end with [SEP]: none at all means another vocabulary."""
+    lengths = np.diff(offsets)
+    nonempty = lengths > 0
+    if not len(t):
+        return np.zeros(len(lengths), bool)
+    first, last = np.where(nonempty, offsets[:-1], 0), np.where(nonempty, offsets[1:] - 1, 0)
+    return nonempty & ((t[first] == vocab.cls) | (t[last] == vocab.sep))
+
+
 def shard_paths(directory: Path) -> list[Path]:
     return sorted(p for p in directory.rglob("*") if p.suffix in SHARD_SUFFIXES and p.is_file())
 
@@ -278,26 +139,35 @@ def shard_paths(directory: Path) -> list[Path]:
 @dataclass(frozen=True)
 class _Job:
     path: Path
+    reader: ShardReader
     vocab: Vocabulary
-    max_seq_length: int
     eval_keys: np.ndarray | None  # sorted text keys of the eval set, or None without --eval
 
 
 def _scan_one(job: _Job) -> dict:
-    """One shard: its defect counts, examples_md5, example keys, [UNK] count and the rows whose
-    text is an eval sample's; or the error that made it unreadable."""
+    """One shard: its defect counts and first offenders, examples_md5, example keys, [UNK]
+    count and the rows whose text is an eval sample's; or why it is unreadable; or (``fatal``)
+    why it cannot be checked at all (its md5 differs from the list, its read overran)."""
+    reader, path, vocab = job.reader, job.path, job.vocab
     try:
-        r = _read(job.path)
-    except (OSError, KeyError, ValueError) as e:
-        return {"error": f"{type(e).__name__}: {e}"}
-    records, starts = _records(r)
-    lengths = np.diff(r.offsets)
-    text = copies.restored_tokens(r.tokens, r.offsets, r.positions, r.labels, r.poffsets)
-    out = {"samples": len(r.nsp), "examples_md5": hashlib.md5(memoryview(records).cast("B")).hexdigest(),
-           "counts": scan(r, job.vocab, job.max_seq_length), "keys": copies.example_keys(records, starts, lengths),
-           "unk": int((text == job.vocab.unk).sum()), "tokens": len(text)}
+        found = reader.wait(path, lambda read: reader.scan(read, path, vocab.specials()))
+    except DataError as e:
+        return {"fatal": str(e)}
+    if found.shard is None:
+        return {"error": found.first["unreadable"]}
+    s = found.shard
+    records, starts = example_records(s.tokens, s.segments, s.offsets, s.mlm_positions, s.mlm_ids, s.mlm_offsets,
+                                      s.nsp)
+    text = copies.restored_tokens(s.tokens, s.offsets, s.mlm_positions, s.mlm_ids, s.mlm_offsets)
+    counts = {k: found.counts.get(k, 0) for k in DEFECTS}
+    counts[WRAP_SIGNATURE] = int(_wrap_signature(s.tokens, s.offsets, vocab).sum())
+    counts[SPECIALS_IN_PLACE] = int(_specials_in_place(s.tokens, s.offsets, vocab).sum())
+    counts["nonempty"] = int((s.lengths > 0).sum())
+    out = {"samples": len(s), "examples_md5": records_md5(records), "counts": counts, "first": found.first,
+           "keys": copies.example_keys(records, starts, s.lengths), "unk": int((text == vocab.unk).sum()),
+           "tokens": len(text)}
     if job.eval_keys is not None:
-        keys = copies.text_keys(text, r.offsets)
+        keys = copies.text_keys(text, s.offsets)
         rows = np.flatnonzero(np.isin(keys, job.eval_keys))
         out["eval_rows"], out["eval_keys"] = rows, keys[rows]
     return out
@@ -311,35 +181,38 @@ class _EvalSet:
     md5: dict[str, str]  # examples_md5 -> file
 
 
-def _read_eval(path: Path) -> _EvalSet:
+def _read_eval(path: Path, vocab: Vocabulary, max_seq_length: int, timeout_s: float) -> _EvalSet:
+    """The eval set, read as a run reads it (strictly, through its md5 list and the bound)."""
     p = Path(path)
     if not p.exists():
         raise PrepError(f"{p}: no such eval set (--eval takes the directory or file that eval wrote)")
     paths = [p] if p.is_file() else shard_paths(p)
     if not paths:
         raise PrepError(f"{p}: holds no eval shard ({', '.join('*' + s for s in SHARD_SUFFIXES)})")
+    root = p.parent if p.is_file() else p
     where: dict[int, list[tuple[int, int]]] = {}
     md5: dict[str, str] = {}
     samples = 0
-    root = p.parent if p.is_file() else p
-    for i, f in enumerate(paths):
-        try:
-            r = _read(f)
-        except (OSError, KeyError, ValueError) as e:
-            raise PrepError(f"{f}: cannot read the eval set: {type(e).__name__}: {e}") from None
-        keys = copies.text_keys(copies.restored_tokens(r.tokens, r.offsets, r.positions, r.labels, r.poffsets),
-                                r.offsets)
-        for row, k in enumerate(keys.tolist()):
-            where.setdefault(k, []).append((i, row))
-        samples += len(keys)
-        md5.setdefault(examples_md5(r), str(f.relative_to(root)))
+    try:
+        reader = ShardReader(root, max_seq_length=max_seq_length, bounds=vocab.bounds(), verify_md5=True,
+                             timeout_s=timeout_s, timeout_key=TIMEOUT_KEY)
+        for i, f in enumerate(paths):
+            s = reader.wait(f, lambda read, f=f: reader.whole(read, f))
+            keys = copies.text_keys(copies.restored_tokens(s.tokens, s.offsets, s.mlm_positions, s.mlm_ids,
+                                                           s.mlm_offsets), s.offsets)
+            for row, k in enumerate(keys.tolist()):
+                where.setdefault(k, []).append((i, row))
+            samples += len(keys)
+            md5.setdefault(examples_md5(s), str(f.relative_to(root)))
+    except DataError as e:
+        raise PrepError(f"cannot use the eval set {p}: {e}") from None
     return _EvalSet([str(f.relative_to(root)) for f in paths], samples, where, md5)
 
 
 def _size(p: Path) -> int:
     try:
         return shard_size(p)
-    except (OSError, KeyError, ValueError):
+    except DataError:
         return 0  # unreadable: its scan says why
 
 
@@ -417,18 +290,20 @@ def _eval_findings(ev: _EvalSet, eval_dir: str, found_eval: dict[tuple[int, int]
 
 def check(input_dir: str | Path, vocab: Vocabulary = Vocabulary(), max_seq_length: int = 512,
           digests: str | Path = "", eval_dir: str | Path = "", workers: int = 1,
-          eval_tolerance: float = EVAL_TOLERANCE) -> dict:
+          eval_tolerance: float = EVAL_TOLERANCE, *, read_timeout_s: float = PREP_READ_TIMEOUT_S) -> dict:
     """Scan every shard under ``input_dir`` (recursively); return per-shard counts and
     ``examples_md5``, the totals, the copies (and, with ``eval_dir``, the eval samples found in
     the training shards: a defect above ``eval_tolerance`` of the eval set or when a whole eval
     shard is there), the [UNK] rate, the diagnosis, one line per finding that fails the check
     (``errors``) or does not (``notes``), and ``exit_status`` (0 clean, 1 a defect or a copy, 2
-    shards of another vocabulary). ``digests``: also write the examples' md5 of each shard there."""
+    shards of another vocabulary). ``digests``: also write the examples' md5 of each shard there.
+    Each shard is read through the run's reader (its directory's md5 list, ``read_timeout_s``
+    a file); one that differs from the list, or a read that overruns, is a ``PrepError``."""
     d = input_directory(input_dir, "shards")
     paths = shard_paths(d)
     if not paths:
         raise PrepError(f"{d}: holds no shard files ({', '.join('*' + s for s in SHARD_SUFFIXES)})")
-    ev = _read_eval(Path(eval_dir)) if eval_dir else None
+    ev = _read_eval(Path(eval_dir), vocab, max_seq_length, read_timeout_s) if eval_dir else None
     eval_keys = np.array(sorted(ev.where), np.uint64) if ev else None
     names = [str(p.relative_to(d)) for p in paths]
     table = copies.KeyTable([_size(p) for p in paths])
@@ -439,8 +314,16 @@ def check(input_dir: str | Path, vocab: Vocabulary = Vocabulary(), max_seq_lengt
     found_eval: dict[tuple[int, int], bool] = {}  # eval sample -> long enough to count
     eval_per_shard: dict[str, int] = {}
     eval_examples: list[str] = []
-    jobs = [_Job(p, vocab, max_seq_length, eval_keys) for p in paths]
+    firsts: dict[str, dict[str, str]] = {}  # a shard's first offender of each defect
+    try:
+        reader = ShardReader(d, max_seq_length=max_seq_length, bounds=vocab.bounds(), verify_md5=True,
+                             timeout_s=read_timeout_s, timeout_key=TIMEOUT_KEY)
+    except DataError as e:
+        raise PrepError(str(e)) from None
+    jobs = [_Job(p, reader, vocab, eval_keys) for p in paths]
     for i, (name, res) in enumerate(zip(names, parallel_map(_scan_one, jobs, workers, "check"))):
+        if "fatal" in res:
+            raise PrepError(res["fatal"])
         if "error" in res:
             counts = {**dict.fromkeys(counters, 0), "unreadable": 1}
             per_shard[name] = {"unreadable": 1, "error": res["error"]}
@@ -449,6 +332,7 @@ def check(input_dir: str | Path, vocab: Vocabulary = Vocabulary(), max_seq_lengt
             samples, unk, tokens = samples + res["samples"], unk + res["unk"], tokens + res["tokens"]
             table.put(i, res["keys"])
             per_shard[name] = {"samples": res["samples"], "examples_md5": res["examples_md5"], **counts}
+            firsts[name] = res["first"]
             for row, key in zip(res.get("eval_rows", ()), res.get("eval_keys", ())):
                 hits = ev.where[int(key)]
                 for h in hits:
@@ -465,6 +349,9 @@ def check(input_dir: str | Path, vocab: Vocabulary = Vocabulary(), max_seq_lengt
     hidden = (*VOCAB_DEPENDENT, SPECIALS_IN_PLACE, "nonempty") if other_vocab else (SPECIALS_IN_PLACE, "nonempty")
     per_shard = {name: {k: v for k, v in c.items() if (v or k == "samples") and k not in hidden}
                  for name, c in per_shard.items()}
+    for name, first in firsts.items():  # the first offender of each defect counted, as a run words it
+        if shown := {k: m for k, m in first.items() if k in per_shard[name]}:
+            per_shard[name]["messages"] = shown
     if digests:
         write_text(Path(digests), "".join(f"{c['examples_md5']}  {name}\n" for name, c in per_shard.items()
                                           if "examples_md5" in c))
@@ -480,8 +367,9 @@ def check(input_dir: str | Path, vocab: Vocabulary = Vocabulary(), max_seq_lengt
     for k in DEFECTS:
         if k in found:
             bad = [n for n, c in per_shard.items() if c.get(k)]
-            errors.append(f"{found[k]} samples with {k} in {len(bad)} shards: {_listed(bad)}"
-                          if k != "unreadable" else f"{found[k]} unreadable shards: {_listed(bad)}")
+            first = per_shard[bad[0]]["error"] if k == "unreadable" else per_shard[bad[0]]["messages"][k]
+            errors.append((f"{found[k]} samples with {k} in {len(bad)} shards: {_listed(bad)}" if k != "unreadable"
+                           else f"{found[k]} unreadable shards: {_listed(bad)}") + f"; first: {first}")
     out["per_shard"] = per_shard
     out["diagnosis"] = diagnose(totals, out)
     out["errors"], out["notes"] = errors, notes

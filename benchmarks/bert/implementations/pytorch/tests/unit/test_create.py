@@ -212,9 +212,9 @@ def test_two_parts_with_the_same_text_are_refused_naming_both(corpus, tmp_path):
 
 
 def _examples(p) -> str:
-    from input_preprocessing.check import _read, examples_md5
+    from bert.shards import examples_md5, read_shard
 
-    return examples_md5(_read(p))
+    return examples_md5(read_shard(p))
 
 
 def test_a_part_edited_in_place_to_the_same_size_is_made_again(corpus, tmp_path):
