@@ -18,6 +18,7 @@ Torch-free.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any, Callable
 
@@ -43,6 +44,13 @@ class ShardReader:
         self.manifest = Manifest.find(self.root) if verify_md5 else None
         self.max_seq_length, self.bounds = max_seq_length, bounds
         self.timeout_s, self.stopped, self.timeout_key = timeout_s, stopped, timeout_key
+
+    def only(self, paths: list[Path]) -> ShardReader:
+        """This reader for ``paths`` alone (the md5 list's entries of those files, what is
+        verified of them kept): what a worker process that reads them is handed."""
+        part = copy.copy(self)
+        part.manifest = self.manifest.only(paths) if self.manifest is not None else None
+        return part
 
     def whole(self, read: watchdog.Read, path: Path) -> Shard:
         """Every sample of ``path``; inside ``read`` (``start``/``wait``)."""

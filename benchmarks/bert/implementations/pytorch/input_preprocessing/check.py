@@ -69,6 +69,7 @@ from bert.shards import (DEFECTS, SHARD_SUFFIXES, Bounds, DataError, Specials, e
 
 from . import copies
 from .common import PrepError, input_directory, parallel_map, write_text
+from .inputs import open_inputs, read_whole
 
 WRAP_SIGNATURE = "wrap256_padded"  # counted beside the defects: samples carrying the int8-wrap signature
 SPECIALS_IN_PLACE = "cls_or_sep_in_place"  # counted beside them: samples starting [CLS] or ending [SEP]
@@ -81,7 +82,6 @@ SHOWN_PAIRS = 20  # pairs of shards with their rows in the JSON, the rest counte
 # holding some passages twice gives without any leak (the standard library's docstrings have a
 # few: asyncio's protocol classes share their methods' docs); a copied eval shard gives ~all.
 EVAL_TOLERANCE = 0.01
-TIMEOUT_KEY = "--read-timeout-s"  # the option that sets the reads' bound, named when one overruns it
 
 
 @dataclass(frozen=True)
@@ -193,19 +193,19 @@ def _read_eval(path: Path, vocab: Vocabulary, max_seq_length: int, timeout_s: fl
     where: dict[int, list[tuple[int, int]]] = {}
     md5: dict[str, str] = {}
     samples = 0
-    try:
-        reader = ShardReader(root, max_seq_length=max_seq_length, bounds=vocab.bounds(), verify_md5=True,
-                             timeout_s=timeout_s, timeout_key=TIMEOUT_KEY)
-        for i, f in enumerate(paths):
-            s = reader.wait(f, lambda read, f=f: reader.whole(read, f))
-            keys = copies.text_keys(copies.restored_tokens(s.tokens, s.offsets, s.mlm_positions, s.mlm_ids,
-                                                           s.mlm_offsets), s.offsets)
-            for row, k in enumerate(keys.tolist()):
-                where.setdefault(k, []).append((i, row))
-            samples += len(keys)
-            md5.setdefault(examples_md5(s), str(f.relative_to(root)))
-    except DataError as e:
-        raise PrepError(f"cannot use the eval set {p}: {e}") from None
+    inputs = open_inputs(root, paths, every_listed=p.is_dir(), max_seq_length=max_seq_length, bounds=vocab.bounds(),
+                         timeout_s=timeout_s, fingerprint=False)
+    for i, f in enumerate(paths):
+        try:
+            s = read_whole(inputs.reader, f)
+        except PrepError as e:
+            raise PrepError(f"cannot use the eval set {p}: {e}") from None
+        keys = copies.text_keys(copies.restored_tokens(s.tokens, s.offsets, s.mlm_positions, s.mlm_ids, s.mlm_offsets),
+                                s.offsets)
+        for row, k in enumerate(keys.tolist()):
+            where.setdefault(k, []).append((i, row))
+        samples += len(keys)
+        md5.setdefault(examples_md5(s), str(f.relative_to(root)))
     return _EvalSet([str(f.relative_to(root)) for f in paths], samples, where, md5)
 
 
@@ -303,6 +303,8 @@ def check(input_dir: str | Path, vocab: Vocabulary = Vocabulary(), max_seq_lengt
     paths = shard_paths(d)
     if not paths:
         raise PrepError(f"{d}: holds no shard files ({', '.join('*' + s for s in SHARD_SUFFIXES)})")
+    inputs = open_inputs(d, paths, every_listed=True, max_seq_length=max_seq_length, bounds=vocab.bounds(),
+                         timeout_s=read_timeout_s, fingerprint=False)
     ev = _read_eval(Path(eval_dir), vocab, max_seq_length, read_timeout_s) if eval_dir else None
     eval_keys = np.array(sorted(ev.where), np.uint64) if ev else None
     names = [str(p.relative_to(d)) for p in paths]
@@ -315,12 +317,7 @@ def check(input_dir: str | Path, vocab: Vocabulary = Vocabulary(), max_seq_lengt
     eval_per_shard: dict[str, int] = {}
     eval_examples: list[str] = []
     firsts: dict[str, dict[str, str]] = {}  # a shard's first offender of each defect
-    try:
-        reader = ShardReader(d, max_seq_length=max_seq_length, bounds=vocab.bounds(), verify_md5=True,
-                             timeout_s=read_timeout_s, timeout_key=TIMEOUT_KEY)
-    except DataError as e:
-        raise PrepError(str(e)) from None
-    jobs = [_Job(p, reader, vocab, eval_keys) for p in paths]
+    jobs = [_Job(p, inputs.reader.only([p]), vocab, eval_keys) for p in paths]
     for i, (name, res) in enumerate(zip(names, parallel_map(_scan_one, jobs, workers, "check"))):
         if "fatal" in res:
             raise PrepError(res["fatal"])
@@ -358,7 +355,7 @@ def check(input_dir: str | Path, vocab: Vocabulary = Vocabulary(), max_seq_lengt
     found = {k: v for k, v in totals.items() if v and k != WRAP_SIGNATURE and k not in hidden}
     errors: list[str] = []  # one line per finding that fails the check
     notes: list[str] = []  # one line per finding that does not
-    out = {"shards": len(paths), "samples": samples, "defects": found,
+    out = {"shards": len(paths), "samples": samples, "inputs_verified_against": inputs.verified_by(), "defects": found,
            "unk_rate": round(unk / tokens, 6) if tokens and not other_vocab else None,
            "copies": _shard_copies(per_shard, names, table, found, errors)}
     if ev:

@@ -70,7 +70,9 @@ def test_cli_every_step(parts, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["shards"] == 4
     assert main(["stratify", "--input", str(tmp_path / "sh"), "--output", str(tmp_path / "st"), "--bounds", "32,64",
                  "--max-seq-length", "64", "--workers", "1"]) == 0
-    assert set(json.loads(capsys.readouterr().out)) == {"stratum_0_1-32", "stratum_1_33-64"}
+    said = json.loads(capsys.readouterr().out)
+    assert set(said) == {"stratum_0_1-32", "stratum_1_33-64", "inputs_verified_against"}
+    assert said["inputs_verified_against"] == str(tmp_path / "sh" / "md5sums.txt")  # the list shard wrote
     assert main(["eval", "--input", str(ev), "--output", str(tmp_path / "ev"), "--num-samples", "50"]) == 0
     assert json.loads(capsys.readouterr().out)["picked"] == 50
     assert main(["checksum", "--input", str(tmp_path / "st"), "--workers", "1"]) == 0
