@@ -26,7 +26,7 @@ import numpy as np
 
 from . import watchdog
 from .integrity import Manifest
-from .shards import Bounds, Findings, Shard, Specials, read_rows, read_shard, scan_shard, shard_size
+from .shards import Bounds, Findings, Shard, Specials, read_rows, read_shard, read_stored, scan_shard, shard_size
 
 
 class ShardReader:
@@ -74,6 +74,14 @@ class ShardReader:
         if self.manifest is not None:
             self.manifest.check(path)
         return scan_shard(path, self.max_seq_length, self.bounds, specials)
+
+    def stored(self, read: watchdog.Read, path: Path) -> Shard:
+        """Every sample of ``path`` as stored, no rule judged (``shards.read_stored``: a second look
+        at samples ``scan`` has judged); inside ``read``."""
+        read.at(path)
+        if self.manifest is not None:
+            self.manifest.check(path)
+        return read_stored(path)
 
     def size(self, read: watchdog.Read, path: Path) -> int:
         """Samples in ``path``, from its metadata (no data read, nothing hashed); inside ``read``."""

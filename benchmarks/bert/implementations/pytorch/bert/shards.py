@@ -656,6 +656,12 @@ def read_rows(path: str | Path, rows: np.ndarray | Sequence[int], max_seq_length
     return shard if len(unique) == len(rows) and np.array_equal(unique, rows) else shard.subset(back)
 
 
+def read_stored(path: str | Path) -> Shard:
+    """Every sample of one shard as stored: its structure checked, no rule judged (the samples
+    ``scan_shard`` judges, for a second look at them)."""
+    return _decode(path, None).shard
+
+
 def scan_shard(path: str | Path, max_seq_length: int | None = None, bounds: Bounds | None = None,
                specials: Specials | None = None) -> Findings:
     """Every defect of every sample of one shard, where ``read_shard`` stops at the first: the

@@ -68,7 +68,7 @@ from bert.shards import (DEFECTS, SHARD_SUFFIXES, Bounds, DataError, Specials, e
                          records_md5, shard_size)
 
 from . import copies
-from .common import PrepError, input_directory, parallel_map, write_text
+from .common import PrepError, input_directory, parallel_iter, write_text
 from .inputs import open_inputs, read_whole
 
 WRAP_SIGNATURE = "wrap256_padded"  # counted beside the defects: samples carrying the int8-wrap signature
@@ -166,10 +166,11 @@ def _scan_one(job: _Job) -> dict:
     out = {"samples": len(s), "examples_md5": records_md5(records), "counts": counts, "first": found.first,
            "keys": copies.example_keys(records, starts, s.lengths), "unk": int((text == vocab.unk).sum()),
            "tokens": len(text)}
-    if job.eval_keys is not None:
+    if job.eval_keys is not None:  # with each row's text, for the key's match to be confirmed
         keys = copies.text_keys(text, s.offsets)
         rows = np.flatnonzero(np.isin(keys, job.eval_keys))
         out["eval_rows"], out["eval_keys"] = rows, keys[rows]
+        out["eval_texts"] = [text[s.offsets[r]:s.offsets[r + 1]] for r in rows.tolist()]
     return out
 
 
@@ -179,6 +180,12 @@ class _EvalSet:
     samples: int
     where: dict[int, list[tuple[int, int]]]  # text key -> (file, row) of every eval sample with that text
     md5: dict[str, str]  # examples_md5 -> file
+    texts: list[tuple[np.ndarray, np.ndarray]]  # each file's samples' text (restored tokens, offsets)
+
+    def holds(self, at: tuple[int, int], text: np.ndarray) -> bool:
+        """Whether eval sample ``at`` (file, row) has exactly ``text``."""
+        tokens, offsets = self.texts[at[0]]
+        return np.array_equal(tokens[offsets[at[1]]:offsets[at[1] + 1]], text)
 
 
 def _read_eval(path: Path, vocab: Vocabulary, max_seq_length: int, timeout_s: float) -> _EvalSet:
@@ -192,6 +199,7 @@ def _read_eval(path: Path, vocab: Vocabulary, max_seq_length: int, timeout_s: fl
     root = p.parent if p.is_file() else p
     where: dict[int, list[tuple[int, int]]] = {}
     md5: dict[str, str] = {}
+    texts: list[tuple[np.ndarray, np.ndarray]] = []
     samples = 0
     inputs = open_inputs(root, paths, every_listed=p.is_dir(), max_seq_length=max_seq_length, bounds=vocab.bounds(),
                          timeout_s=timeout_s, fingerprint=False)
@@ -200,13 +208,24 @@ def _read_eval(path: Path, vocab: Vocabulary, max_seq_length: int, timeout_s: fl
             s = read_whole(inputs.reader, f)
         except PrepError as e:
             raise PrepError(f"cannot use the eval set {p}: {e}") from None
-        keys = copies.text_keys(copies.restored_tokens(s.tokens, s.offsets, s.mlm_positions, s.mlm_ids, s.mlm_offsets),
-                                s.offsets)
+        texts.append((copies.restored_tokens(s.tokens, s.offsets, s.mlm_positions, s.mlm_ids, s.mlm_offsets),
+                      s.offsets))
+        keys = copies.text_keys(texts[-1][0], s.offsets)
         for row, k in enumerate(keys.tolist()):
             where.setdefault(k, []).append((i, row))
         samples += len(keys)
         md5.setdefault(examples_md5(s), str(f.relative_to(root)))
-    return _EvalSet([str(f.relative_to(root)) for f in paths], samples, where, md5)
+    return _EvalSet([str(f.relative_to(root)) for f in paths], samples, where, md5, texts)
+
+
+def _records(reader: ShardReader, path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """``path``'s example records, read again (as stored, as its scan read them) to confirm a
+    repeat its keys suggest."""
+    try:
+        s = reader.wait(path, lambda read: reader.stored(read, path))
+    except DataError as e:
+        raise PrepError(str(e)) from None
+    return example_records(s.tokens, s.segments, s.offsets, s.mlm_positions, s.mlm_ids, s.mlm_offsets, s.nsp)
 
 
 def _size(p: Path) -> int:
@@ -221,10 +240,11 @@ def _listed(items: list[str]) -> str:
     return ", ".join(items[:LISTED]) + (f" and {more} more" if more > 0 else "")
 
 
-def _shard_copies(per_shard: dict[str, dict], names: list[str], table: copies.KeyTable, found: dict[str, int],
-                  errors: list[str]) -> dict:
-    """Whole shards with the same examples, then samples repeated across shards or within one:
-    marks the shards, counts the defects, adds a line each; returns the JSON's ``copies``."""
+def _shard_copies(per_shard: dict[str, dict], names: list[str], table: copies.KeyTable, records_of: copies.Records,
+                  found: dict[str, int], errors: list[str]) -> dict:
+    """Whole shards with the same examples, then samples repeated across shards or within one
+    (each confirmed by its record, ``records_of``): marks the shards, counts the defects, adds
+    a line each; returns the JSON's ``copies``."""
     groups = copies.same_digest_groups({n: c["examples_md5"] for n, c in per_shard.items() if c.get("samples")})
     for g in groups:
         for other in g[1:]:
@@ -232,7 +252,7 @@ def _shard_copies(per_shard: dict[str, dict], names: list[str], table: copies.Ke
         md5 = per_shard[g[0]]["examples_md5"]
         errors.append(f"{g[1]} holds the same examples as {g[0]} (examples_md5 {md5})" if len(g) == 2 else
                       f"{len(g) - 1} shards hold the same examples as {g[0]} (examples_md5 {md5}): {_listed(g[1:])}")
-    rep = table.repeats()
+    rep = table.repeats(records_of)
     for i in np.flatnonzero(rep.per_shard):
         per_shard[names[i]]["repeated_samples"] = int(rep.per_shard[i])
     pairs = sorted(rep.pairs.items(), key=lambda kv: (-kv[1].samples, kv[0]))
@@ -252,6 +272,7 @@ def _shard_copies(per_shard: dict[str, dict], names: list[str], table: copies.Ke
     if rep.copies:
         found["repeated_sample"] = rep.copies
     return {"identical_shards": groups, "repeated_samples": rep.copies, "short_repeats": rep.short,
+            "key_collisions": rep.collisions,
             "pairs": [{"shards": [names[a], names[b]], "samples": pc.samples, "rows": [list(x) for x in pc.rows]}
                       for (a, b), pc in pairs[:SHOWN_PAIRS]],
             "pairs_total": len(pairs)}
@@ -316,11 +337,15 @@ def check(input_dir: str | Path, vocab: Vocabulary = Vocabulary(), max_seq_lengt
     found_eval: dict[tuple[int, int], bool] = {}  # eval sample -> long enough to count
     eval_per_shard: dict[str, int] = {}
     eval_examples: list[str] = []
+    eval_collisions = 0  # training samples whose text key an eval sample has, not its text
     firsts: dict[str, dict[str, str]] = {}  # a shard's first offender of each defect
     jobs = [_Job(p, inputs.reader.only([p]), vocab, eval_keys) for p in paths]
-    for i, (name, res) in enumerate(zip(names, parallel_map(_scan_one, jobs, workers, "check"))):
+    # One shard's result held at a time: its keys go into the table, nothing else keeps them.
+    for i, (name, res) in enumerate(zip(names, parallel_iter(_scan_one, jobs, workers, "check"))):
         if "fatal" in res:
             raise PrepError(res["fatal"])
+        if inputs.reader.manifest is not None:  # checked against the list as the scan read it
+            inputs.reader.manifest.verified.add(str(paths[i]))
         if "error" in res:
             counts = {**dict.fromkeys(counters, 0), "unreadable": 1}
             per_shard[name] = {"unreadable": 1, "error": res["error"]}
@@ -330,8 +355,12 @@ def check(input_dir: str | Path, vocab: Vocabulary = Vocabulary(), max_seq_lengt
             table.put(i, res["keys"])
             per_shard[name] = {"samples": res["samples"], "examples_md5": res["examples_md5"], **counts}
             firsts[name] = res["first"]
-            for row, key in zip(res.get("eval_rows", ()), res.get("eval_keys", ())):
-                hits = ev.where[int(key)]
+            for row, key, text in zip(res.get("eval_rows", ()), res.get("eval_keys", ()), res.get("eval_texts", ())):
+                same_key = ev.where[int(key)]
+                hits = [h for h in same_key if ev.holds(h, text)]  # the key's match confirmed by the text
+                eval_collisions += len(same_key) - len(hits)
+                if not hits:
+                    continue
                 for h in hits:
                     found_eval[h] = bool(key & 1)
                 if key & 1:
@@ -357,10 +386,12 @@ def check(input_dir: str | Path, vocab: Vocabulary = Vocabulary(), max_seq_lengt
     notes: list[str] = []  # one line per finding that does not
     out = {"shards": len(paths), "samples": samples, "inputs_verified_against": inputs.verified_by(), "defects": found,
            "unk_rate": round(unk / tokens, 6) if tokens and not other_vocab else None,
-           "copies": _shard_copies(per_shard, names, table, found, errors)}
+           "copies": _shard_copies(per_shard, names, table, lambda i: _records(inputs.reader, paths[i]), found,
+                                   errors)}
     if ev:
         out["eval"] = _eval_findings(ev, str(eval_dir), found_eval, eval_per_shard, eval_examples, per_shard,
                                      eval_tolerance, found, errors, notes)
+        out["eval"]["key_collisions"] = eval_collisions
     for k in DEFECTS:
         if k in found:
             bad = [n for n, c in per_shard.items() if c.get(k)]

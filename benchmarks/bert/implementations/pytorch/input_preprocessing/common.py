@@ -198,16 +198,21 @@ def parallel_map(fn: Callable[[Any], Any], items: list[Any], workers: int, desc:
     Results come back in input order whatever the number of workers, so output built from
     them does not depend on it. ``workers <= 1`` runs in this process (no pickling).
     """
+    return list(parallel_iter(fn, items, workers, desc))
+
+
+def parallel_iter(fn: Callable[[Any], Any], items: list[Any], workers: int, desc: str) -> Iterator[Any]:
+    """``parallel_map``'s results one at a time, as they come (in input order): a caller that
+    keeps only what it needs of each holds one result, not all of them."""
     from tqdm import tqdm
 
     bar = tqdm(total=len(items), desc=desc, unit="file", disable=None, leave=False)
     try:
         if workers <= 1 or len(items) <= 1:
-            out = []
             for x in items:
-                out.append(fn(x))
+                yield fn(x)
                 bar.update()
-            return out
+            return
         import multiprocessing as mp
 
         # SIGINT blocked while the workers start, so none is born with Python's handler; one
@@ -218,11 +223,9 @@ def parallel_map(fn: Callable[[Any], Any], items: list[Any], workers: int, desc:
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         with pool:
-            out = []
             for r in pool.imap(fn, items):
-                out.append(r)
+                yield r
                 bar.update()
-            return out
     finally:
         bar.close()
 
