@@ -672,6 +672,14 @@ def read_timeout_s(cfg: Config) -> float:
     return cfg.data.read_timeout_s if cfg.data.read_timeout_s > 0 else cfg.dist.timeout_s * 2 / 3
 
 
+# Seconds one shard may take to read in a data-preparation step (``python -m input_preprocessing``,
+# its --read-timeout-s): the watchdog's bound there, as data.read_timeout_s is a run's. Those
+# steps read bigger files than a run's shards (a part of create's output holds ~160,000 samples,
+# ~370 MB in the fixed layout, for MLPerf's text), each in seconds: past ten minutes the file
+# or its filesystem is stuck, not slow.
+PREP_READ_TIMEOUT_S = 600.0
+
+
 def padded_vocab_size(m: ModelConfig) -> int:
     """Rows of the model's word embedding and MLM decoder: vocab_size rounded up to a
     multiple of model.vocab_pad_multiple."""
