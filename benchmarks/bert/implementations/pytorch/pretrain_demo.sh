@@ -40,9 +40,8 @@ prep() { python -m input_preprocessing "$@" --workers 2 > /dev/null; }
 
 echo "== 1. corpus and vocab"
 python tools/pretrain_demo.py corpus --output "${out}/text" --max-docs "${PD_MAX_DOCS}"
-python -c "import sys, pathlib; from input_preprocessing.toy_corpus import train_vocab
-train_vocab(sorted(pathlib.Path(sys.argv[1]).glob('*.txt')), sys.argv[2], size=int(sys.argv[3]))" \
-  "${out}/text/train" "${out}/vocab.txt" "${PD_VOCAB}"
+python -m input_preprocessing vocab --input "${out}/text/train" --pattern '*.txt' --output "${out}/vocab.txt" \
+  --size "${PD_VOCAB}" > /dev/null
 vocab_size=$(wc -l < "${out}/vocab.txt")
 
 echo "== 2. data for both phases (create, eval, check)"

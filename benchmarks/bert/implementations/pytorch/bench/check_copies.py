@@ -8,7 +8,12 @@ own, ``--reps`` times; wall seconds and the peak resident memory of that process
 - ``--demo``: the demo data of ``make demo`` (8 shards of 2,500 samples at seq 128, 2,000 eval);
 - ``--shards N --per-shard M``: N shards of M samples at seq 512 (the demo's generator, MLPerf's
   length histogram), and a 10,000-sample eval set;
-- ``--dir DIR --eval-dir EVAL``: a directory of your own.
+- ``--dir DIR --eval-dir EVAL``: a directory of your own;
+- ``--synthetic N``: N synthetic samples (``--per-shard`` a shard, fixed layout at ``--seq``,
+  lengths from 34 up, [CLS] A [SEP] B [SEP] with two predictions: clean, no repeat), checked
+  without ``--eval``, and a set of ``--baseline`` samples alike: the peak's growth between the two
+  is what check holds per sample; ``--against PKG`` runs another checkout's check on the same
+  sets too (its package directory, e.g. one ``git archive`` wrote), each set once a checkout.
 
 Real text (``--corpora``): the synthetic corpus, the standard library's docstrings (held-out
 documents apart, as ``make pretrain-demo`` splits them) and, with ``--wikiextractor FILE ...``,
@@ -20,14 +25,18 @@ real text (none should fail the check), the [UNK] rate of a vocab trained on the
 MB of held-out text gives.
 
 The index alone (``--index-samples N``): ``copies.KeyTable`` filled with N random keys (a few
-repeated) in 4,320 shards and searched, its peak memory traced by ``tracemalloc`` (numpy
-reports its arrays there), against the 8 bytes a sample of the keys themselves;
-``--index-copies`` again with every shard a copy of the first (the most repeats to count).
+repeated) in 4,320 shards, searched and every repeat confirmed (each sample's record stands
+for its key: made again from its shard's seed when asked for), its peak memory traced by
+``tracemalloc`` (numpy reports its arrays there), against the 8 bytes a sample of the keys
+themselves; ``--index-copies`` again with every shard a copy of the first (the most repeats to
+count and confirm).
 
     flock /tmp/bench.lock python bench/check_copies.py --demo --shards 100 --per-shard 5000 \\
         --index-samples 80000000 --index-copies --out check_copies.json
     flock /tmp/bench.lock python bench/check_copies.py --corpora --wikiextractor sample_data/wiki_0? \\
         --out check_corpora.json
+    flock /tmp/bench.lock python bench/check_copies.py --synthetic 50000000 --baseline 2000000 \\
+        --per-shard 100000 --seq 40 --against OLD/benchmarks/bert/implementations/pytorch --out check_50m.json
 
 Run from benchmarks/bert/implementations/pytorch with the venv active. Prints and writes JSON.
 """
@@ -63,12 +72,13 @@ _PEAK = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
          "sys.exit(r.returncode)")
 
 
-def run_check(train: Path, eval_dir: Path, ids: list[str], workers: int) -> dict:
-    """One check in a fresh process: wall seconds, its peak RSS, what it found."""
+def run_check(train: Path, eval_dir: Path | None, ids: list[str], workers: int, pkg: Path = PKG) -> dict:
+    """One check (``pkg``'s) in a fresh process: wall seconds, its peak RSS, what it found."""
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-c", _PEAK, sys.executable, "-m", "input_preprocessing", "check",
-                        "--input", str(train), *ids, "--eval", str(eval_dir), "--workers", str(workers)],
-                       cwd=PKG, capture_output=True, text=True)
+                        "--input", str(train), *ids, *(["--eval", str(eval_dir)] if eval_dir else []),
+                        "--workers", str(workers)],
+                       cwd=pkg, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     peak = int(r.stderr.rsplit("peak_kib", 1)[1])  # KiB
     out = json.loads(r.stdout) if r.stdout else {}
@@ -88,36 +98,88 @@ def dataset(name: str, train: Path, eval_dir: Path, ids: list[str], reps: int, w
 
 
 def index_alone(samples: int, shards: int = 4320, every_shard_a_copy: bool = False) -> dict:
-    """KeyTable's own memory at ``samples`` keys in ``shards`` shards, traced; 100 samples
-    repeated, or (``every_shard_a_copy``) every shard shard 0's keys: the most repeats."""
-    rng = np.random.default_rng(0)
+    """KeyTable's own memory at ``samples`` keys in ``shards`` shards, traced, its repeats
+    confirmed; 100 samples repeated, or (``every_shard_a_copy``) every shard shard 0's keys:
+    the most repeats."""
     sizes = np.full(shards, samples // shards)
     sizes[: samples % shards] += 1
+
+    def keys_of(i: int) -> np.ndarray:  # shard i's keys, made again from its seed whenever asked
+        keys = np.random.default_rng(0 if every_shard_a_copy else i).integers(
+            0, 2**64 - 1, size=int(sizes[i]), dtype=np.uint64, endpoint=True) | np.uint64(1)
+        if i == 1 and not every_shard_a_copy:
+            keys[:100] = keys_of(0)[:100]  # 100 samples of shard 0 repeated: the search must find them
+        return keys
+
+    def records_of(i: int) -> tuple[np.ndarray, np.ndarray]:  # a sample's record: its key, two int32
+        return keys_of(i).view("<i4"), np.arange(0, 2 * int(sizes[i]) + 1, 2)
+
     tracemalloc.start()
     t0 = time.perf_counter()
     table = copies.KeyTable(sizes.tolist())
-    for i, n in enumerate(sizes.tolist()):  # a shard at a time, as check fills it
-        keys = rng.integers(0, 2**64 - 1, size=n, dtype=np.uint64, endpoint=True) | np.uint64(1)
-        if every_shard_a_copy and i:
-            keys[:] = table.keys[:n]
-        elif i == 1:
-            keys[:100] = table.keys[:100]  # 100 samples of shard 0 repeated: the search must find them
-        table.put(i, keys)
-        del keys
+    for i in range(shards):  # a shard at a time, as check fills it
+        table.put(i, keys_of(i))
     filled_s = time.perf_counter() - t0
     t1 = time.perf_counter()
-    rep = table.repeats()
+    rep = table.repeats(records_of)
     search_s = time.perf_counter() - t1
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     bound = 8 * samples  # the keys themselves
     res = {"index_samples": samples, "index_shards": shards, "every_shard_a_copy": every_shard_a_copy,
-           "repeats_found": rep.copies,
+           "repeats_found": rep.copies, "key_collisions": rep.collisions,
            "peak_mib": round(peak / 2**20, 1), "keys_mib": round(bound / 2**20, 1),
            "peak_bytes_per_sample": round(peak / samples, 2), "fill_s": round(filled_s, 2),
            "search_s": round(search_s, 2)}
     print(json.dumps(res), flush=True)
     return res
+
+
+def synthetic(root: Path, samples: int, per_shard: int, seq: int) -> Path:
+    """``samples`` clean synthetic samples in fixed-layout shards of ``per_shard`` at ``seq``
+    (lengths 34..seq, [CLS] A [SEP] B [SEP], content ids 1000 and up, two predictions: the first
+    token of A and the last of B), each shard from its own seed. What check holds per sample
+    does not depend on the samples' content, only on their count."""
+    import h5py
+
+    root.mkdir(parents=True)
+    for i, lo in enumerate(range(0, samples, per_shard)):
+        n = min(per_shard, samples - lo)
+        rng = np.random.default_rng(i)
+        length = rng.integers(34, seq + 1, size=n)
+        a = rng.integers(1, length - 3)  # sentence A's tokens: 1..L-4, so B holds one at least
+        rows, col = np.arange(n), np.arange(seq)[None, :]
+        real = col < length[:, None]
+        ids = rng.integers(1000, 30522, size=(n, seq), dtype=np.int16)
+        ids[:, 0], ids[rows, a + 1], ids[rows, length - 1] = 101, 102, 102
+        pos = np.stack([np.ones(n, np.int64), length - 2], axis=1)
+        labels = ids[rows[:, None], pos]
+        ids[rows[:, None], pos] = 103
+        ids[~real] = 0
+        with h5py.File(root / f"part_{i:05d}.hdf5", "w") as f:
+            f["input_ids"] = ids
+            f["input_mask"] = real.astype(np.int8)
+            f["segment_ids"] = ((col > (a + 1)[:, None]) & real).astype(np.int8)
+            f["masked_lm_positions"] = pos.astype(np.int16)
+            f["masked_lm_ids"] = labels
+            f["next_sentence_labels"] = rng.integers(0, 2, size=n, dtype=np.int8)
+    return root
+
+
+def synthetic_sets(work: Path, samples: int, baseline: int, per_shard: int, seq: int, against: str) -> dict:
+    """check's peak on ``samples`` and on ``baseline`` synthetic samples (this checkout's, and
+    ``against``'s when given): the growth per sample between the two."""
+    ids = ["--vocab-size", "30522", "--cls-id", "101", "--sep-id", "102", "--unk-id", "100",
+           "--max-seq-length", str(seq)]
+    out: dict = {"samples": samples, "baseline_samples": baseline, "per_shard": per_shard, "seq": seq}
+    sets = {n: synthetic(work / f"syn_{n}", n, per_shard, seq) for n in (baseline, samples)}
+    out["mb_on_disk"] = round(sum(p.stat().st_size for p in sets[samples].iterdir()) / 1e6)
+    for name, pkg in (("this", PKG), *((("against", Path(against)),) if against else ())):
+        runs = {n: run_check(d, None, ids, 1, pkg) for n, d in sets.items()}
+        grow = (runs[samples]["peak_rss_mib"] - runs[baseline]["peak_rss_mib"]) * 2**20 / (samples - baseline)
+        out[name] = {"checkout": str(pkg), "runs": runs, "bytes_per_sample": round(grow, 2)}
+        print(json.dumps({name: out[name]}), flush=True)
+    return out
 
 
 def corpora(work: Path, wiki: list[str]) -> list[dict]:
@@ -128,7 +190,8 @@ def corpora(work: Path, wiki: list[str]) -> list[dict]:
     from input_preprocessing.check import Vocabulary, check
     from input_preprocessing.create import CreateOptions, create
     from input_preprocessing.pick_eval import pick_eval
-    from input_preprocessing.toy_corpus import make_corpus, train_vocab
+    from input_preprocessing.toy_corpus import make_corpus
+    from input_preprocessing.wordpiece import train_vocab
 
     texts = {}
     toy = make_corpus(work / "toy", parts=5, docs_per_part=150, seed=0)
@@ -187,6 +250,11 @@ def main() -> None:
                     "held out")
     ap.add_argument("--index-samples", type=int, default=0, help="the copy index alone at N samples (0: not run)")
     ap.add_argument("--index-copies", action="store_true", help="also with every shard a copy of the first")
+    ap.add_argument("--synthetic", type=int, default=0, help="check N synthetic samples, and --baseline of them")
+    ap.add_argument("--baseline", type=int, default=2_000_000)
+    ap.add_argument("--seq", type=int, default=40, help="the synthetic samples' padded length")
+    ap.add_argument("--against", default="", help="with --synthetic: another checkout's package directory, whose "
+                    "check runs on the same sets")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--out", default="")
@@ -196,16 +264,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="check_bench_") as tmp:
         work = Path(tmp)
         if a.demo:
-            demo_data.generate(work / "demo", 20000, 2000, seed=1, seq_len=128, max_pred=20, vocab=128)
+            demo_data.generate(work / "demo", train_samples=20000, eval_samples=2000, seed=1, seq_len=128, max_pred=20, vocab=128)
             result["datasets"].append(dataset("demo", work / "demo" / "train", work / "demo" / "eval",
                                               [*IDS[:1], "128", *IDS[2:]], a.reps, a.workers))
         if a.shards:
-            demo_data.generate(work / "gen", a.shards * a.per_shard, 10000, seed=2, seq_len=512, max_pred=76,
+            demo_data.generate(work / "gen", train_samples=a.shards * a.per_shard, eval_samples=10000, seed=2, seq_len=512, max_pred=76,
                                vocab=30522, shards=a.shards)
             result["datasets"].append(dataset(f"{a.shards} shards of {a.per_shard} at seq 512", work / "gen" / "train",
                                               work / "gen" / "eval", IDS, a.reps, a.workers))
         if a.corpora:
             result["corpora"] = corpora(work / "corpora", a.wikiextractor)
+        if a.synthetic:
+            result["synthetic"] = synthetic_sets(work, a.synthetic, a.baseline, a.per_shard, a.seq, a.against)
         if a.dir:
             result["datasets"].append(dataset(a.dir, Path(a.dir), Path(a.eval_dir), a.ids.split() or IDS, a.reps,
                                               a.workers))

@@ -71,7 +71,8 @@ def poll_cost(data: Path, polls: int = 200) -> list[float]:
     counts = [(32, 2050, 160000, 300)] * 25
     out = []
     with tempfile.TemporaryDirectory() as tb:
-        c = curves.Curves(tb, model, 0, 1, 1, 1e12, 0, 0)
+        c = curves.Curves(tb, model=model, rank=0, world_size=1, accum=1, peak_flops_per_s=1e12, start_step=0,
+                          start_samples=0)
         values = {"loss": 2.0, "learning_rate": 1e-3, "loss_scale": 1.0, "skipped_steps": 0.0, "grad_norm": 1.0}
         for _ in range(3):
             t = time.process_time()

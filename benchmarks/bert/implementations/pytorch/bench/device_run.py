@@ -17,7 +17,7 @@ The order (``plan``), so that a run cut short keeps what matters most:
    inconclusive, blocks nothing, and the headline's fallbacks find out;
 2. ``baseline`` at the small batch (16): the first measured stack (``BASELINE``), this run's own baseline;
 3. ``headline`` at the big batch (96): the fast stack, and if it fails, at once the stacks of
-   ``gpu_bert_large.headline_attempts`` in turn (CUDA graphs off, the per-layer compile off,
+   ``cases.headline_attempts`` in turn (CUDA graphs off, the per-layer compile off,
    both, then the next attention backends) until one measures: that one is the headline
    (``headline`` in the JSON: which case and stack, and every attempt's status, so why the
    others did not), and every later case built on the fast stack drops what it dropped
@@ -26,14 +26,14 @@ The order (``plan``), so that a run cut short keeps what matters most:
 4. ``fast`` at 16; ``check_gpu``: the other tests of tests/integration/test_gpu.py in a child
    (fp16 loss scaling on BERT-Large, graphed steps equal to eager ones);
 5. ``fast_fp8_tensorwise`` at 96;
-6. the speed levers at 96 (``gpu_bert_large.levers``: the Triton mask stored as bits, its
+6. the speed levers at 96 (``cases.levers``: the Triton mask stored as bits, its
    128x64 forward tile, LAMB's group bias correction, the bf16 residual stream);
 7. ``headline_extras``: the headline's evaluation (warm-up, capture, timing) and its
    kernel-class profile (eager steps of its model: no profiler over graph replays), after
    the core numbers; its expected seconds are kept free by every task before it, and the
    headline's model and graphs held on the device until then;
 8. ``check_attention_blocks`` (the Triton block-size sweep, if triton passed), the ablations
-   (``gpu_bert_large.ablations``), ``check_demo`` (the demo to 0.720 and the MLPerf
+   (``cases.ablations``), ``check_demo`` (the demo to 0.720 and the MLPerf
    checker), then the other cases.
 
 The window: ``--limit-s`` counts from this process's start (so the interpreter's and
@@ -71,7 +71,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import attention_blocks, demo_check, gpu_bert_large as gbl, provenance  # noqa: E402
+from bench import attention_blocks, cases, demo_check, measure, provenance  # noqa: E402
 from bench.common import PKG  # noqa: E402
 
 IMPORTED = time.monotonic()
@@ -89,7 +89,7 @@ class Check:
 
 @dataclasses.dataclass
 class Headline:
-    """The headline at the big batch: ``gpu_bert_large.headline_attempts`` in turn until one
+    """The headline at the big batch: ``cases.headline_attempts`` in turn until one
     measures (each a case of its own in ``cases``); ``est_s``: the first attempt's."""
 
     name: str
@@ -105,17 +105,17 @@ class HeadlineExtras:
     est_s: tuple[float, float]
 
 
-Task = gbl.Case | Check | Headline | HeadlineExtras
+Task = cases.Case | Check | Headline | HeadlineExtras
 
 
 def plan(args) -> list[Task]:
     """Every task in the order of the module docstring (names once), then ``--case`` ones."""
-    baseline, fast_big, fast_small = gbl.head_cases(args.small, args.big)
+    baseline, fast_big, fast_small = cases.head_cases(args.small, args.big)
     tasks = [Check("attention", (45.0, 25.0)), baseline, Headline("headline", fast_big.est_s), fast_small,
-             Check("gpu", (45.0, 35.0)), gbl.fp8_case(args.big), *gbl.levers(args.big),
+             Check("gpu", (45.0, 35.0)), cases.fp8_case(args.big), *cases.levers(args.big),
              HeadlineExtras("headline_extras", (60.0, 20.0)), Check("attention_blocks", (30.0, 12.0)),
-             *gbl.ablations(args.big), Check("demo", (60.0, 50.0)),
-             *gbl.other_cases(args.big, args.old, args.fast_sweep, args.default_sweep), *args.case]
+             *cases.ablations(args.big), Check("demo", (60.0, 50.0)),
+             *cases.other_cases(args.big, args.old, args.fast_sweep, args.default_sweep), *args.case]
     out, seen = [], set()
     for t in tasks:
         if task_name(t) not in seen:
@@ -248,19 +248,19 @@ def check_attention(tmp: Path, timeout_s: float, exclusive: bool = False) -> dic
     def verdict(name: str) -> dict:
         return verdicts.get(f"{ATTENTION_TEST}[{name}]", {"outcome": "error", "message": "no verdict"})
 
-    backends = {b: verdict(b) for b in gbl.FAST_BACKENDS}
+    backends = {b: verdict(b) for b in cases.FAST_BACKENDS}
     out = {"status": "ok", "backends": backends, "triton_levers": verdict("triton_levers")}
     none_ran = all(v["outcome"] == "error" and "seconds" not in v for v in backends.values())
     if none_ran or (exclusive and not any(v["outcome"] == "passed" for v in backends.values())):
         cause = ("no attention test ran (every child failed before its tests)" if none_ran else
                  "no attention test passed, in an exclusive compute mode (a child cannot open a context)")
-        out.update(inconclusive=True, chosen=gbl.FAST_BACKENDS[0],
-                   why=f"{gbl.FAST_BACKENDS[0]}: {cause}; the headline's fallbacks try the backends in turn")
+        out.update(inconclusive=True, chosen=cases.FAST_BACKENDS[0],
+                   why=f"{cases.FAST_BACKENDS[0]}: {cause}; the headline's fallbacks try the backends in turn")
         return out
-    passed = [b for b in gbl.FAST_BACKENDS[:-1] if backends[b]["outcome"] == "passed"]
-    chosen = passed[0] if passed else gbl.FAST_BACKENDS[-1]
-    why = (f"{chosen}: the first of {list(gbl.FAST_BACKENDS[:-1])} whose check passed" if passed
-           else f"sdpa: neither of {list(gbl.FAST_BACKENDS[:-1])} passed its check")
+    passed = [b for b in cases.FAST_BACKENDS[:-1] if backends[b]["outcome"] == "passed"]
+    chosen = passed[0] if passed else cases.FAST_BACKENDS[-1]
+    why = (f"{chosen}: the first of {list(cases.FAST_BACKENDS[:-1])} whose check passed" if passed
+           else f"sdpa: neither of {list(cases.FAST_BACKENDS[:-1])} passed its check")
     out.update(chosen=chosen, why=why)
     return out
 
@@ -280,8 +280,8 @@ def check_attention_blocks(args, device: torch.device, samples_cache: dict) -> d
     from bert import budget
     from bert.trainer import train_layout
 
-    cfg, _ = gbl.case_config(gbl._case("blocks", args.small, f=gbl.FAST), args)
-    samples = gbl.samples_for(args.small, args, cfg.model.vocab_size, samples_cache)
+    cfg, _ = measure.case_config(cases._case("blocks", args.small, f=cases.FAST), args)
+    samples = measure.samples_for(args.small, args, cfg.model.vocab_size, samples_cache)
     batch = budget.BudgetCollate(train_layout(cfg, 1))(samples[0])
     return attention_blocks.sweep(batch["cu_seqlens"].to(device), int(batch["input_ids"].numel()),
                                   cfg.model.num_heads, cfg.model.hidden_size // cfg.model.num_heads,
@@ -319,10 +319,10 @@ def cuda_alive(device: torch.device) -> bool:
         return False
 
 
-def attention_verdict(case: gbl.Case, args, result: dict) -> str:
+def attention_verdict(case: cases.Case, args, result: dict) -> str:
     """The attention check's outcome for ``case``'s backend ("" when unchecked): for a case
     with a Triton lever on, the check of the kernel with its levers."""
-    over = gbl.resolved_overrides(case, args)
+    over = cases.resolved_overrides(case, args)
     att = result["checks"].get("attention", {})
     if over.get("model.attention_backend") == "triton" and triton_levers_on(over):
         return att.get("triton_levers", {}).get("outcome", "")
@@ -330,21 +330,21 @@ def attention_verdict(case: gbl.Case, args, result: dict) -> str:
 
 
 def triton_levers_on(over: dict[str, str]) -> list[str]:
-    """The Triton levers a case's overrides turn on (``gpu_bert_large.TRITON_LEVERS``)."""
-    return [k for k, off in gbl.TRITON_LEVERS.items() if over.get(k, off) != off]
+    """The Triton levers a case's overrides turn on (``cases.TRITON_LEVERS``)."""
+    return [k for k, off in cases.TRITON_LEVERS.items() if over.get(k, off) != off]
 
 
-def blocked(case: gbl.Case, args, result: dict) -> str:
+def blocked(case: cases.Case, args, result: dict) -> str:
     """Why ``case`` must not run: its attention backend failed the check (but sdpa, the last
     resort, which ran on this GPU before: its cases run and carry the verdict; and nothing
     when the check was inconclusive), a Triton lever on another backend (the same stack
     again), or another case already ran with the same overrides ("" when it may run)."""
-    over = gbl.resolved_overrides(case, args)
+    over = cases.resolved_overrides(case, args)
     backend, verdict = over.get("model.attention_backend"), attention_verdict(case, args, result)
     if triton_levers_on(over) and backend != "triton":
         return f"skipped: {', '.join(triton_levers_on(over))}: a lever of the triton backend, the fast stack runs {backend}"
     inconclusive = result["checks"].get("attention", {}).get("inconclusive", False)
-    if verdict in ("failed", "error") and backend != gbl.FAST_BACKENDS[-1] and not inconclusive:
+    if verdict in ("failed", "error") and backend != cases.FAST_BACKENDS[-1] and not inconclusive:
         return f"skipped: the attention check of {backend}{' with its levers' if triton_levers_on(over) else ''} {verdict}"
     for done in result["cases"]:
         if done.get("status") == "ok" and done.get("overrides") == over and done["case"] != case.name:
@@ -375,9 +375,9 @@ def main(argv: list[str] | None = None, age: Callable[[], float] = process_age_s
     ap.add_argument("--demo-timeout-s", type=float, default=240.0)
     ap.add_argument("--resume", action="store_true", help="continue the run in --out: skip what it holds "
                                                           "(the restart after a broken CUDA context)")
-    gbl.add_case_args(ap)
+    cases.add_case_args(ap)
     args = ap.parse_args(argv)
-    device = gbl.setup_device(args)
+    device = measure.setup_device(args)
     if device is None:
         print("no CUDA device: use --cpu-smoke to check the run on a CPU", file=sys.stderr)
         return 2
@@ -408,8 +408,8 @@ def main(argv: list[str] | None = None, age: Callable[[], float] = process_age_s
     if not args.resume:
         out.parent.mkdir(parents=True, exist_ok=True)
         commit, source = (args.commit, "--commit") if args.commit else provenance.git_commit()
-        peak = gbl.gemm_peak(args, device)
-        result = gbl.run_header(args, device, peak, commit, source)
+        peak = measure.gemm_peak(args, device)
+        result = measure.run_header(args, device, peak, commit, source)
         result["gpu_state"] = state
         result.update(plan=names, only=sorted(only), compile_cache=args.compile_cache, limit_s=args.limit_s,
                       expected_s={task_name(t): t.est_s[warm] for t in selected}, started_age_s=age())
@@ -503,7 +503,7 @@ def run_tasks(tasks: list, args, device: torch.device, peak: float, result: dict
     if result.get("headline", {}).get("decided"):  # a restart after the headline: its model is gone
         window.done("headline_extras")
     run = Runner(args, device, peak, result, save, artifacts, window)
-    with gbl.smoke_compile() if args.cpu_smoke else gbl.nothing(), \
+    with measure.smoke_compile() if args.cpu_smoke else measure.nothing(), \
             tempfile.TemporaryDirectory(prefix="device_run_") as tmp_name:
         run.tmp = Path(tmp_name)
         try:
@@ -532,7 +532,7 @@ class Runner:
         self.artifacts, self.window = artifacts, window
         self.samples_cache: dict[int, list] = {}
         self.tmp = Path(".")
-        self.held: gbl.Extras = []  # the headline's extras, until headline_extras runs them
+        self.held: measure.Extras = []  # the headline's extras, until headline_extras runs them
         self.held_rec: dict[str, Any] = {}
 
     # -- one task within its cap ------------------------------------------------------------
@@ -557,7 +557,7 @@ class Runner:
                 self.save()
                 raise Stopped("terminated") from None
         except Exception as e:  # noqa: BLE001 - keep the other results; say what failed
-            gbl.record_failure(rec, e)
+            measure.record_failure(rec, e)
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
         rec["task_s"] = time.perf_counter() - t0
@@ -565,7 +565,7 @@ class Runner:
 
     def finish(self, name: str, rec: dict, batch: int) -> None:
         self.save()
-        gbl.report(name, {"local_batch": batch, **rec})
+        measure.report(name, {"local_batch": batch, **rec})
         if not cuda_alive(self.device):
             self.result["cuda_context_lost_after"] = self.result.get("cuda_context_lost_after", []) + [name]
             self.save()
@@ -576,27 +576,27 @@ class Runner:
 
     # -- the kinds of task --------------------------------------------------------------------
 
-    def new_case(self, case: gbl.Case) -> dict | None:
+    def new_case(self, case: cases.Case) -> dict | None:
         """``case``'s record, appended to ``cases``; None when it is there already (measured as
         an attempt of the headline, or before a restart)."""
         if any(c["case"] == case.name for c in self.result["cases"]):
             print(f"{case.name:28s} in the file already", flush=True)
             return None
         rec: dict[str, Any] = {"case": case.name, "local_batch": case.batch,
-                               "overrides": gbl.resolved_overrides(case, self.args)}
+                               "overrides": cases.resolved_overrides(case, self.args)}
         verdict = attention_verdict(case, self.args, self.result)
         if verdict:
             rec["attention_check"] = verdict
         self.result["cases"].append(rec)
         return rec
 
-    def measure(self, case: gbl.Case, rec: dict) -> gbl.Extras:
+    def measure(self, case: cases.Case, rec: dict) -> measure.Extras:
         """A case's core numbers and its optimizer step alone; its other extras, unrun."""
-        extras = gbl.measure_case(case, self.args, self.device, self.peak, self.samples_cache, rec, self.save)
-        gbl.run_extras(rec, [e for e in extras if e[0] == "optimizer"], self.save)
+        extras = measure.measure_case(case, self.args, self.device, self.peak, self.samples_cache, rec, self.save)
+        measure.run_extras(rec, [e for e in extras if e[0] == "optimizer"], self.save)
         return [e for e in extras if e[0] != "optimizer"]
 
-    def case(self, case: gbl.Case) -> None:
+    def case(self, case: cases.Case) -> None:
         rec = self.new_case(case)
         if rec is None:
             return
@@ -619,7 +619,7 @@ class Runner:
         and what it changed from the fast stack, and each attempt's status; later fast-stack
         cases take the stack that measured (``--fast-attention``, ``--fast-stack``)."""
         head = self.result.setdefault("headline", {})
-        for case in gbl.headline_attempts(self.args.big, self.args.fast_attention):
+        for case in cases.headline_attempts(self.args.big, self.args.fast_attention):
             rec = next((c for c in self.result["cases"] if c["case"] == case.name), None)
             if rec is None:  # else measured before a restart
                 rec = self.new_case(case)
@@ -637,7 +637,7 @@ class Runner:
             if rec.get("status", "").startswith("skipped"):
                 self.finish(case.name, rec, case.batch)
             if rec.get("status") == "ok":
-                changes = gbl.fast_stack_changes(case, self.args)
+                changes = cases.fast_stack_changes(case, self.args)
                 head.update(decided=True, case=case.name, seq_per_s=rec["seq_per_s"], stack=rec["overrides"],
                             changes_from_fast=dict(changes))
                 self.args.fast_attention = changes.pop("model.attention_backend", self.args.fast_attention)
@@ -669,7 +669,7 @@ class Runner:
             return
 
         def body(cap: float) -> None:
-            gbl.run_extras(rec, held, self.save)
+            measure.run_extras(rec, held, self.save)
             rec.pop("extras_not_run", None)
             mark.update(status="ok", extra_errors=rec.get("extra_errors", {}))
 

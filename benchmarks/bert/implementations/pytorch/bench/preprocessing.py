@@ -59,7 +59,8 @@ import numpy as np  # noqa: E402
 
 from bench import google_bert  # noqa: E402
 from input_preprocessing.create import CreateOptions, create, load_vocab  # noqa: E402
-from input_preprocessing.toy_corpus import make_corpus, train_vocab  # noqa: E402
+from input_preprocessing.toy_corpus import make_corpus  # noqa: E402
+from input_preprocessing.wordpiece import train_vocab  # noqa: E402
 
 FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids", "next_sentence_labels")
 

@@ -176,7 +176,7 @@ def random_token_pmf(pmf: np.ndarray, local_batch: int) -> np.ndarray:
     return out / out.sum()
 
 
-def simulated_token_counts(sm: SamplerConfig, max_seq_length: int, local_batch: int, world_size: int, hidden: int,
+def simulated_token_counts(sm: SamplerConfig, *, max_seq_length: int, local_batch: int, world_size: int, hidden: int,
                            pmf: np.ndarray, draws: int = MC_DRAWS, seed: int = MC_SEED) -> np.ndarray:
     """Real tokens of ``draws`` micro-batches of one rank's group, drawn by the project's own
     ``IndexSampler`` (strata, counts, rounding, deal) over a synthetic population of lengths
@@ -214,7 +214,8 @@ def token_pmf(sm: SamplerConfig, max_seq_length: int, local_batch: int, world_si
     full = local_batch * max_seq_length
     if sm.mode == "random" and sm.deal == "none":
         return random_token_pmf(pmf, local_batch)
-    t = simulated_token_counts(sm, max_seq_length, local_batch, world_size, hidden, pmf)
+    t = simulated_token_counts(sm, max_seq_length=max_seq_length, local_batch=local_batch, world_size=world_size,
+                               hidden=hidden, pmf=pmf)
     counts = np.bincount(t, minlength=full + 1).astype(np.float64)
     # The simulated population is not the run's data: a run's token counts sit a little
     # apart (held-out populations shift the mean by up to ~0.5 std for fine strata). A

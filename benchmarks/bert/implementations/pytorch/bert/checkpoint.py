@@ -40,6 +40,14 @@ resume under settings the checkpointed run did not have is refused, naming them
 (``check_settings``; which may differ: bert.config.RESUME_MAY_DIFFER, the world size and the
 split of the global batch among them).
 
+A run that ends (its target, or its limit) writes its final weights, then ``finished.json``
+(``mark_finished``: status, step, samples, what ended it); one ended by its limit writes a
+checkpoint at its last step first, where it checkpoints periodically (bert/trainer.py
+``finish``). A plain rerun (auto, off) starts fresh over a finished run, naming what it
+removes (``clear``); ``--resume`` continues it when the new limits lie past its end, and
+refuses naming why when they do not (``plan``); the continuation takes the mark away as it
+begins to train (``reopen``) and writes it again when it ends.
+
 Files are read with ``torch.load(weights_only=True)``: a checkpoint is data, never code.
 """
 
@@ -69,7 +77,7 @@ from .state import Learner, TrainState
 from .weights import CheckpointError  # one error type for every checkpoint problem
 
 STEP_DIR = re.compile(r"step_(\d{9})")
-FINISHED = "finished.json"  # the run these checkpoints belong to has ended: never resume it
+FINISHED = "finished.json"  # the run these checkpoints belong to has ended (``ended``)
 SETTINGS = "config.json"  # in a checkpoint: the settings of the run that wrote it
 STREAM = "stream.json"  # in a checkpoint: every rank's training-stream state
 
@@ -108,37 +116,111 @@ def complete_checkpoints(directory: Path) -> list[Path]:
     return sorted(found, key=lambda p: p.name)
 
 
-def plan(directory: Path, mode: str) -> Path | None:
+def ended(directory: Path) -> dict[str, Any] | None:
+    """How the run whose checkpoints these are ended (its finished mark: status, step, samples,
+    what ended it, its last evaluation), or None while it is unfinished. A mark written before
+    marks held the sample count has it from the newest checkpoint's global batch (a run keeps
+    its global batch)."""
+    file = directory / FINISHED
+    if not file.is_file():
+        return None
+    try:
+        mark = json.loads(file.read_text())
+        step = int(mark["step"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{file}: cannot read the finished mark: {e}; remove it if its run did not end") from None
+    if "samples" not in mark:
+        found = complete_checkpoints(directory)
+        mark["samples"] = step * _meta(found[-1]).get("global_batch", 0) if found else 0
+    return mark
+
+
+def _past_end(mark: dict[str, Any], *, end_samples: int, target: float | None) -> str | None:
+    """Why limits that end a run at ``end_samples`` (and, in the benchmark mode, at ``target``)
+    do not lie past the end of the finished run ``mark`` describes; None: they do."""
+    done = mark["samples"]
+    reached = (mark.get("eval") or {}).get("mlm_accuracy")
+    if target is not None and mark.get("ended_by") == "target" and reached is not None and target <= reached:
+        return (f"it ended at step {mark['step']} by its target (masked-LM accuracy {reached:.6g}), and this run's "
+                f"eval.target_accuracy={target:g} is reached already: raise it above {reached:.6g} to continue it")
+    if end_samples <= done:
+        per_step = done // mark["step"] if mark["step"] else 0
+        at = f"step {-(-end_samples // per_step)} ({end_samples} samples)" if per_step else f"{end_samples} samples"
+        fix = ("run.max_steps past it (up to optim.total_steps, where a pretraining phase ends)" if target is None
+               else "run.max_steps or run.max_samples past it")
+        return (f"it ended at step {mark['step']} ({done} samples), and this run's limits end it at {at}, not past "
+                f"that: raise {fix} to continue it")
+    return None
+
+
+def plan(directory: Path, mode: str, *, end_samples: int, target: float | None) -> Path | None:
     """The checkpoint to resume from (None = start fresh); every rank computes the same.
 
-    Raises ``CheckpointError`` when ``mode`` is "require" and there is nothing to resume, and
-    when a fresh start would mix its checkpoints with an unfinished run's ("off").
+    ``end_samples``: the sample count this run's limits end it at (bert.config.max_samples);
+    ``target``: the benchmark mode's eval.target_accuracy (None in pretraining). An unfinished
+    run's newest checkpoint is resumed (auto, require). A finished run (``ended``) is continued
+    only by "require", and only when this run's limits lie past its end; auto and off start
+    fresh over it (``clear`` then names what it removes): a plain rerun of a finished run is a
+    new run, as MLPerf's reruns are.
+
+    Raises ``CheckpointError`` when ``mode`` is "require" and there is nothing to resume or the
+    finished run's end is not passed (naming why), and when a fresh start would mix its
+    checkpoints with an unfinished run's ("off").
     """
     found = complete_checkpoints(directory)
-    finished = (directory / FINISHED).is_file()
-    if mode == "require" and (not found or finished):
-        why = "holds only checkpoints of a finished run" if found else "holds no complete checkpoint"
-        raise CheckpointError(f"--resume / ckpt.resume=require: {directory} {why}")
-    if mode == "off" and found and not finished:
+    mark = ended(directory)
+    if mode == "require":
+        if not found:
+            raise CheckpointError(f"--resume / ckpt.resume=require: {directory} holds no complete checkpoint")
+        why = _past_end(mark, end_samples=end_samples, target=target) if mark else None
+        if why:
+            raise CheckpointError(f"--resume / ckpt.resume=require: {directory} holds a finished run: {why}, or "
+                                  "drop --resume to start a fresh run there")
+        return found[-1]
+    if mode == "off" and found and mark is None:
         raise CheckpointError(f"ckpt.resume=off but {directory} holds checkpoints of an unfinished run "
                               f"(newest {found[-1].name}); resume it, or use another ckpt.dir / log.output_dir")
-    return found[-1] if found and not finished and mode != "off" else None
+    return found[-1] if found and mark is None and mode != "off" else None
 
 
 def clear(directory: Path) -> None:
-    """Rank 0, fresh start: drop a finished run's checkpoints and any torn temp directories."""
+    """Rank 0, fresh start: drop a finished run's checkpoints, its mark and any torn temp
+    directories, naming them in one line (nothing a run wrote goes without a word)."""
     if not directory.is_dir():
         return
-    for p in directory.iterdir():
-        if STEP_DIR.fullmatch(p.name) or (p.name.startswith(".step_") and p.name.endswith(".tmp")):
-            shutil.rmtree(p)
+    mark = ended(directory)
+    gone = sorted(p for p in directory.iterdir()
+                  if STEP_DIR.fullmatch(p.name) or (p.name.startswith(".step_") and p.name.endswith(".tmp")))
+    if not gone and mark is None:
+        return
+    names = ", ".join(p.name for p in gone) or FINISHED
+    if mark is not None:
+        whose = (f"{'the checkpoints' if gone else 'the mark'} of a finished run (it ended at step {mark['step']}, "
+                 f"run_stop {mark.get('status')}); --resume continues a finished run instead, to limits past its end")
+    else:
+        whose = "unfinished writes of a run that stopped during them"
+    log.info(f"starting fresh in {directory}: removing {names}, {whose}")
+    for p in gone:
+        shutil.rmtree(p)
     (directory / FINISHED).unlink(missing_ok=True)
 
 
-def mark_finished(directory: Path, status: str, step: int) -> None:
-    """Rank 0, at run_stop: the checkpoints here must not be resumed by a later auto start."""
+def reopen(directory: Path) -> None:
+    """Rank 0, as a continuation of a finished run begins to train (every refusal behind it):
+    its finished mark goes, so that a stop before it ends again leaves an unfinished run that
+    the same command resumes. Before this point a stop leaves the finished run as it was."""
+    (directory / FINISHED).unlink(missing_ok=True)
+
+
+def mark_finished(directory: Path, *, status: str, step: int, samples: int, ended_by: str,
+                  metrics: dict[str, float]) -> None:
+    """Rank 0, at run_stop, once the final weights are safe: the run these checkpoints belong
+    to ended (``ended_by``: "target" or "limit"), at ``step`` after ``samples``, its last
+    evaluation ``metrics``. A later auto start begins afresh over them; --resume continues
+    them only to limits past this end (``plan``)."""
     if directory.is_dir():
-        storage.write_text(directory / FINISHED, json.dumps({"status": status, "step": step}) + "\n")
+        mark = {"status": status, "step": step, "samples": samples, "ended_by": ended_by, "eval": metrics}
+        storage.write_text(directory / FINISHED, json.dumps(mark) + "\n")
 
 
 # ---------------------------------------------------------------- save and restore

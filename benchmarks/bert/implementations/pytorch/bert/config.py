@@ -314,8 +314,10 @@ class CheckpointConfig:
     # must agree to stop at the same step): about 50 us of NCCL latency per poll, so every 10
     # steps costs nothing measurable.
     poll_steps: int = 10
-    # auto: continue from the newest complete checkpoint in ``dir`` if there is one;
-    # require: fail if there is none (``python -m bert.train --resume``); off: start fresh.
+    # auto: continue an unfinished run from the newest complete checkpoint in ``dir``; start
+    # fresh over a finished run's (bert/checkpoint.py ``plan``), naming what goes. require
+    # (``python -m bert.train --resume``): fail if there is none; continue a finished run only
+    # to limits past its end, else refuse naming why. off: start fresh.
     resume: Literal["auto", "require", "off"] = "auto"
 
 
@@ -335,7 +337,7 @@ class LogConfig:
     peak_flops_per_s: float = 0.0
     # Which samples each step took: every rank appends one JSON line per optimizer step to
     # DIR/rank_<r>.jsonl, {"step", "rank", "samples": [[shard, row], ...]} (bert/trace.py;
-    # docs/watching.md); empty = off. Costs a write per step per rank (BENCHMARKS.md section 16).
+    # docs/watching.md); empty = off. Costs a write per step per rank (BENCHMARKS.md section 17).
     sample_trace: str = ""
     # Also print the MLPerf log's :::MLLOG lines on stdout (they always go to the log file);
     # off, a person sees the progress and eval lines and the verdicts.
@@ -688,6 +690,14 @@ def read_timeout_s(cfg: Config) -> float:
     """Seconds a shard or eval file may take to read: data.read_timeout_s, or (-1) two thirds
     of dist.timeout_s."""
     return cfg.data.read_timeout_s if cfg.data.read_timeout_s > 0 else cfg.dist.timeout_s * 2 / 3
+
+
+# Seconds one shard may take to read in a data-preparation step (``python -m input_preprocessing``,
+# its --read-timeout-s): the watchdog's bound there, as data.read_timeout_s is a run's. Those
+# steps read bigger files than a run's shards (a part of create's output holds ~160,000 samples,
+# ~370 MB in the fixed layout, for MLPerf's text), each in seconds: past ten minutes the file
+# or its filesystem is stuck, not slow.
+PREP_READ_TIMEOUT_S = 600.0
 
 
 def padded_vocab_size(m: ModelConfig) -> int:

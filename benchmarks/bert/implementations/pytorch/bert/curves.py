@@ -110,7 +110,7 @@ def useful_train_flops(shape: Shape, sequences: int, tokens: int, squares: int, 
 class Curves:
     """One rank's part of the curves: counts on every rank, the event files on rank 0."""
 
-    def __init__(self, log_dir: str | Path, model: ModelConfig, rank: int, world_size: int, accum: int,
+    def __init__(self, log_dir: str | Path, *, model: ModelConfig, rank: int, world_size: int, accum: int,
                  peak_flops_per_s: float, start_step: int, start_samples: int) -> None:
         if importlib.util.find_spec("tensorboard") is None:  # every rank: none is left waiting at a gather
             raise ConfigError(f"log.tensorboard_dir={str(log_dir)!r}: the tensorboard package is not installed "

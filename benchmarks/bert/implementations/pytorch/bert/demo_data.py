@@ -185,7 +185,7 @@ def oracle_predictions(shard: Shard, lang: Language, fallback: int) -> np.ndarra
     return np.where(~has_l & ~has_r & (seen >= FIRST_CONTENT), seen, pred)
 
 
-def generate(output: str | Path, train_samples: int, eval_samples: int, seed: int, seq_len: int,
+def generate(output: str | Path, *, train_samples: int, eval_samples: int, seed: int, seq_len: int,
              max_pred: int, vocab: int, layout: str = "variable", shards: int = 8) -> dict:
     """Write the dataset; returns its parameters, paths and reference accuracies."""
     if not 8 <= seq_len <= 512:
@@ -245,8 +245,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--layout", choices=("fixed", "variable"), default="variable")
     p.add_argument("--shards", type=int, default=8, help="number of training shard files")
     a = p.parse_args(argv)
-    stats = generate(a.output, a.train_samples, a.eval_samples, a.seed, a.seq_len, a.max_pred,
-                     a.vocab, a.layout, a.shards)
+    stats = generate(a.output, train_samples=a.train_samples, eval_samples=a.eval_samples, seed=a.seed,
+                     seq_len=a.seq_len, max_pred=a.max_pred, vocab=a.vocab, layout=a.layout, shards=a.shards)
     print(f"wrote {stats['train_samples']} training samples in {stats['train_shards']} shards to "
           f"{stats['train_dir']} and {stats['eval_samples']} eval samples to {stats['eval_dir']} "
           f"({stats['layout']}-length, mean length {stats['mean_length']:.1f} of {stats['seq_len']})")

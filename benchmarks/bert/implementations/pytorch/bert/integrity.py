@@ -11,13 +11,15 @@ prefetch thread, beside the steps. A file read again (the next epoch, other rows
 not hashed again: the check is of the data as the run first found it.
 
 The format is ``md5sum``'s (``<md5>  <path relative to the directory>``, sorted), so
-``cd DIR && md5sum -c md5sums.txt`` checks it too. Torch-free.
+``cd DIR && md5sum -c md5sums.txt`` checks it too. Every data-preparation step that writes
+shards writes their manifest with them, and every one that reads shards checks its inputs
+against theirs (input_preprocessing/inputs.py). Torch-free.
 """
 
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from .shards import DataError
 
@@ -30,6 +32,12 @@ def md5_file(path: Path, chunk: int = 1 << 22) -> str:
         while block := f.read(chunk):  # hashlib releases the GIL on large blocks
             h.update(block)
     return h.hexdigest()
+
+
+def format_manifest(sums: dict[str, str]) -> str:
+    """A manifest's text: ``<md5>  <relative path>`` lines in path order (the order ``checksum``
+    lists a directory in: the same directory gives the same bytes, whoever wrote them)."""
+    return "".join(f"{h}  {rel}\n" for rel, h in sorted(sums.items(), key=lambda kv: PurePosixPath(kv[0])))
 
 
 def parse_manifest(text: str, path: Path) -> dict[str, str]:
@@ -70,18 +78,36 @@ class Manifest:
         except ValueError as e:
             raise DataError(str(e)) from None
 
-    def check(self, path: Path) -> None:
-        """Hash ``path`` (the first time only); ``DataError`` unless the manifest lists it with
-        that md5."""
+    def only(self, paths: list[Path]) -> Manifest:
+        """This manifest for ``paths`` alone, what is known of them kept: what a worker process
+        that reads them is handed (a small pickle, whatever the directory's size)."""
+        rels = {Path(p).resolve().relative_to(self.root.resolve()).as_posix() for p in paths}
+        part = Manifest(self.root, {rel: h for rel, h in self.sums.items() if rel in rels})
+        part.verified = self.verified & {str(p) for p in paths}
+        return part
+
+    def missing(self) -> list[str]:
+        """Why each file the manifest lists but the directory lacks is missing (one stat each)."""
+        return [f"{self.root / rel}: listed in {self.path} but not there: removed or moved since the manifest was "
+                "made; restore it from its source" for rel in self.sums if not (self.root / rel).is_file()]
+
+    def unlisted(self, path: Path) -> str | None:
+        """Why ``path`` is not one of the manifest's files, or None (it lists it)."""
+        if Path(path).resolve().relative_to(self.root.resolve()).as_posix() in self.sums:
+            return None
+        return (f"{path}: not listed in {self.path}: the manifest does not describe this directory "
+                f"(remake it: python -m input_preprocessing checksum --input {self.root})")
+
+    def check(self, path: Path, md5: str | None = None) -> None:
+        """Hash ``path`` (the first time only; ``md5``: its md5, taken by the caller in a pass
+        of its own, not taken again); ``DataError`` unless the manifest lists it with that md5."""
         if str(path) in self.verified:
             return
-        rel = Path(path).resolve().relative_to(self.root.resolve()).as_posix()
-        want = self.sums.get(rel)
-        if want is None:
-            raise DataError(f"{path}: not listed in {self.path}: the manifest does not describe this directory "
-                            f"(remake it: python -m input_preprocessing checksum --input {self.root})")
+        if why := self.unlisted(path):
+            raise DataError(why)
+        want = self.sums[Path(path).resolve().relative_to(self.root.resolve()).as_posix()]
         try:
-            got = md5_file(path)
+            got = md5 if md5 is not None else md5_file(path)
         except FileNotFoundError:
             raise DataError(f"{path}: no such file (removed or moved since the directory was listed?)") from None
         except OSError as e:

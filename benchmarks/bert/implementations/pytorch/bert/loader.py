@@ -100,10 +100,15 @@ class BatchPlan:
 # ---------------------------------------------------------------- the training stream
 
 
+# Samples of the last batch a checkpoint names and a resume reads again (each in a shard of its
+# own on the id-based roads: a row read each). Data made again differs in every sample; one
+# changed sample in place is the md5 list's to find.
+PROBE = 4
+
+
 class ResumeRefused(DataError):
     """A stream state that this stream cannot continue: drawn by another road, from other
     data, or (its probe) from other samples under the same names."""
-
 
 
 @runtime_checkable
@@ -155,6 +160,7 @@ class TrainLoader:
         self.prefetch = prefetch and not policy.main_thread
         self._position: Position = (0, 0)
         self._last: tuple[list[Sample], np.ndarray] | None = None  # the last batch: samples, [n, 2] (shard, row)
+        self._sizes: dict[int, int] = {}  # samples in each shard sized so far (a metadata open each, once)
         self._it: Iterator[tuple[list[Sample], np.ndarray, Position]] | None = None
         self._pending: watchdog.Read | None = None  # the read in flight (the poll looks at it)
         self._reading: watchdog.Read | None = None  # the read whose thread draws now
@@ -162,10 +168,15 @@ class TrainLoader:
     # -- what the policy may ask (sampler.Source), inside the read that draws
 
     def size(self, shard: int) -> int:
+        if shard in self._sizes:
+            return self._sizes[shard]
         path, read = self.paths[shard], self._reading
         if read is None:
-            return self.reader.wait(path, lambda r: self.reader.size(r, path))
-        return self.reader.size(read, path)
+            n = self.reader.wait(path, lambda r: self.reader.size(r, path))
+        else:
+            n = self.reader.size(read, path)
+        self._sizes[shard] = n
+        return n
 
     def samples(self, draw: Draw) -> list[Sample]:
         if self._reading is None:
@@ -272,10 +283,11 @@ class TrainLoader:
 
     def state_dict(self) -> dict[str, Any]:
         out = {"policy": self.policy.name, "position": [int(x) for x in self._position], "world_size": self.world_size,
-               "data": self.data, **self.policy.state(self._position)}
+               "data": self.data, **self.policy.state(self._position, self)}
         if self._last is not None:  # hashed here, at a checkpoint, never per step
             samples, _ = self._last
-            out["probe"] = {"samples": self.last, "examples_md5": examples_md5(Shard.from_samples(samples))}
+            out["probe"] = {"samples": self.last[:PROBE],
+                            "examples_md5": examples_md5(Shard.from_samples(samples[:PROBE]))}
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -315,7 +327,7 @@ class TrainLoader:
         where = {name: i for i, name in enumerate(self.names)}
         missing = sorted({name for name, _ in samples if name not in where})
         if missing:
-            raise ResumeRefused(f"{self.reader.root} holds no {missing[0]}")
+            raise DataError(f"{self.reader.root} holds no {missing[0]}")
         shard = np.array([where[name] for name, _ in samples], dtype=np.int64)
         row = np.array([r for _, r in samples], dtype=np.int64)
         return self.samples(Draw(shard, row, (0, 0), (0, 0)))
@@ -339,8 +351,8 @@ class TrainLoader:
         if got != probe["examples_md5"]:
             files = ", ".join(sorted({name for name, _ in probe["samples"]})[:3])
             raise ResumeRefused(f"the samples rank {rank} trained on last (rows of {files}) are other samples here "
-                            f"(examples md5 {got}, {probe['examples_md5']} there): {self.reader.root} holds other "
-                            "data under the same names and sizes (made again?)")
+                                f"(examples md5 {got}, {probe['examples_md5']} there): {self.reader.root} holds other "
+                                "data under the same names and sizes (made again?)")
 
     def close(self) -> None:
         """Stop drawing: the generator ends, and the read in flight is waited for (at most its

@@ -509,7 +509,7 @@ class Policy(Protocol):
 
     def draws(self, position: Position, source: Source) -> Iterator[Draw]: ...
 
-    def state(self, position: Position) -> dict[str, Any]: ...
+    def state(self, position: Position, source: Source) -> dict[str, Any]: ...
 
     def resume(self, states: Sequence[dict[str, Any]], world_size: int, source: Source) -> Position: ...
 
@@ -534,9 +534,10 @@ class ShardOrder:
 
     On another world size (``resume``) the ranks finish the epochs the earlier run had begun
     before any new one: what each earlier rank had left of them (its shards, the rest of the
-    one it was in) is pooled in epoch order and dealt round-robin to the new ranks as their
-    ``plan``, and epoch ``plan_end`` (the first no earlier rank had begun) is dealt the usual
-    way. Every sample is still taken once an epoch; which step takes it is the new world
+    one it was in: its ``state``, from the sizes of the shards it had drawn) is pooled in
+    epoch order and dealt round-robin to the new ranks as their ``plan``, and epoch
+    ``plan_end`` (the first no earlier rank had begun) is dealt the usual way: no shard is
+    sized for it. Every sample is still taken once an epoch; which step takes it is the new world
     size's (the order is per rank by construction)."""
 
     name, main_thread = "shard_order", False
@@ -602,18 +603,24 @@ class ShardOrder:
             yield from region(key, self.share(key), skip, (key + 1, 0))
             key, skip = key + 1, 0
 
-    def state(self, position: Position) -> dict[str, Any]:
-        if position[0] != PLAN:
-            return {}
-        return {"plan": [list(seg) for seg in self.plan], "plan_end": self.plan_end}
+    def state(self, position: Position, source: Source) -> dict[str, Any]:
+        """``left``: what this rank has left of the epochs it has begun, ``next``: the epoch it
+        would begin next (what a run of another world size pools); and its plan while it is in
+        one (what a run of this world size continues). Sizes only the shards it has drawn."""
+        left, after = self._left(position, source)
+        out: dict[str, Any] = {"left": [list(seg) for seg in left], "next": after}
+        if position[0] == PLAN:
+            out |= {"plan": [list(seg) for seg in self.plan], "plan_end": self.plan_end}
+        return out
 
     def _left(self, position: Position, source: Source) -> tuple[list[Segment], int]:
-        """What this rank has left of the epochs it has begun, from ``position``, and the
-        epoch it would begin next."""
         key, skip = position
         segments, after = (self.plan, self.plan_end) if key == PLAN else (self.share(key), key + 1)
         left = []
-        for epoch, shard, start, step in segments:
+        for j, (epoch, shard, start, step) in enumerate(segments):
+            if not skip:  # the rest untouched: no size needed
+                left += segments[j:]
+                break
             n = len(range(start, source.size(shard), step))
             if skip >= n:
                 skip -= n
@@ -623,24 +630,16 @@ class ShardOrder:
         return left, after
 
     def resume(self, states: Sequence[dict[str, Any]], world_size: int, source: Source) -> Position:
-        def restored(rank: int, world: int) -> ShardOrder:
-            st = states[rank]
-            old = ShardOrder(self.num_shards, rank, world, self.seed)
-            old.plan = [tuple(int(x) for x in seg) for seg in st.get("plan", [])]  # type: ignore[misc]
-            old.plan_end = int(st.get("plan_end", 0))
-            return old
-
         if world_size == self.world_size:
-            mine = restored(self.rank, world_size)
-            self.plan, self.plan_end = mine.plan, mine.plan_end
-            return int(states[self.rank]["position"][0]), int(states[self.rank]["position"][1])
+            mine = states[self.rank]
+            self.plan = [tuple(int(x) for x in seg) for seg in mine.get("plan", [])]  # type: ignore[misc]
+            self.plan_end = int(mine.get("plan_end", 0))
+            return int(mine["position"][0]), int(mine["position"][1])
         pool: list[Segment] = []
         begun = []
-        for r in range(world_size):
-            old = restored(r, world_size)
-            left, after = old._left((int(states[r]["position"][0]), int(states[r]["position"][1])), source)
-            pool += left
-            begun.append((old, after))
+        for r in range(world_size):  # no shard sized: each earlier rank said what it had left
+            pool += [tuple(int(x) for x in seg) for seg in states[r]["left"]]  # type: ignore[misc]
+            begun.append((ShardOrder(self.num_shards, r, world_size, self.seed), int(states[r]["next"])))
         end = max(after for _, after in begun)
         for old, after in begun:  # epochs some rank began and this one had not: its whole share
             for epoch in range(after, end):
@@ -689,7 +688,7 @@ class IdOrder:
         """Samples all ranks take in one micro-step."""
         return self.sampler.share * self.sampler.holders
 
-    def state(self, position: Position) -> dict[str, Any]:
+    def state(self, position: Position, source: Source) -> dict[str, Any]:
         c = self.sampler.canon
         # The global count (Megatron's consumed samples): a position on any world size.
         return {"canon": [c.unit, c.units, c.accum], "micro_batch": self.micro_batch,

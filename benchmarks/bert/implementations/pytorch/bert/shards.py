@@ -21,14 +21,42 @@ the reader sees real predictions only.
 In memory a shard is ragged (CSR): one flat array of real tokens plus row offsets. That
 keeps variable-length data free of padding until ``bert.batches.collate`` decides the batch
 layout.
+
+One decoder, two modes, one set of rules (``_rules``): ``read_shard``/``read_rows`` raise at
+the first rule a sample breaks (what a run refuses: what breaks training or what the model
+cannot take), ``scan_shard`` counts every defect of every sample and keeps the first offender
+of each in the same words (what ``python -m input_preprocessing check`` reports), adding the
+rules of the reference's example structure that a run does not refuse. The defects
+(``DEFECTS``; a sample may have several):
+
+empty_sample        no real tokens (fixed: an all-zero ``input_mask``; variable: an empty row)
+too_long            more real tokens than ``max_seq_length``
+mask_not_prefix     fixed layout: ``input_mask`` is not a prefix of ones
+mask_outside        a masked position outside the sample's real tokens
+id_out_of_vocab     an input or label id < 0 or >= the vocab size (``Bounds``)
+bad_segments        segment ids outside the model's segment types, a segment row of another
+                    length than its token row; collected only: segment ids that go back from
+                    1 to 0, or (``Specials``) a sample that is not [CLS] A [SEP] B [SEP]
+bad_nsp_label       a next-sentence label other than 0 or 1
+mask_on_sep         a masked position on the [SEP] that ends sentence A or the sample (told by
+                    the segment ids)
+no_predictions      collected only: a sample without a masked position (the reference always
+                    makes one)
+mask_duplicate      collected only: the same position predicted twice in one sample
+pad_inside          collected only, ``Specials``: the padding id among a sample's real tokens
+                    (masked positions aside: the reference's random replacement may put any id
+                    there)
+mask_on_special     collected only, ``Specials``: a prediction whose label is [CLS] or [SEP]
+unreadable          the file cannot be read as a shard (its structure, or HDF5 itself)
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import h5py
 import numpy as np
@@ -47,13 +75,32 @@ class DataError(ValueError):
     """A shard, or the directory that should hold shards, is malformed; names the path."""
 
 
+DEFECTS = ("empty_sample", "too_long", "pad_inside", "mask_not_prefix", "mask_outside", "mask_on_sep",
+           "mask_on_special", "mask_duplicate", "no_predictions", "id_out_of_vocab", "bad_segments", "bad_nsp_label",
+           "unreadable")
+
+
 @dataclass(frozen=True)
 class Bounds:
     """What the model can take (from model.*): every id and label of a shard is checked
-    against it as the shard is read, one vectorised max per array."""
+    against it as the shard is read, one vectorised compare per array. The keys name the
+    limits in messages (a run's config keys; ``check``'s vocab)."""
 
     vocab_size: int
     type_vocab_size: int = 2
+    vocab_key: str = "model.vocab_size"
+    type_vocab_key: str = "model.type_vocab_size"
+
+
+@dataclass(frozen=True)
+class Specials:
+    """The vocab's [CLS], [SEP] and [PAD] ids: what the rules of the reference's example
+    structure need. ``check`` knows them from its vocab; a run does not, and trains on a sample
+    that breaks only those rules."""
+
+    cls: int
+    sep: int
+    pad: int = 0
 
 
 class Sample(NamedTuple):
@@ -152,6 +199,16 @@ class Shard:
                      np.array([s.nsp_label for s in samples], dtype=np.int8))
 
 
+@dataclass
+class Findings:
+    """What ``scan_shard`` found in one shard."""
+
+    path: str
+    shard: Shard | None  # the samples as stored, defects and all (None: unreadable)
+    counts: dict[str, int]  # defect -> samples with it, for the defects found
+    first: dict[str, str]  # defect -> its first offender, in the words a strict read raises (path included)
+
+
 def example_records(tokens: np.ndarray, segments: np.ndarray, offsets: np.ndarray, positions: np.ndarray,
                     labels: np.ndarray, poffsets: np.ndarray, nsp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Every example as one record of little-endian int32, back to back: its length L, its L
@@ -183,6 +240,11 @@ def examples_md5(shard: Shard) -> str:
     examples_md5, and the samples a checkpoint proves on resume)."""
     records, _ = example_records(shard.tokens, shard.segments, shard.offsets, shard.mlm_positions, shard.mlm_ids,
                                  shard.mlm_offsets, shard.nsp)
+    return records_md5(records)
+
+
+def records_md5(records: np.ndarray) -> str:
+    """md5 of ``example_records``' records (``examples_md5`` when they are a whole shard's)."""
     return hashlib.md5(memoryview(records).cast("B")).hexdigest()
 
 
@@ -256,7 +318,17 @@ def _take(ds: h5py.Dataset, rows: np.ndarray | None) -> np.ndarray:
     return ds[rows]
 
 
-def _read_fixed(path: Any, ds: dict[str, h5py.Dataset], sel: np.ndarray | None) -> Shard:
+@dataclass
+class _Raw:
+    """A shard's samples as stored, before any rule judges them, with what its layout itself can
+    get wrong per sample; decoding goes on past those, so that a scan can count every defect."""
+
+    shard: Shard
+    holes: np.ndarray | None  # bool [N], fixed layout: 'input_mask' not a prefix (read: the prefix of its count)
+    seg_rows: np.ndarray | None  # bool [N], variable layout: a segment row of another length (read: zeros)
+
+
+def _read_fixed(path: Any, ds: dict[str, h5py.Dataset], sel: np.ndarray | None) -> _Raw:
     arr = {k: _take(d, sel) for k, d in ds.items()}
     n, s = arr["input_ids"].shape
     for k in ("input_mask", "segment_ids"):
@@ -269,16 +341,16 @@ def _read_fixed(path: Any, ds: dict[str, h5py.Dataset], sel: np.ndarray | None) 
                         f"{ds['masked_lm_ids'].shape} must both be [N, P]")
     keep = arr["input_mask"] != 0
     lengths = keep.sum(axis=1)
-    # A mask with holes would make "real tokens" ambiguous; costs one [N,S] compare.
-    if not np.array_equal(keep, np.arange(s)[None, :] < lengths[:, None]):
-        bad = int(np.nonzero((keep != (np.arange(s)[None, :] < lengths[:, None])).any(axis=1))[0][0])
-        raise DataError(f"{path}: 'input_mask' of sample {_row(sel, bad)} is not a prefix of ones")
+    prefix = np.arange(s)[None, :] < lengths[:, None]
+    # A mask with holes makes "real tokens" ambiguous (a defect, judged by the rules); costs one [N,S] compare.
+    holes = (keep != prefix).any(axis=1)
     real = pos != 0
-    return Shard(str(path), arr["input_ids"][keep], arr["segment_ids"][keep], row_offsets(lengths),
-                 pos[real], ids[real], row_offsets(real.sum(axis=1)), _nsp(arr["next_sentence_labels"]))
+    return _Raw(Shard(str(path), arr["input_ids"][prefix], arr["segment_ids"][prefix], row_offsets(lengths),
+                      pos[real], ids[real], row_offsets(real.sum(axis=1)), _nsp(arr["next_sentence_labels"])),
+                holes, None)
 
 
-def _read_variable(path: Any, ds: dict[str, h5py.Dataset], sel: np.ndarray | None) -> Shard:
+def _read_variable(path: Any, ds: dict[str, h5py.Dataset], sel: np.ndarray | None) -> _Raw:
     # one object array of 1-D arrays per dataset; one Python object per row
     rows = {k: _take(ds[k], sel) for k in VARIABLE_DATASETS[:-1]}
     nsp = _nsp(_take(ds["next_sentence_labels"], sel))
@@ -291,16 +363,25 @@ def _read_variable(path: Any, ds: dict[str, h5py.Dataset], sel: np.ndarray | Non
         return np.concatenate(rows[k]) if n else np.zeros(0, dtype)
 
     lengths, plen = lens("input_ids"), lens("masked_lm_positions")
-    for k, ref, what in (("segment_ids", lengths, "input_ids"), ("masked_lm_ids", plen, "masked_lm_positions")):
-        mism = np.nonzero(lens(k) != ref)[0]
-        if len(mism):
-            raise DataError(f"{path}: sample {_row(sel, int(mism[0]))}: '{k}' and '{what}' rows differ in length")
+    mism = np.flatnonzero(lens("masked_lm_ids") != plen)
+    if len(mism):  # no position can be paired with its label: the shard cannot be read on
+        raise DataError(f"{path}: sample {_row(sel, int(mism[0]))}: 'masked_lm_ids' and 'masked_lm_positions' "
+                        "rows differ in length")
+    seg_lengths = lens("segment_ids")
+    seg_rows = seg_lengths != lengths
+    segments = flat("segment_ids", np.int8)
+    if seg_rows.any():  # keep the token layout: such a row's segments read as zeros (a Python loop, defects only)
+        kept = np.zeros(int(lengths.sum()), segments.dtype)
+        so, to = row_offsets(seg_lengths), row_offsets(lengths)
+        for i in np.flatnonzero(~seg_rows):
+            kept[to[i]:to[i + 1]] = segments[so[i]:so[i + 1]]
+        segments = kept
     pos, ids = flat("masked_lm_positions", np.int16), flat("masked_lm_ids", np.int16)
     # Tolerate padded prediction rows (position 0) here too, so both layouts mean the same.
     real = pos != 0
     row_of = np.repeat(np.arange(n), plen)
-    return Shard(str(path), flat("input_ids", np.int16), flat("segment_ids", np.int8), row_offsets(lengths),
-                 pos[real], ids[real], row_offsets(np.bincount(row_of[real], minlength=n)), nsp)
+    return _Raw(Shard(str(path), flat("input_ids", np.int16), segments, row_offsets(lengths), pos[real], ids[real],
+                      row_offsets(np.bincount(row_of[real], minlength=n)), nsp), None, seg_rows)
 
 
 def _nsp(raw: np.ndarray) -> np.ndarray:
@@ -312,87 +393,200 @@ def _row(sel: np.ndarray | None, i: int) -> int:
     return int(sel[i]) if sel is not None else int(i)
 
 
-def _check_values(shard: Shard, max_seq_length: int | None, sel: np.ndarray | None) -> None:
-    path, lengths = shard.path, shard.lengths
-    if len(lengths) and lengths.min() < 1:
-        raise DataError(f"{path}: sample {_row(sel, int(np.argmin(lengths)))} has no tokens")
-    if max_seq_length is not None and len(lengths) and lengths.max() > max_seq_length:
-        i = int(np.argmax(lengths))
-        raise DataError(f"{path}: sample {_row(sel, i)} has {int(lengths[i])} tokens > max_seq_length "
-                        f"{max_seq_length}: data made for longer sequences; set data.max_seq_length and "
-                        f"model.max_position_embeddings to at least {int(lengths.max())} "
-                        f"(EXTRA_PARAMS), or point DATADIR/EVALDIR at data of this length")
-    if len(shard.tokens) and shard.tokens.min() < 0:
-        raise DataError(f"{path}: negative token id {int(shard.tokens.min())} (int16 overflow?)")
-    row_of = np.repeat(np.arange(len(shard)), np.diff(shard.mlm_offsets))
-    out_of_range = (shard.mlm_positions < 0) | (shard.mlm_positions >= lengths[row_of])
-    if out_of_range.any():
-        j = int(np.argmax(out_of_range))
-        raise DataError(f"{path}: sample {_row(sel, int(row_of[j]))}: masked_lm_position "
-                        f"{int(shard.mlm_positions[j])} is outside its {int(lengths[row_of[j]])} real tokens")
+# ---------------------------------------------------------------- the rules, strict or collected
+
+SAMPLE, TOKEN, PREDICTION = "sample", "token", "prediction"  # what a rule's flags are per
 
 
-def _sample_at(offsets: np.ndarray, flat_index: int) -> int:
-    return int(np.searchsorted(offsets, flat_index, side="right") - 1)
+class _Judge:
+    """One decoded shard under the rules: the per-token and per-prediction indices a rule needs,
+    each made once and only when a rule asks (a strict read that passes makes few)."""
+
+    def __init__(self, raw: _Raw, sel: np.ndarray | None, max_seq_length: int | None, bounds: Bounds | None,
+                 specials: Specials | None):
+        self.raw, self.shard, self.sel = raw, raw.shard, sel
+        self.max_seq_length, self.bounds, self.specials = max_seq_length, bounds, specials
+        self.n = len(raw.shard)
+
+    @cached_property
+    def lengths(self) -> np.ndarray:
+        return self.shard.lengths
+
+    @cached_property
+    def token_row(self) -> np.ndarray:
+        """The sample of every token (int64: 8 bytes a token)."""
+        return np.repeat(np.arange(self.n), self.lengths)
+
+    @cached_property
+    def pred_row(self) -> np.ndarray:
+        """The sample of every prediction."""
+        return np.repeat(np.arange(self.n), np.diff(self.shard.mlm_offsets))
+
+    @cached_property
+    def inside(self) -> np.ndarray:
+        """Predictions whose position lies inside their sample's real tokens."""
+        pos = self.shard.mlm_positions
+        return (pos >= 0) & (pos < self.lengths[self.pred_row])
+
+    @cached_property
+    def at(self) -> np.ndarray:
+        """The flat token index of every prediction (0 for one outside its sample)."""
+        return np.where(self.inside, self.shard.offsets[self.pred_row] + self.shard.mlm_positions, 0)
+
+    @cached_property
+    def masked(self) -> np.ndarray:
+        """Tokens at a masked position: the reference's random replacement may put any id there."""
+        out = np.zeros(len(self.shard.tokens), bool)
+        out[self.at[self.inside]] = True
+        return out
+
+    def sample(self, level: str, j: int) -> int:
+        """The sample (index in this read) of element ``j`` of a rule's flags."""
+        if level == SAMPLE:
+            return j
+        offsets = self.shard.offsets if level == TOKEN else self.shard.mlm_offsets
+        return int(np.searchsorted(offsets, j, side="right") - 1)
+
+    def samples(self, level: str, bad: np.ndarray) -> np.ndarray:
+        """The samples (indices in this read) that ``bad``'s elements belong to."""
+        if level == SAMPLE:
+            return np.flatnonzero(bad)
+        return (self.token_row if level == TOKEN else self.pred_row)[bad]
+
+    def row(self, level: str, j: int) -> int:
+        return _row(self.sel, self.sample(level, j))
 
 
-def _check_bounds(shard: Shard, b: Bounds, sel: np.ndarray | None) -> None:
-    """Ids and labels inside what the model has rows for: out of range, an embedding lookup or
-    the loss would index past its table (a traceback naming no file), or, below the padded
-    vocabulary, silently train the padding rows. Predictions only where create_pretraining_data
-    puts them: never on the [SEP] that ends sentence A or the sample (position 0, [CLS], is
-    a padding slot and dropped by the reader), whose label the loss would otherwise teach.
-    One max per array, one gather per prediction; the offender found only when there is one."""
-    path, fix = shard.path, "data made with another vocabulary? (model.vocab_size, the vocab of input_preprocessing)"
-    for name, values, offsets, limit, key in (
-            ("token id", shard.tokens, shard.offsets, b.vocab_size, "model.vocab_size"),
-            ("masked_lm_id (label)", shard.mlm_ids, shard.mlm_offsets, b.vocab_size, "model.vocab_size"),
-            ("segment id", shard.segments, shard.offsets, b.type_vocab_size, "model.type_vocab_size")):
-        if len(values) and int(values.max()) >= limit:
-            j = int(np.argmax(values >= limit))
-            raise DataError(f"{path}: sample {_row(sel, _sample_at(offsets, j))}: {name} {int(values[j])} >= "
-                            f"{key}={limit}: {fix}")
-        if len(values) and int(values.min()) < 0:
-            j = int(np.argmax(values < 0))
-            raise DataError(f"{path}: sample {_row(sel, _sample_at(offsets, j))}: negative {name} {int(values[j])} "
-                            "(int16 overflow?)")
-    if len(shard.nsp) and (shard.nsp.min() < 0 or shard.nsp.max() > 1):
-        i = int(np.argmax((shard.nsp < 0) | (shard.nsp > 1)))
-        raise DataError(f"{path}: sample {_row(sel, i)}: next_sentence_label {int(shard.nsp[i])} is neither 0 nor 1")
-    if not len(shard.mlm_positions):
+Rule = tuple[str, str, np.ndarray, Callable[[int, int], str]]  # (defect, level, flags, message of element j at row r)
+
+
+def _rules(jd: _Judge, strict: bool) -> Iterator[Rule]:
+    """Every rule a shard's samples must meet, in the order a strict read applies them (the
+    first that fails is the one it raises). ``strict``: the rules a run refuses (what breaks
+    training, or the model cannot take); else those too, then the reference's example
+    structure, which ``check`` counts and a run trains on. Each rule's flags are computed only
+    when the one before has passed (strict) or been counted."""
+    s, L = jd.shard, jd.lengths
+    if jd.raw.holes is not None:
+        yield ("mask_not_prefix", SAMPLE, jd.raw.holes,
+               lambda j, r: f"'input_mask' of sample {r} is not a prefix of ones")
+    if jd.raw.seg_rows is not None:
+        yield ("bad_segments", SAMPLE, jd.raw.seg_rows,
+               lambda j, r: f"sample {r}: 'segment_ids' and 'input_ids' rows differ in length")
+    yield "empty_sample", SAMPLE, L < 1, lambda j, r: f"sample {r} has no tokens"
+    m = jd.max_seq_length
+    if m is not None:
+        yield "too_long", SAMPLE, L > m, lambda j, r: (
+            f"sample {r} has {int(L[j])} tokens > max_seq_length {m}: data made for longer sequences; set "
+            f"data.max_seq_length and model.max_position_embeddings to at least {int(L.max())} (EXTRA_PARAMS), or "
+            "point DATADIR/EVALDIR at data of this length")
+    yield ("id_out_of_vocab", TOKEN, s.tokens < 0,
+           lambda j, r: f"sample {r}: negative token id {int(s.tokens[j])} (int16 overflow?)")
+    pos = s.mlm_positions
+    yield "mask_outside", PREDICTION, ~jd.inside, lambda j, r: (
+        f"sample {r}: masked_lm_position {int(pos[j])} is outside its {int(L[jd.pred_row[j]])} real tokens")
+    b = jd.bounds
+    if b is not None:
+        # Ids and labels inside what the model has rows for: out of range, an embedding lookup or
+        # the loss would index past its table (a traceback naming no file), or, below the padded
+        # vocabulary, silently train the padding rows.
+        fix = f"data made with another vocabulary? ({b.vocab_key}, the vocab of input_preprocessing)"
+        for defect, name, values, level, limit, key in (
+                ("id_out_of_vocab", "token id", s.tokens, TOKEN, b.vocab_size, b.vocab_key),
+                ("id_out_of_vocab", "masked_lm_id (label)", s.mlm_ids, PREDICTION, b.vocab_size, b.vocab_key),
+                ("bad_segments", "segment id", s.segments, TOKEN, b.type_vocab_size, b.type_vocab_key)):
+            yield defect, level, values >= limit, (
+                lambda j, r, name=name, values=values, limit=limit, key=key:
+                f"sample {r}: {name} {int(values[j])} >= {key}={limit}: {fix}")
+            if name != "token id":  # negative token ids: the rule above
+                yield defect, level, values < 0, (
+                    lambda j, r, name=name, values=values:
+                    f"sample {r}: negative {name} {int(values[j])} (int16 overflow?)")
+        nsp = s.nsp
+        yield ("bad_nsp_label", SAMPLE, (nsp < 0) | (nsp > 1),
+               lambda j, r: f"sample {r}: next_sentence_label {int(nsp[j])} is neither 0 nor 1")
+        # Predictions only where create_pretraining_data puts them: never on the [SEP] that ends
+        # sentence A or the sample (position 0, [CLS], is a padding slot the decoder drops),
+        # whose label the loss would otherwise teach. Told by the segment ids, not the vocab.
+        at, last, seg = jd.at, s.offsets[jd.pred_row + 1] - 1, s.segments
+        on_sep = (jd.inside & ((at == last) | ((seg[at] == 0) & (seg[np.minimum(at + 1, last)] != 0))) if len(seg)
+                  else np.zeros(len(pos), bool))
+        yield "mask_on_sep", PREDICTION, on_sep, lambda j, r: (
+            f"sample {r}: masked_lm_position {int(pos[j])} is a [SEP] (the end of sentence A or of the sample), where "
+            "create_pretraining_data never predicts: not the reference's examples (python -m input_preprocessing "
+            "check --input DIR)")
+    if strict:
         return
-    row_of = np.repeat(np.arange(len(shard)), np.diff(shard.mlm_offsets))
-    at = shard.offsets[row_of] + shard.mlm_positions  # flat index of each prediction (inside its sample)
-    last = shard.offsets[row_of + 1] - 1
-    # sentence A's [SEP]: the last segment-0 token before a segment-1 one
-    on_sep = (at == last) | ((shard.segments[at] == 0) & (shard.segments[np.minimum(at + 1, last)] != 0))
-    if on_sep.any():
-        j = int(np.argmax(on_sep))
-        raise DataError(f"{path}: sample {_row(sel, int(row_of[j]))}: masked_lm_position {int(shard.mlm_positions[j])} "
-                        "is a [SEP] (the end of sentence A or of the sample), where create_pretraining_data never "
-                        "predicts: not the reference's examples (python -m input_preprocessing check --input DIR)")
+    yield ("no_predictions", SAMPLE, np.diff(s.mlm_offsets) == 0,
+           lambda j, r: f"sample {r} has no masked position (the reference makes at least one)")
+    key = jd.pred_row * (max(int(L.max(initial=0)), int(pos.max(initial=0))) + 1) + pos.astype(np.int64)
+    order = np.argsort(key, kind="stable")
+    dup = np.zeros(len(key), bool)
+    dup[order[1:]] = key[order[1:]] == key[order[:-1]]
+    yield ("mask_duplicate", PREDICTION, dup,
+           lambda j, r: f"sample {r}: masked_lm_position {int(pos[j])} is predicted twice")
+    row, seg = jd.token_row, s.segments
+    back = np.zeros(len(seg), bool)
+    back[1:] = (seg[1:] < seg[:-1]) & (row[1:] == row[:-1])
+    yield "bad_segments", TOKEN, back, lambda j, r: (
+        f"sample {r}: segment ids go back from {int(seg[j - 1])} to {int(seg[j])} at position "
+        f"{j - int(s.offsets[row[j]])}")
+    sp = jd.specials
+    if sp is None:
+        return
+    t = s.tokens
+    yield "pad_inside", TOKEN, (t == sp.pad) & ~jd.masked, lambda j, r: (
+        f"sample {r}: the padding id {sp.pad} at position {j - int(s.offsets[row[j]])}, among its real tokens")
+    lab = s.mlm_ids
+    yield "mask_on_special", PREDICTION, (lab == sp.cls) | (lab == sp.sep), lambda j, r: (
+        f"sample {r}: masked_lm_position {int(pos[j])} has the label {int(lab[j])}, the id of [CLS] or [SEP]")
+    yield "bad_segments", SAMPLE, _not_two_sentences(jd, sp), lambda j, r: (
+        f"sample {r} is not [CLS] A [SEP] B [SEP] with segment ids 0 for [CLS] A [SEP] and 1 for B [SEP] "
+        f"([CLS] id {sp.cls}, [SEP] id {sp.sep})")
 
 
-def _decode(path: str | Path, rows: np.ndarray | None, max_seq_length: int | None, bounds: Bounds | None) -> Shard:
-    """The samples of rows ``rows`` (increasing, unique; None: every row) of one shard,
-    checked: the file's structure (every dataset, integer dtypes, one row per sample in each),
-    then the rows' values, and with ``bounds`` what the model can take."""
-    with _open(path) as f:
-        try:
-            shard = _structure_and_rows(path, f, rows)
-        except DataError:
-            raise
-        # A damaged file opens and fails wherever HDF5 trips: OSError mid-read, RuntimeError
-        # or KeyError from a broken object header (ValueError: DataError's own base, above).
-        except (OSError, RuntimeError, KeyError, ValueError) as e:
-            raise DataError(f"{path}: cannot read (truncated or corrupt?): {e}") from None
-    _check_values(shard, max_seq_length, rows)
-    if bounds is not None:
-        _check_bounds(shard, bounds, rows)
-    return shard
+def _not_two_sentences(jd: _Judge, sp: Specials) -> np.ndarray:
+    """Samples that are not [CLS] A [SEP] B [SEP]: [CLS] first, [SEP] last, exactly two [SEP]s
+    (masked positions aside), the first [SEP] the last token of segment A."""
+    s, n, row = jd.shard, jd.n, jd.token_row
+    t, seg, start, lengths = s.tokens, s.segments, s.offsets[:-1], jd.lengths
+    nonempty = lengths > 0
+    bad = np.zeros(n, bool)
+    if len(t):
+        first, last = np.where(nonempty, start, 0), np.where(nonempty, s.offsets[1:] - 1, 0)
+        bad |= nonempty & ((t[first] != sp.cls) | (t[last] != sp.sep))
+    is_sep = (t == sp.sep) & ~jd.masked
+    bad |= nonempty & (np.bincount(row[is_sep], minlength=n) != 2)
+    seg_a_len = np.bincount(row[seg == 0], minlength=n)  # [CLS] A [SEP] are segment 0
+    first_sep = np.full(n, -1)
+    local = np.arange(len(t)) - np.repeat(start, lengths)
+    sep_rows, sep_local = row[is_sep], local[is_sep]
+    first_sep[sep_rows[::-1]] = sep_local[::-1]  # the earliest [SEP] of each row wins
+    return bad | (nonempty & (first_sep != seg_a_len - 1))
 
 
-def _structure_and_rows(path: str | Path, f: h5py.File, rows: np.ndarray | None) -> Shard:
+def _strict(jd: _Judge) -> Shard:
+    for _, level, bad, what in _rules(jd, strict=True):
+        if bad.any():
+            j = int(np.argmax(bad))
+            raise DataError(f"{jd.shard.path}: {what(j, jd.row(level, j))}")
+    return jd.shard
+
+
+def _collect(jd: _Judge) -> Findings:
+    flags: dict[str, np.ndarray] = {}
+    first: dict[str, str] = {}
+    for defect, level, bad, what in _rules(jd, strict=False):
+        if not bad.any():
+            continue
+        flags.setdefault(defect, np.zeros(jd.n, bool))[jd.samples(level, bad)] = True
+        if defect not in first:
+            j = int(np.argmax(bad))
+            first[defect] = f"{jd.shard.path}: {what(j, jd.row(level, j))}"
+    return Findings(jd.shard.path, jd.shard, {d: int(f.sum()) for d, f in flags.items()}, first)
+
+
+def _structure_and_rows(path: str | Path, f: h5py.File, rows: np.ndarray | None) -> _Raw:
     # The file's names listed once and each dataset looked up once: h5py's lookups and
     # properties cost ~10 us each, the bulk of a read of a few rows (BENCHMARKS.md section 15).
     present = set(f.keys())
@@ -426,10 +620,24 @@ def _structure_and_rows(path: str | Path, f: h5py.File, rows: np.ndarray | None)
     return _read_fixed(path, ds, rows) if layout == "fixed" else _read_variable(path, ds, rows)
 
 
+def _decode(path: str | Path, rows: np.ndarray | None) -> _Raw:
+    """The samples of rows ``rows`` (increasing, unique; None: every row) of one shard, after
+    the file's structure is checked (every dataset, integer dtypes, one row per sample in each)."""
+    with _open(path) as f:
+        try:
+            return _structure_and_rows(path, f, rows)
+        except DataError:
+            raise
+        # A damaged file opens and fails wherever HDF5 trips: OSError mid-read, RuntimeError
+        # or KeyError from a broken object header (ValueError: DataError's own base, above).
+        except (OSError, RuntimeError, KeyError, ValueError) as e:
+            raise DataError(f"{path}: cannot read (truncated or corrupt?): {e}") from None
+
+
 def read_shard(path: str | Path, max_seq_length: int | None = None, bounds: Bounds | None = None) -> Shard:
     """Read and validate one shard (either layout); with ``bounds``, what the model can take
-    too. Raises ``DataError`` naming the file (and the sample)."""
-    return _decode(path, None, max_seq_length, bounds)
+    too. Raises ``DataError`` naming the file (and the sample) at the first rule it breaks."""
+    return _strict(_Judge(_decode(path, None), None, max_seq_length, bounds, None))
 
 
 def read_rows(path: str | Path, rows: np.ndarray | Sequence[int], max_seq_length: int | None = None,
@@ -444,8 +652,28 @@ def read_rows(path: str | Path, rows: np.ndarray | Sequence[int], max_seq_length
     if int(rows.min()) < 0:
         raise DataError(f"{path}: row {int(rows.min())} asked for")
     unique, back = np.unique(rows, return_inverse=True)
-    shard = _decode(path, unique, max_seq_length, bounds)
+    shard = _strict(_Judge(_decode(path, unique), unique, max_seq_length, bounds, None))
     return shard if len(unique) == len(rows) and np.array_equal(unique, rows) else shard.subset(back)
+
+
+def read_stored(path: str | Path) -> Shard:
+    """Every sample of one shard as stored: its structure checked, no rule judged (the samples
+    ``scan_shard`` judges, for a second look at them)."""
+    return _decode(path, None).shard
+
+
+def scan_shard(path: str | Path, max_seq_length: int | None = None, bounds: Bounds | None = None,
+               specials: Specials | None = None) -> Findings:
+    """Every defect of every sample of one shard, where ``read_shard`` stops at the first: the
+    samples with each (``DEFECTS``) and the first offender of each in the words a strict read
+    raises; the rules of the reference's example structure too, and with ``specials`` those
+    that need the vocab's ids. A file that cannot be read as a shard is ``unreadable``, with
+    the strict read's message."""
+    try:
+        raw = _decode(path, None)
+    except DataError as e:
+        return Findings(str(path), None, {"unreadable": 1}, {"unreadable": str(e)})
+    return _collect(_Judge(raw, None, max_seq_length, bounds, specials))
 
 
 def write_shard(path: str | Path, shard: Shard, layout: str, max_seq_length: int = 0,

@@ -10,7 +10,7 @@ micro-batches one after another). A run that starts at step s (fresh: 0; resumed
 checkpoint's) first drops the lines past s that an earlier run left (a run killed after its
 last checkpoint wrote steps that the resume trains again), so the files hold each step once.
 A line is written when the step's last micro-batch is handed to the loop, flushed, and costs a
-write per step per rank (BENCHMARKS.md section 16).
+write per step per rank (BENCHMARKS.md section 17).
 
 The command reads no sample (except with ``--vocab``, which prints their text): the sampling
 policy of each rank says which rows it takes (from the shards' sizes, the length index where

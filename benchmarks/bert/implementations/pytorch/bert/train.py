@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from . import checkpoint, config_script, console, distributed, runlock, storage, watchdog
-from .config import (COMMAND_LINE, EXTRA_PARAMS, Config, ConfigError, Setting, origin_lines, parse_overrides, resolve,
-                     timed_run_problems)
+from .config import (COMMAND_LINE, EXTRA_PARAMS, Config, ConfigError, Setting, global_batch_size, max_samples,
+                     origin_lines, parse_overrides, resolve, timed_run_problems)
 from .exit_status import ExitStatus, describe
 from .mlperf_log import MLPerfLogger, logged_seed
 from .shards import DataError
@@ -53,10 +53,15 @@ def run(cfg: Config, dry_run: bool = False, pending_signals: Path | None = None,
         else:
             for note in notes:
                 print(note, flush=True)
-    try:
-        start_from = checkpoint.plan(files.checkpoints, cfg.ckpt.resume)  # filesystem only: before the log opens
+    end = max_samples(cfg, denv.world_size)  # where this run's limits end it
+    try:  # filesystem only: before the log opens
+        start_from = checkpoint.plan(files.checkpoints, cfg.ckpt.resume, end_samples=end,
+                                     target=cfg.eval.target_accuracy if cfg.run.mode == "mlperf" else None)
+        continued = checkpoint.ended(files.checkpoints) if start_from is not None else None
     except checkpoint.CheckpointError as e:
         distributed.rank_line(f"error: {e}")
+        for lock in locks:  # refused as it should be: the next run there takes no "ended without releasing" note
+            lock.release()
         return ExitStatus.BAD_INPUT
     # A resumed run appends to the log of the run it continues, so the log shows both parts
     # (and the compliance checker rejects it: a timed result must not be resumed). A refused
@@ -84,12 +89,16 @@ def run(cfg: Config, dry_run: bool = False, pending_signals: Path | None = None,
             if chosen != str(start_from):
                 raise checkpoint.CheckpointError(f"rank {denv.rank} found checkpoint {start_from} but rank 0 found "
                                              f"{chosen}: ckpt.dir={files.checkpoints} must be one shared directory")
-            if start_from is None and denv.is_main:
+            if start_from is None and denv.is_main and not dry_run:  # a dry run writes no checkpoint
                 checkpoint.clear(files.checkpoints)  # a finished run's checkpoints must not mix with this run's
             if start_from is not None:  # the newest that proves its bytes on every rank
                 start_from = checkpoint.choose(files.checkpoints, start_from, cfg.ckpt.resume, denv.rank,
                                                denv.world_size)
                 checkpoint.check_settings(start_from, cfg)  # under the settings it was written with
+                if continued is not None:
+                    log.info(f"continuing a finished run: it ended at step {continued['step']} ({continued['samples']} "
+                             f"samples, run_stop {continued.get('status')}); this run ends at step "
+                             f"{-(-end // global_batch_size(cfg, denv.world_size))} ({end} samples)")
             # Only now: a resume refused above adds nothing to the log of the run it would continue.
             mllog.init_start(cfg.run.cache_cleared)
             status = Trainer(cfg, denv, device, mllog, stop).run(start_from, dry_run)
@@ -176,8 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", help="YAML or JSON file of config sections (overrides the defaults)")
     ap.add_argument("--dry-run", action="store_true", help="build every part, train nothing")
     ap.add_argument("--resume", action="store_true",
-                    help="continue from the newest checkpoint in ckpt.dir; fail if there is none "
-                         "(same as ckpt.resume=require; the default, auto, resumes when one exists)")
+                    help="continue from the newest checkpoint in ckpt.dir; fail if there is none; a finished "
+                         "run's too, when this run's limits lie past its end (same as ckpt.resume=require; the "
+                         "default, auto, resumes an unfinished run and starts a finished one's directory afresh)")
     ap.add_argument("--from-env", action="store_true",
                     help="take the launcher's settings from the environment (what run_and_time.sh passes): "
                          "the config's CONFIG_PARAMS, the variables of the table bert.config.LAUNCHER_VARIABLES "

@@ -302,6 +302,7 @@ class Trainer:
         self._resumed_from: Path | None = None  # the checkpoint it came from
         self.curves: Curves | None = None  # TensorBoard (log.tensorboard_dir), opened by ``train``
         self.trace: SampleTrace | None = None  # the sample trace (log.sample_trace), opened by ``train``
+        self.last_eval: dict[str, float] = {}  # the newest evaluation's metrics (the finished mark records them)
 
     @property
     def precision_hyperparameters(self) -> dict[str, Any]:
@@ -394,14 +395,9 @@ class Trainer:
         the run_stop status ("success", "aborted") or why it stopped ("preempted",
         "interrupted", "diverged": a NaN/inf streak, or NaN/inf state at a checkpoint)."""
         cfg, s, mllog = self.cfg, self.state, self.mllog
-        if cfg.log.sample_trace and self.trace is None:  # on the loader itself: it names each batch's samples
-            self.trace = SampleTrace(self.batches, cfg.log.sample_trace, rank=self.denv.rank,
-                                     world_size=self.denv.world_size, accum=cfg.run.grad_accum_steps, step=s.step)
-            self.batches = self.trace
-        if cfg.log.tensorboard_dir and self.curves is None:  # from this run's first step: a resume continues
-            self.curves = Curves(cfg.log.tensorboard_dir, cfg.model, self.denv.rank, self.denv.world_size,
-                                 cfg.run.grad_accum_steps, cfg.log.peak_flops_per_s, s.step, s.samples)
-            self.batches = self.curves.count(self.batches)
+        ended = self._before_the_loop()
+        if ended:
+            return ended
         last_t, last_samples = time.perf_counter(), s.samples
         # The open block's first sample count (its block_stop repeats it) and when it began:
         # the throughput logged at each eval is over the block's training time, evals excluded.
@@ -427,6 +423,35 @@ class Trainer:
             stop = self.checkpointer.at_boundary(self.learner, s, self.batches)  # after the eval: never repeated
             if stop:
                 return stop
+
+    def _before_the_loop(self) -> str | None:
+        """The outputs that follow every step, from this run's first (the sample trace, on the
+        loader itself: it names each batch's samples; the curves), and what a resume decides
+        before it trains: at or past this run's end (the checkpoint of its last step, its
+        outputs not all written; or a limit lowered) no step is trained and its evaluation
+        decides (that status returned); a finished run continued (--resume past its end) is
+        unfinished again from here on."""
+        cfg, s = self.cfg, self.state
+        if cfg.log.sample_trace and self.trace is None:
+            self.trace = SampleTrace(self.batches, cfg.log.sample_trace, rank=self.denv.rank,
+                                     world_size=self.denv.world_size, accum=cfg.run.grad_accum_steps, step=s.step)
+            self.batches = self.trace
+        if cfg.log.tensorboard_dir and self.curves is None:  # from this run's first step: a resume continues
+            self.curves = Curves(cfg.log.tensorboard_dir, model=cfg.model, rank=self.denv.rank,
+                                 world_size=self.denv.world_size, accum=cfg.run.grad_accum_steps,
+                                 peak_flops_per_s=cfg.log.peak_flops_per_s, start_step=s.step,
+                                 start_samples=s.samples)
+            self.batches = self.curves.count(self.batches)
+        if self._resumed_from is None:
+            return None
+        if s.samples >= self.max_samples:
+            log.info(f"resumed at step {s.step}, at or past this run's end ({self.max_samples} samples): "
+                     "no step trained")
+            return self._evaluate(torch.full((), float("nan")), done=True) or "aborted"
+        failure = storage.attempt("the finished mark", self.files.checkpoints / checkpoint.FINISHED, "ckpt.dir",
+                                  lambda: checkpoint.reopen(self.files.checkpoints)) if self.denv.is_main else None
+        storage.check(failure, self.device)  # one small collective, once per resume
+        return None
 
     def _progress(self, loss: torch.Tensor, rate: float) -> None:
         """The progress line (the NaN guard is the checkpoint poll's: every rank agrees there)."""
@@ -461,6 +486,7 @@ class Trainer:
                 mllog.event(f"eval_{k}", v, epoch_num=s.samples)
         mllog.skipped_steps(int(s.skipped_steps), s.samples)  # a sync; the eval had one
         log.info(self.goal.line(s, metrics))
+        self.last_eval = metrics
         if self.curves is not None:
             self.curves.evaluate(s.step, s.samples, metrics)
         status = self.goal.after_eval(s, metrics, float(loss), done)
@@ -520,7 +546,8 @@ class Trainer:
             raise
 
     def finish(self, status: str) -> ExitStatus:
-        """The run's end: its last log lines, the final outputs (rank 0), the line a person
+        """The run's end: its last log lines, a checkpoint of its last step where its limit
+        ended it (``_checkpoints_its_end``), the final outputs (rank 0), the line a person
         reads, the exit status."""
         s, mllog, ckpt = self.state, self.mllog, self.checkpointer
         stopped_ms = clock_ms()  # run_stop's time: the final outputs below are written after it, untimed
@@ -558,12 +585,27 @@ class Trainer:
                 said += f"; a rerun resumes from {found[-1].name}"
             log.info(f"interrupted (Ctrl-C): stopped at step {s.step}; {said}")
             return ExitStatus.INTERRUPTED
+        if self._checkpoints_its_end():  # before the final weights and the mark: nothing trained is lost
+            log.info(f"checkpoint {ckpt.save(self.learner, s, self.batches)} (the run's last step)")
         failure = self._save_outputs(status) if self.denv.is_main else None
         storage.check(failure or self._log_failure(), self.device)  # one small collective, after the timed run
         mllog.run_stop(status, s.samples, self.eval_samples, time_ms=stopped_ms)
         log.info(f"run_stop {status} after {s.step} steps, {s.samples} samples, {int(s.skipped_steps)} skipped"
                  + (f"; {total_nonfinite} steps had a NaN/inf loss" if total_nonfinite else ""))
         return ExitStatus.SUCCESS if status == "success" else ExitStatus.NOT_CONVERGED
+
+    def _checkpoints_its_end(self) -> bool:
+        """Whether a run that ended (finite) writes a checkpoint at its last step, the same
+        answer on every rank: where its limit ended it (a resume there trains nothing:
+        ``train``), it checkpoints periodically (ckpt.interval_steps or interval_minutes) and
+        has no checkpoint of that step yet. A later --resume to a later limit continues from
+        there, not from the last periodic one. A run without periodic checkpoints (a timed
+        MLPerf run) pays nothing; with them, one write after run_stop's time. Not at a target
+        reached before the limit: a rerun of that run (its final weights unwritten) resuming
+        there would train past it; it resumes from the last periodic one and reaches it again."""
+        c, s, name = self.cfg.ckpt, self.state, f"step_{self.state.step:09d}"
+        have = {p.name for p in self.checkpointer.written} | {self._resumed_from.name if self._resumed_from else ""}
+        return s.samples >= self.max_samples and (c.interval_steps > 0 or c.interval_minutes > 0) and name not in have
 
     def _save_outputs(self, status: str) -> storage.Failure | None:
         """Rank 0, after the timed run: the final weights (run.save_checkpoint), then the mark
@@ -575,9 +617,12 @@ class Trainer:
                                       lambda: save_weights(self.learner.model, path))
             if failure:
                 return failure
-        directory = self.files.checkpoints
+        directory, s = self.files.checkpoints, self.state
+        ended_by = "target" if self.cfg.run.mode == "mlperf" and status == "success" else "limit"
         return storage.attempt("the finished mark", directory / checkpoint.FINISHED, "ckpt.dir",
-                               lambda: checkpoint.mark_finished(directory, status, self.state.step))
+                               lambda: checkpoint.mark_finished(directory, status=status, step=s.step,
+                                                                samples=s.samples, ended_by=ended_by,
+                                                                metrics=self.last_eval))
 
     def _log_failure(self) -> storage.Failure | None:
         """Rank 0's MLPerf log, or this rank's sample trace, when a line could not be written:

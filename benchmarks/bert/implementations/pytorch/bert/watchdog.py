@@ -46,11 +46,12 @@ class Stopped(Exception):
 class Read:
     """``fn(read)`` running in a daemon thread; ``fn`` calls ``read.at(path)`` before each file,
     which names it in messages and starts its clock. ``stopped()``: why the run must stop
-    now ("" or None: it need not), asked while a wait polls."""
+    now ("" or None: it need not), asked while a wait polls; ``timeout_key``: the setting
+    that sets the bound, named when a read overruns it."""
 
     def __init__(self, what: str | Path, fn: Callable[[Read], Any], timeout_s: float,
-                 stopped: Callable[[], str | None] | None = None):
-        self.what, self.timeout_s, self.stopped = str(what), timeout_s, stopped
+                 stopped: Callable[[], str | None] | None = None, *, timeout_key: str = "data.read_timeout_s"):
+        self.what, self.timeout_s, self.stopped, self.timeout_key = str(what), timeout_s, stopped, timeout_key
         self.started = time.monotonic()
         self.future: Future = Future()
         threading.Thread(target=self._run, args=(fn,), daemon=True, name="bounded-read").start()
@@ -69,7 +70,7 @@ class Read:
     def _overdue(self) -> str | None:
         if self.future.done() or time.monotonic() - self.started <= self.timeout_s:
             return None
-        return (f"{self.what}: reading took longer than data.read_timeout_s={self.timeout_s:g} s: a damaged file "
+        return (f"{self.what}: reading took longer than {self.timeout_key}={self.timeout_s:g} s: a damaged file "
                 "(HDF5 can spin for good on a lost sector) or a hung filesystem; check the directory against "
                 "its md5sums.txt (python -m input_preprocessing verify --input DIR)")
 

@@ -4,6 +4,11 @@ Each step writes into its own output directory through temp-file-then-rename and
 its parameters there, so rerunning an interrupted step with the same arguments resumes it
 and an output directory holding a different run is refused.
 
+Every step that reads shards checks them against the md5 list their directory carries
+(``md5sums.txt``) before it writes anything, and reads them through the run's reader (the
+watchdog's bound, ``--read-timeout-s``); every step that writes shards writes their md5 list
+with them.
+
 Exit statuses: 0 done; 1 ``check`` found a defect or a copy; 2 bad input (one line naming it);
 130 interrupted (Ctrl-C: one line, what is complete stays, the same command resumes); 141 the
 reader of the JSON on stdout went away (a closed pipe, as ``| head`` closes it): quietly.
@@ -43,6 +48,14 @@ def _workers(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=default_workers(),
                    help="processes working in parallel, one input file each (default: the usable cores); "
                         "the output does not depend on it")
+
+
+def _reads(p: argparse.ArgumentParser) -> None:
+    from bert.config import PREP_READ_TIMEOUT_S
+
+    p.add_argument("--read-timeout-s", type=float, default=PREP_READ_TIMEOUT_S,
+                   help=f"seconds one shard may take to read (default {PREP_READ_TIMEOUT_S:g}): past it the step "
+                        "stops (exit 2) naming the file, a damaged one on which HDF5 spins or a hung filesystem")
 
 
 # ---------------------------------------------------------------- create
@@ -106,8 +119,12 @@ STEPS["create"] = ("text parts + vocab -> pretraining examples (NSP + masked LM)
 def _run_stratify(a: argparse.Namespace) -> object:
     from .stratify import stratify
 
-    m = stratify(a.input, a.output, a.bounds, a.max_seq_length, a.workers)
-    return {s["name"]: {"samples": s["samples"], "tokens": s["tokens"]} for s in m["strata"]}
+    from bert.integrity import Manifest
+
+    m = stratify(a.input, a.output, a.bounds, a.max_seq_length, a.workers, read_timeout_s=a.read_timeout_s)
+    listed = Manifest.find(a.input)  # the list stratify checked its inputs against
+    return {**{s["name"]: {"samples": s["samples"], "tokens": s["tokens"]} for s in m["strata"]},
+            "inputs_verified_against": str(listed.path) if listed else None}
 
 
 def _stratify_args(p: argparse.ArgumentParser) -> None:
@@ -118,6 +135,7 @@ def _stratify_args(p: argparse.ArgumentParser) -> None:
                         "1-128, 129-256, 257-384, 385-512)")
     p.add_argument("--max-seq-length", type=int, default=512)
     _workers(p)
+    _reads(p)
 
 
 STEPS["stratify"] = ("split shards by real length into strata + manifest.json + length_index.npz",
@@ -135,12 +153,14 @@ def _shard_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-seq-length", type=int, default=512, help="padded length of a fixed-layout output")
     p.add_argument("--max-predictions", type=int, default=76, help="prediction slots of a fixed-layout output")
     _workers(p)
+    _reads(p)
 
 
 def _run_shard(a: argparse.Namespace) -> object:
     from .shard import shard
 
-    return shard(a.input, a.output, a.num_shards, a.layout, a.max_seq_length, a.max_predictions, a.workers)
+    return shard(a.input, a.output, a.num_shards, a.layout, a.max_seq_length, a.max_predictions, a.workers,
+                 read_timeout_s=a.read_timeout_s)
 
 
 def _eval_args(p: argparse.ArgumentParser) -> None:
@@ -155,13 +175,14 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layout", choices=("", "fixed", "variable"), default="", help="default: the input's")
     p.add_argument("--max-seq-length", type=int, default=512, help="for a fixed output from variable input")
     p.add_argument("--max-predictions", type=int, default=76, help="for a fixed output from variable input")
+    _reads(p)
 
 
 def _run_eval(a: argparse.Namespace) -> object:
     from .pick_eval import pick_eval
 
     return pick_eval(a.input, a.output, a.num_samples, a.layout, a.max_seq_length, a.max_predictions,
-                     or_fewer=a.or_fewer)
+                     or_fewer=a.or_fewer, read_timeout_s=a.read_timeout_s)
 
 
 def _sum_args(p: argparse.ArgumentParser) -> None:
@@ -189,13 +210,16 @@ def _stats_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vocab", default="", help="vocab.txt the shards were made with, for its [UNK] id (default: "
                    "--unk-id)")
     p.add_argument("--unk-id", type=int, default=100, help="id of [UNK] (default: the MLPerf uncased vocab's, 100)")
+    _reads(p)
 
 
 def _run_stats(a: argparse.Namespace) -> object:
     from .create import load_vocab
     from .stats import stats
 
-    return stats(a.input, a.output, a.max_seq_length, load_vocab(a.vocab).unk if a.vocab else a.unk_id)
+    vocab = load_vocab(a.vocab) if a.vocab else None
+    return stats(a.input, a.output, a.max_seq_length, vocab.unk if vocab else a.unk_id,
+                 vocab_size=vocab.size if vocab else None, read_timeout_s=a.read_timeout_s)
 
 
 def _ckpt_args(p: argparse.ArgumentParser) -> None:
@@ -271,13 +295,15 @@ def _check_args(p: argparse.ArgumentParser) -> None:
                    "file made from shards made elsewhere, part by part")
     p.add_argument("--workers", type=int, default=1,
                    help="shards checked at once, in as many processes (default 1: each holds a shard in memory)")
+    _reads(p)
 
 
 def _run_check(a: argparse.Namespace) -> object:
     from .check import Vocabulary, check
 
     vocab = Vocabulary.from_file(a.vocab) if a.vocab else Vocabulary(a.vocab_size, a.cls_id, a.sep_id, a.unk_id)
-    out = check(a.input, vocab, a.max_seq_length, a.digests, a.eval, a.workers, a.eval_tolerance)
+    out = check(a.input, vocab, a.max_seq_length, a.digests, a.eval, a.workers, a.eval_tolerance,
+                read_timeout_s=a.read_timeout_s)
     if "other_vocabulary" in out:
         print(f"error: {a.input}: {out['other_vocabulary']}", file=sys.stderr)
     for line in out.pop("errors"):
@@ -296,6 +322,10 @@ def _run_check(a: argparse.Namespace) -> object:
 
 
 def _vocab_args(p: argparse.ArgumentParser) -> None:
+    from .wordpiece import TIE_BREAK
+
+    p.epilog = ("The same corpus and options give the same vocab.txt, byte for byte, on every run and machine "
+                "(Hugging Face tokenizers' WordPiece trainer, its starting pieces numbered first). " + TIE_BREAK)
     p.add_argument("--input", required=True, help="directory of text parts (the format create reads)")
     p.add_argument("--pattern", default="*", help="glob of the parts inside --input (default: every non-hidden file)")
     p.add_argument("--output", required=True, help="the vocab.txt to write, one token per line")
@@ -305,7 +335,7 @@ def _vocab_args(p: argparse.ArgumentParser) -> None:
 
 def _run_vocab(a: argparse.Namespace) -> object:
     from .common import PrepError
-    from .toy_corpus import train_vocab
+    from .wordpiece import train_vocab
 
     files = sorted(f for f in Path(a.input).glob(a.pattern) if f.is_file() and not f.name.startswith("."))
     if not files:
@@ -316,7 +346,8 @@ def _run_vocab(a: argparse.Namespace) -> object:
 
 STEPS["shard"] = ("re-chop hdf5 parts into N shards, fixed or variable layout", _shard_args, _run_shard)
 STEPS["eval"] = ("pick the evenly spaced eval set (10,000 samples) from the eval examples", _eval_args, _run_eval)
-STEPS["vocab"] = ("train a WordPiece vocab.txt on your own corpus (BERT's special tokens first)",
+STEPS["vocab"] = ("train a WordPiece vocab.txt on your own corpus (BERT's special tokens first; the same bytes "
+                  "every run)",
                   _vocab_args, _run_vocab)
 STEPS["checksum"] = ("write an md5 manifest of every shard", _sum_args, _run_checksum)
 STEPS["verify"] = ("check shards against their md5 manifest (exit 2 on any difference)", _sum_args, _run_verify)
@@ -358,5 +389,18 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + signal.SIGPIPE
 
 
+def _stuck_read() -> bool:
+    """A read still in h5py past its bound (bert/watchdog.py's daemon thread): the interpreter's
+    teardown would wait on h5py's lock for good."""
+    import threading
+
+    return any(t.name == "bounded-read" and t.is_alive() for t in threading.enumerate())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    if _stuck_read():  # what was printed is flushed; the process ends without its teardown
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    sys.exit(status)

@@ -1,24 +1,13 @@
 """check: scan every sample of every shard for what breaks training or silently spoils it.
 
-``bert.shards.read_shard`` stops at the first malformed sample it cannot use; this scan goes
-on, counts every defect of every sample per shard, and names a known cause when the counts
-carry its signature. Defects (a sample may have several):
-
-empty_sample        no real tokens (fixed: an all-zero ``input_mask``; variable: an empty row)
-too_long            more real tokens than ``--max-seq-length``
-pad_inside          a padding id (0) among a sample's real tokens (masked positions aside: the
-                    reference's random replacement may put any id there)
-mask_not_prefix     fixed layout: ``input_mask`` is not a prefix of ones
-mask_outside        a masked position outside the sample's real tokens
-mask_on_special     a masked position on [CLS] or [SEP] (its label is one of them)
-mask_duplicate      the same position predicted twice in one sample
-no_predictions      a sample without one masked position (the reference always makes one)
-id_out_of_vocab     an input or label id < 0 or >= the vocab size
-bad_segments        segment ids not 0...0 1...1, rows of different length, or not
-                    [CLS] A [SEP] B [SEP] (first token [CLS], exactly two [SEP], the last
-                    token [SEP], the first [SEP] closing segment A)
-bad_nsp_label       a next-sentence label other than 0 or 1
-unreadable          the shard cannot be opened or lacks a dataset (counted once per shard)
+A run stops at the first malformed sample it cannot use; this scan goes on, counts every
+defect of every sample per shard, and names a known cause when the counts carry its
+signature. The shards are decoded once, by the decoder a run reads them with
+(``bert.shards.scan_shard``, through the run's reader: the md5 list, the watchdog's bound, the
+vocab's bounds), which counts each defect (``bert.shards.DEFECTS`` says what each is; a sample
+may have several) and keeps its first offender in the words a run raises for it: the two
+report the same defect of the same shard alike. ``check`` applies the rules a run does not
+refuse too: the reference's example structure, by the vocab's [CLS]/[SEP]/[PAD] ids.
 
 Another vocabulary: the [CLS]/[SEP] ids (MLPerf's 101/102 unless ``--vocab`` or the id options
 say otherwise) must begin and end every sample. When no sample begins with [CLS] and none
@@ -27,7 +16,7 @@ the id-dependent counts (``bad_segments``, ``mask_on_special``) are then not rep
 the check says to pass ``--vocab`` (exit 2: the scan's premise, not the data, is wrong).
 
 Each readable shard also gets ``examples_md5``: the md5 of its examples, the same in either
-layout (``copies.example_records`` says what it hashes), so that shards made elsewhere (NVIDIA's
+layout (``bert.shards.example_records`` says what it hashes), so that shards made elsewhere (NVIDIA's
 scripts, the reference's output converted to hdf5) can be compared with ours part by part;
 ``--digests FILE`` writes them as ``<md5>  <shard>`` lines.
 
@@ -49,7 +38,9 @@ The [UNK] rate (the share of [UNK] among the samples' tokens, masked positions c
 their labels) is reported, not judged: above 1% the diagnosis names the likely cause.
 
 Exit status: 0 clean; 1 a defect or a copy; 2 the check's premise is wrong (an input that is
-not a directory of shards, an eval set that cannot be read, or shards of another vocabulary).
+not a directory of shards, a shard that differs from its directory's md5 list or is missing
+from it, a read past ``--read-timeout-s``, an eval set that cannot be read, or shards of
+another vocabulary).
 
 Known causes recognised:
 
@@ -66,20 +57,20 @@ Known causes recognised:
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-import h5py
 import numpy as np
 
-from bert.shards import SHARD_SUFFIXES, shard_size
+from bert.config import PREP_READ_TIMEOUT_S
+from bert.reader import ShardReader
+from bert.shards import (DEFECTS, SHARD_SUFFIXES, Bounds, DataError, Specials, example_records, examples_md5,
+                         records_md5, shard_size)
 
 from . import copies
-from .common import PrepError, input_directory, parallel_map, write_text
+from .common import PrepError, input_directory, parallel_iter, write_text
+from .inputs import open_inputs, read_whole
 
-DEFECTS = ("empty_sample", "too_long", "pad_inside", "mask_not_prefix", "mask_outside", "mask_on_special",
-           "mask_duplicate", "no_predictions", "id_out_of_vocab", "bad_segments", "bad_nsp_label", "unreadable")
 WRAP_SIGNATURE = "wrap256_padded"  # counted beside the defects: samples carrying the int8-wrap signature
 SPECIALS_IN_PLACE = "cls_or_sep_in_place"  # counted beside them: samples starting [CLS] or ending [SEP]
 VOCAB_DEPENDENT = ("bad_segments", "mask_on_special")  # meaningless when the [CLS]/[SEP] ids are not the shards'
@@ -109,152 +100,12 @@ class Vocabulary:
         v = load_vocab(path)
         return Vocabulary(v.size, v.cls, v.sep, v.unk)
 
+    def bounds(self) -> Bounds:
+        """The ids a sample may hold: the vocab's, and BERT's two segment types."""
+        return Bounds(self.size, 2, vocab_key="vocab_size", type_vocab_key="type_vocab_size")
 
-@dataclass
-class Ragged:
-    """A shard's samples as flat arrays plus row offsets (int64), exactly as stored: nothing
-    dropped, so a defect cannot hide behind the reader's tolerance."""
-
-    tokens: np.ndarray
-    segments: np.ndarray
-    offsets: np.ndarray  # [N+1]
-    positions: np.ndarray
-    labels: np.ndarray
-    poffsets: np.ndarray  # [N+1]
-    nsp: np.ndarray  # [N]
-    seg_len_mismatch: np.ndarray  # bool [N]: segment row and token row differ in length
-    mask_not_prefix: np.ndarray  # bool [N]: fixed layout only
-
-
-def _offsets(lengths: np.ndarray) -> np.ndarray:
-    out = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=out[1:])
-    return out
-
-
-def _read(path: Path) -> Ragged:
-    """Raises ``OSError``/``KeyError``/``ValueError`` on a file that is not a readable shard."""
-    with h5py.File(path, "r") as f:
-        ids = f["input_ids"]
-        nsp = np.asarray(f["next_sentence_labels"][()]).reshape(-1).astype(np.int64)
-        if ids.ndim == 2:  # fixed: real tokens are where input_mask is set
-            tok = ids[()].astype(np.int64)
-            mask = f["input_mask"][()] != 0
-            seg = f["segment_ids"][()].astype(np.int64)
-            pos = f["masked_lm_positions"][()].astype(np.int64)
-            lab = f["masked_lm_ids"][()].astype(np.int64)
-            n, s = tok.shape
-            if mask.shape != (n, s) or seg.shape != (n, s) or pos.shape != lab.shape or len(pos) != n or len(nsp) != n:
-                raise ValueError("datasets of different shapes")
-            lengths = mask.sum(axis=1).astype(np.int64)  # int64: no wrap at 256
-            prefix = np.arange(s)[None, :] < lengths[:, None]
-            real = pos != 0  # position 0 ([CLS]) marks a padding prediction slot
-            return Ragged(tok[prefix], seg[prefix], _offsets(lengths), pos[real], lab[real],
-                          _offsets(real.sum(axis=1)), nsp, np.zeros(n, bool), (mask != prefix).any(axis=1))
-        rows = {k: f[k][()] for k in ("input_ids", "segment_ids", "masked_lm_positions", "masked_lm_ids")}
-    n = len(rows["input_ids"])
-    if any(len(r) != n for r in rows.values()) or len(nsp) != n:
-        raise ValueError("datasets with different numbers of rows")
-
-    def lens(k: str) -> np.ndarray:
-        return np.fromiter((len(r) for r in rows[k]), dtype=np.int64, count=n)
-
-    def flat(k: str) -> np.ndarray:
-        return np.concatenate(rows[k]).astype(np.int64) if n else np.zeros(0, np.int64)
-
-    lengths, seg_lengths, plen = lens("input_ids"), lens("segment_ids"), lens("masked_lm_positions")
-    pos, lab = flat("masked_lm_positions"), flat("masked_lm_ids")
-    lab_lengths = lens("masked_lm_ids")
-    if not np.array_equal(lab_lengths, plen):
-        raise ValueError("masked_lm_ids and masked_lm_positions rows differ in length")
-    seg = flat("segment_ids")
-    mismatch = seg_lengths != lengths
-    if mismatch.any():  # keep the token layout; give mismatched rows zeros (flagged anyway)
-        fixed_seg = np.zeros(int(lengths.sum()), np.int64)
-        so, to = _offsets(seg_lengths), _offsets(lengths)
-        for i in np.nonzero(~mismatch)[0]:
-            fixed_seg[to[i]:to[i + 1]] = seg[so[i]:so[i + 1]]
-        seg = fixed_seg
-    real = pos != 0
-    row_of = np.repeat(np.arange(n), plen)
-    return Ragged(flat("input_ids"), seg, _offsets(lengths), pos[real], lab[real],
-                  _offsets(np.bincount(row_of[real], minlength=n)), nsp, mismatch, np.zeros(n, bool))
-
-
-def _records(r: Ragged) -> tuple[np.ndarray, np.ndarray]:
-    return copies.example_records(r.tokens, r.segments, r.offsets, r.positions, r.labels, r.poffsets, r.nsp)
-
-
-def examples_md5(r: Ragged) -> str:
-    """md5 of a shard's examples (``copies.example_records``), the same for both layouts."""
-    return hashlib.md5(memoryview(_records(r)[0]).cast("B")).hexdigest()
-
-
-def scan(r: Ragged, vocab: Vocabulary, max_seq_length: int) -> dict[str, int]:
-    """Number of samples with each defect (vectorised over the whole shard)."""
-    n = len(r.nsp)
-    lengths = np.diff(r.offsets)
-    row = np.repeat(np.arange(n), lengths)  # sample of every token
-    start = r.offsets[:-1]
-    prow = np.repeat(np.arange(n), np.diff(r.poffsets))  # sample of every prediction
-
-    def per_sample(flags: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        out = np.zeros(n, bool)
-        out[rows[flags]] = True
-        return out
-
-    t, s = r.tokens, r.segments
-    outside = (r.positions < 0) | (r.positions >= lengths[prow])
-    # A masked position's input may be any id, [PAD]/[CLS]/[SEP] included: the reference
-    # replaces 10% of them by a uniformly random vocabulary id. Structure checks skip them.
-    masked = np.zeros(len(t), bool)
-    masked[start[prow[~outside]] + r.positions[~outside]] = True
-    out = {
-        "empty_sample": lengths == 0,
-        "too_long": lengths > max_seq_length,
-        "pad_inside": per_sample((t == PAD_ID) & ~masked, row),
-        "mask_not_prefix": r.mask_not_prefix,
-        "no_predictions": np.diff(r.poffsets) == 0,
-        "bad_nsp_label": (r.nsp != 0) & (r.nsp != 1),
-    }
-    bad_id = per_sample((t < 0) | (t >= vocab.size), row) | per_sample((r.labels < 0) | (r.labels >= vocab.size), prow)
-    out["id_out_of_vocab"] = bad_id
-    out["mask_outside"] = per_sample(outside, prow)
-    # on [CLS]/[SEP]: the label says what the position held before masking
-    out["mask_on_special"] = per_sample((r.labels == vocab.cls) | (r.labels == vocab.sep), prow)
-    key = prow * (max(max_seq_length, int(r.positions.max(initial=0))) + 1) + r.positions
-    order = np.argsort(key, kind="stable")
-    dup = np.zeros(len(key), bool)
-    dup[order[1:]] = key[order[1:]] == key[order[:-1]]
-    out["mask_duplicate"] = per_sample(dup, prow)
-    # segments: 0/1 only, never back from 1 to 0, [CLS] first, [SEP] last, two [SEP]s,
-    # the first [SEP] the last token of segment A
-    local = np.arange(len(t)) - np.repeat(start, lengths)
-    bad = per_sample((s != 0) & (s != 1), row)
-    back = np.zeros(len(s), bool)
-    back[1:] = (s[1:] < s[:-1]) & (row[1:] == row[:-1])
-    bad |= per_sample(back, row)
-    nonempty = lengths > 0
-    first = np.where(nonempty, start, 0)
-    last = np.where(nonempty, r.offsets[1:] - 1, 0)
-    in_place = np.zeros(n, bool)
-    if len(t):
-        in_place = nonempty & ((t[first] == vocab.cls) | (t[last] == vocab.sep))
-        bad |= nonempty & ((t[first] != vocab.cls) | (t[last] != vocab.sep))
-    is_sep = (t == vocab.sep) & ~masked
-    bad |= nonempty & (np.bincount(row[is_sep], minlength=n) != 2)
-    seg_a_len = np.bincount(row[s == 0], minlength=n)  # [CLS] A [SEP] are segment 0
-    first_sep = np.full(n, -1)
-    sep_rows, sep_local = row[is_sep], local[is_sep]
-    first_sep[sep_rows[::-1]] = sep_local[::-1]  # the earliest [SEP] of each row wins
-    bad |= nonempty & (first_sep != seg_a_len - 1)
-    bad |= r.seg_len_mismatch
-    out["bad_segments"] = bad
-    counts = {k: int(out[k].sum()) if k in out else 0 for k in DEFECTS}
-    counts[WRAP_SIGNATURE] = int(_wrap_signature(t, r.offsets, vocab).sum())
-    counts[SPECIALS_IN_PLACE] = int(in_place.sum())
-    counts["nonempty"] = int(nonempty.sum())
-    return counts
+    def specials(self) -> Specials:
+        return Specials(self.cls, self.sep, PAD_ID)
 
 
 def _wrap_signature(t: np.ndarray, offsets: np.ndarray, vocab: Vocabulary) -> np.ndarray:
@@ -271,6 +122,16 @@ def _wrap_signature(t: np.ndarray, offsets: np.ndarray, vocab: Vocabulary) -> np
     return hit
 
 
+def _specials_in_place(t: np.ndarray, offsets: np.ndarray, vocab: Vocabulary) -> np.ndarray:
+    """Samples that begin with [CLS] or end with [SEP]: none at all means another vocabulary."""
+    lengths = np.diff(offsets)
+    nonempty = lengths > 0
+    if not len(t):
+        return np.zeros(len(lengths), bool)
+    first, last = np.where(nonempty, offsets[:-1], 0), np.where(nonempty, offsets[1:] - 1, 0)
+    return nonempty & ((t[first] == vocab.cls) | (t[last] == vocab.sep))
+
+
 def shard_paths(directory: Path) -> list[Path]:
     return sorted(p for p in directory.rglob("*") if p.suffix in SHARD_SUFFIXES and p.is_file())
 
@@ -278,28 +139,38 @@ def shard_paths(directory: Path) -> list[Path]:
 @dataclass(frozen=True)
 class _Job:
     path: Path
+    reader: ShardReader
     vocab: Vocabulary
-    max_seq_length: int
     eval_keys: np.ndarray | None  # sorted text keys of the eval set, or None without --eval
 
 
 def _scan_one(job: _Job) -> dict:
-    """One shard: its defect counts, examples_md5, example keys, [UNK] count and the rows whose
-    text is an eval sample's; or the error that made it unreadable."""
+    """One shard: its defect counts and first offenders, examples_md5, example keys, [UNK]
+    count and the rows whose text is an eval sample's; or why it is unreadable; or (``fatal``)
+    why it cannot be checked at all (its md5 differs from the list, its read overran)."""
+    reader, path, vocab = job.reader, job.path, job.vocab
     try:
-        r = _read(job.path)
-    except (OSError, KeyError, ValueError) as e:
-        return {"error": f"{type(e).__name__}: {e}"}
-    records, starts = _records(r)
-    lengths = np.diff(r.offsets)
-    text = copies.restored_tokens(r.tokens, r.offsets, r.positions, r.labels, r.poffsets)
-    out = {"samples": len(r.nsp), "examples_md5": hashlib.md5(memoryview(records).cast("B")).hexdigest(),
-           "counts": scan(r, job.vocab, job.max_seq_length), "keys": copies.example_keys(records, starts, lengths),
-           "unk": int((text == job.vocab.unk).sum()), "tokens": len(text)}
-    if job.eval_keys is not None:
-        keys = copies.text_keys(text, r.offsets)
+        found = reader.wait(path, lambda read: reader.scan(read, path, vocab.specials()))
+    except DataError as e:
+        return {"fatal": str(e)}
+    if found.shard is None:
+        return {"error": found.first["unreadable"]}
+    s = found.shard
+    records, starts = example_records(s.tokens, s.segments, s.offsets, s.mlm_positions, s.mlm_ids, s.mlm_offsets,
+                                      s.nsp)
+    text = copies.restored_tokens(s.tokens, s.offsets, s.mlm_positions, s.mlm_ids, s.mlm_offsets)
+    counts = {k: found.counts.get(k, 0) for k in DEFECTS}
+    counts[WRAP_SIGNATURE] = int(_wrap_signature(s.tokens, s.offsets, vocab).sum())
+    counts[SPECIALS_IN_PLACE] = int(_specials_in_place(s.tokens, s.offsets, vocab).sum())
+    counts["nonempty"] = int((s.lengths > 0).sum())
+    out = {"samples": len(s), "examples_md5": records_md5(records), "counts": counts, "first": found.first,
+           "keys": copies.example_keys(records, starts, s.lengths), "unk": int((text == vocab.unk).sum()),
+           "tokens": len(text)}
+    if job.eval_keys is not None:  # with each row's text, for the key's match to be confirmed
+        keys = copies.text_keys(text, s.offsets)
         rows = np.flatnonzero(np.isin(keys, job.eval_keys))
         out["eval_rows"], out["eval_keys"] = rows, keys[rows]
+        out["eval_texts"] = [text[s.offsets[r]:s.offsets[r + 1]] for r in rows.tolist()]
     return out
 
 
@@ -309,37 +180,58 @@ class _EvalSet:
     samples: int
     where: dict[int, list[tuple[int, int]]]  # text key -> (file, row) of every eval sample with that text
     md5: dict[str, str]  # examples_md5 -> file
+    texts: list[tuple[np.ndarray, np.ndarray]]  # each file's samples' text (restored tokens, offsets)
+
+    def holds(self, at: tuple[int, int], text: np.ndarray) -> bool:
+        """Whether eval sample ``at`` (file, row) has exactly ``text``."""
+        tokens, offsets = self.texts[at[0]]
+        return np.array_equal(tokens[offsets[at[1]]:offsets[at[1] + 1]], text)
 
 
-def _read_eval(path: Path) -> _EvalSet:
+def _read_eval(path: Path, vocab: Vocabulary, max_seq_length: int, timeout_s: float) -> _EvalSet:
+    """The eval set, read as a run reads it (strictly, through its md5 list and the bound)."""
     p = Path(path)
     if not p.exists():
         raise PrepError(f"{p}: no such eval set (--eval takes the directory or file that eval wrote)")
     paths = [p] if p.is_file() else shard_paths(p)
     if not paths:
         raise PrepError(f"{p}: holds no eval shard ({', '.join('*' + s for s in SHARD_SUFFIXES)})")
+    root = p.parent if p.is_file() else p
     where: dict[int, list[tuple[int, int]]] = {}
     md5: dict[str, str] = {}
+    texts: list[tuple[np.ndarray, np.ndarray]] = []
     samples = 0
-    root = p.parent if p.is_file() else p
+    inputs = open_inputs(root, paths, every_listed=p.is_dir(), max_seq_length=max_seq_length, bounds=vocab.bounds(),
+                         timeout_s=timeout_s, fingerprint=False)
     for i, f in enumerate(paths):
         try:
-            r = _read(f)
-        except (OSError, KeyError, ValueError) as e:
-            raise PrepError(f"{f}: cannot read the eval set: {type(e).__name__}: {e}") from None
-        keys = copies.text_keys(copies.restored_tokens(r.tokens, r.offsets, r.positions, r.labels, r.poffsets),
-                                r.offsets)
+            s = read_whole(inputs.reader, f)
+        except PrepError as e:
+            raise PrepError(f"cannot use the eval set {p}: {e}") from None
+        texts.append((copies.restored_tokens(s.tokens, s.offsets, s.mlm_positions, s.mlm_ids, s.mlm_offsets),
+                      s.offsets))
+        keys = copies.text_keys(texts[-1][0], s.offsets)
         for row, k in enumerate(keys.tolist()):
             where.setdefault(k, []).append((i, row))
         samples += len(keys)
-        md5.setdefault(examples_md5(r), str(f.relative_to(root)))
-    return _EvalSet([str(f.relative_to(root)) for f in paths], samples, where, md5)
+        md5.setdefault(examples_md5(s), str(f.relative_to(root)))
+    return _EvalSet([str(f.relative_to(root)) for f in paths], samples, where, md5, texts)
+
+
+def _records(reader: ShardReader, path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """``path``'s example records, read again (as stored, as its scan read them) to confirm a
+    repeat its keys suggest."""
+    try:
+        s = reader.wait(path, lambda read: reader.stored(read, path))
+    except DataError as e:
+        raise PrepError(str(e)) from None
+    return example_records(s.tokens, s.segments, s.offsets, s.mlm_positions, s.mlm_ids, s.mlm_offsets, s.nsp)
 
 
 def _size(p: Path) -> int:
     try:
         return shard_size(p)
-    except (OSError, KeyError, ValueError):
+    except DataError:
         return 0  # unreadable: its scan says why
 
 
@@ -348,10 +240,11 @@ def _listed(items: list[str]) -> str:
     return ", ".join(items[:LISTED]) + (f" and {more} more" if more > 0 else "")
 
 
-def _shard_copies(per_shard: dict[str, dict], names: list[str], table: copies.KeyTable, found: dict[str, int],
-                  errors: list[str]) -> dict:
-    """Whole shards with the same examples, then samples repeated across shards or within one:
-    marks the shards, counts the defects, adds a line each; returns the JSON's ``copies``."""
+def _shard_copies(per_shard: dict[str, dict], names: list[str], table: copies.KeyTable, records_of: copies.Records,
+                  found: dict[str, int], errors: list[str]) -> dict:
+    """Whole shards with the same examples, then samples repeated across shards or within one
+    (each confirmed by its record, ``records_of``): marks the shards, counts the defects, adds
+    a line each; returns the JSON's ``copies``."""
     groups = copies.same_digest_groups({n: c["examples_md5"] for n, c in per_shard.items() if c.get("samples")})
     for g in groups:
         for other in g[1:]:
@@ -359,7 +252,7 @@ def _shard_copies(per_shard: dict[str, dict], names: list[str], table: copies.Ke
         md5 = per_shard[g[0]]["examples_md5"]
         errors.append(f"{g[1]} holds the same examples as {g[0]} (examples_md5 {md5})" if len(g) == 2 else
                       f"{len(g) - 1} shards hold the same examples as {g[0]} (examples_md5 {md5}): {_listed(g[1:])}")
-    rep = table.repeats()
+    rep = table.repeats(records_of)
     for i in np.flatnonzero(rep.per_shard):
         per_shard[names[i]]["repeated_samples"] = int(rep.per_shard[i])
     pairs = sorted(rep.pairs.items(), key=lambda kv: (-kv[1].samples, kv[0]))
@@ -379,6 +272,7 @@ def _shard_copies(per_shard: dict[str, dict], names: list[str], table: copies.Ke
     if rep.copies:
         found["repeated_sample"] = rep.copies
     return {"identical_shards": groups, "repeated_samples": rep.copies, "short_repeats": rep.short,
+            "key_collisions": rep.collisions,
             "pairs": [{"shards": [names[a], names[b]], "samples": pc.samples, "rows": [list(x) for x in pc.rows]}
                       for (a, b), pc in pairs[:SHOWN_PAIRS]],
             "pairs_total": len(pairs)}
@@ -417,18 +311,22 @@ def _eval_findings(ev: _EvalSet, eval_dir: str, found_eval: dict[tuple[int, int]
 
 def check(input_dir: str | Path, vocab: Vocabulary = Vocabulary(), max_seq_length: int = 512,
           digests: str | Path = "", eval_dir: str | Path = "", workers: int = 1,
-          eval_tolerance: float = EVAL_TOLERANCE) -> dict:
+          eval_tolerance: float = EVAL_TOLERANCE, *, read_timeout_s: float = PREP_READ_TIMEOUT_S) -> dict:
     """Scan every shard under ``input_dir`` (recursively); return per-shard counts and
     ``examples_md5``, the totals, the copies (and, with ``eval_dir``, the eval samples found in
     the training shards: a defect above ``eval_tolerance`` of the eval set or when a whole eval
     shard is there), the [UNK] rate, the diagnosis, one line per finding that fails the check
     (``errors``) or does not (``notes``), and ``exit_status`` (0 clean, 1 a defect or a copy, 2
-    shards of another vocabulary). ``digests``: also write the examples' md5 of each shard there."""
+    shards of another vocabulary). ``digests``: also write the examples' md5 of each shard there.
+    Each shard is read through the run's reader (its directory's md5 list, ``read_timeout_s``
+    a file); one that differs from the list, or a read that overruns, is a ``PrepError``."""
     d = input_directory(input_dir, "shards")
     paths = shard_paths(d)
     if not paths:
         raise PrepError(f"{d}: holds no shard files ({', '.join('*' + s for s in SHARD_SUFFIXES)})")
-    ev = _read_eval(Path(eval_dir)) if eval_dir else None
+    inputs = open_inputs(d, paths, every_listed=True, max_seq_length=max_seq_length, bounds=vocab.bounds(),
+                         timeout_s=read_timeout_s, fingerprint=False)
+    ev = _read_eval(Path(eval_dir), vocab, max_seq_length, read_timeout_s) if eval_dir else None
     eval_keys = np.array(sorted(ev.where), np.uint64) if ev else None
     names = [str(p.relative_to(d)) for p in paths]
     table = copies.KeyTable([_size(p) for p in paths])
@@ -439,8 +337,15 @@ def check(input_dir: str | Path, vocab: Vocabulary = Vocabulary(), max_seq_lengt
     found_eval: dict[tuple[int, int], bool] = {}  # eval sample -> long enough to count
     eval_per_shard: dict[str, int] = {}
     eval_examples: list[str] = []
-    jobs = [_Job(p, vocab, max_seq_length, eval_keys) for p in paths]
-    for i, (name, res) in enumerate(zip(names, parallel_map(_scan_one, jobs, workers, "check"))):
+    eval_collisions = 0  # training samples whose text key an eval sample has, not its text
+    firsts: dict[str, dict[str, str]] = {}  # a shard's first offender of each defect
+    jobs = [_Job(p, inputs.reader.only([p]), vocab, eval_keys) for p in paths]
+    # One shard's result held at a time: its keys go into the table, nothing else keeps them.
+    for i, (name, res) in enumerate(zip(names, parallel_iter(_scan_one, jobs, workers, "check"))):
+        if "fatal" in res:
+            raise PrepError(res["fatal"])
+        if inputs.reader.manifest is not None:  # checked against the list as the scan read it
+            inputs.reader.manifest.verified.add(str(paths[i]))
         if "error" in res:
             counts = {**dict.fromkeys(counters, 0), "unreadable": 1}
             per_shard[name] = {"unreadable": 1, "error": res["error"]}
@@ -449,8 +354,13 @@ def check(input_dir: str | Path, vocab: Vocabulary = Vocabulary(), max_seq_lengt
             samples, unk, tokens = samples + res["samples"], unk + res["unk"], tokens + res["tokens"]
             table.put(i, res["keys"])
             per_shard[name] = {"samples": res["samples"], "examples_md5": res["examples_md5"], **counts}
-            for row, key in zip(res.get("eval_rows", ()), res.get("eval_keys", ())):
-                hits = ev.where[int(key)]
+            firsts[name] = res["first"]
+            for row, key, text in zip(res.get("eval_rows", ()), res.get("eval_keys", ()), res.get("eval_texts", ())):
+                same_key = ev.where[int(key)]
+                hits = [h for h in same_key if ev.holds(h, text)]  # the key's match confirmed by the text
+                eval_collisions += len(same_key) - len(hits)
+                if not hits:
+                    continue
                 for h in hits:
                     found_eval[h] = bool(key & 1)
                 if key & 1:
@@ -465,23 +375,29 @@ def check(input_dir: str | Path, vocab: Vocabulary = Vocabulary(), max_seq_lengt
     hidden = (*VOCAB_DEPENDENT, SPECIALS_IN_PLACE, "nonempty") if other_vocab else (SPECIALS_IN_PLACE, "nonempty")
     per_shard = {name: {k: v for k, v in c.items() if (v or k == "samples") and k not in hidden}
                  for name, c in per_shard.items()}
+    for name, first in firsts.items():  # the first offender of each defect counted, as a run words it
+        if shown := {k: m for k, m in first.items() if k in per_shard[name]}:
+            per_shard[name]["messages"] = shown
     if digests:
         write_text(Path(digests), "".join(f"{c['examples_md5']}  {name}\n" for name, c in per_shard.items()
                                           if "examples_md5" in c))
     found = {k: v for k, v in totals.items() if v and k != WRAP_SIGNATURE and k not in hidden}
     errors: list[str] = []  # one line per finding that fails the check
     notes: list[str] = []  # one line per finding that does not
-    out = {"shards": len(paths), "samples": samples, "defects": found,
+    out = {"shards": len(paths), "samples": samples, "inputs_verified_against": inputs.verified_by(), "defects": found,
            "unk_rate": round(unk / tokens, 6) if tokens and not other_vocab else None,
-           "copies": _shard_copies(per_shard, names, table, found, errors)}
+           "copies": _shard_copies(per_shard, names, table, lambda i: _records(inputs.reader, paths[i]), found,
+                                   errors)}
     if ev:
         out["eval"] = _eval_findings(ev, str(eval_dir), found_eval, eval_per_shard, eval_examples, per_shard,
                                      eval_tolerance, found, errors, notes)
+        out["eval"]["key_collisions"] = eval_collisions
     for k in DEFECTS:
         if k in found:
             bad = [n for n, c in per_shard.items() if c.get(k)]
-            errors.append(f"{found[k]} samples with {k} in {len(bad)} shards: {_listed(bad)}"
-                          if k != "unreadable" else f"{found[k]} unreadable shards: {_listed(bad)}")
+            first = per_shard[bad[0]]["error"] if k == "unreadable" else per_shard[bad[0]]["messages"][k]
+            errors.append((f"{found[k]} samples with {k} in {len(bad)} shards: {_listed(bad)}" if k != "unreadable"
+                           else f"{found[k]} unreadable shards: {_listed(bad)}") + f"; first: {first}")
     out["per_shard"] = per_shard
     out["diagnosis"] = diagnose(totals, out)
     out["errors"], out["notes"] = errors, notes

@@ -4,18 +4,23 @@ that makes a step resumable and refuses to mix two different runs in one directo
 Every output file is written under a temporary name in its final directory and renamed
 into place (atomic on POSIX), so an interrupted step leaves complete files and stray
 ``*.tmp`` files only; a rerun with the same arguments skips the complete files and
-overwrites the temporaries.
+overwrites the temporaries. Each shard written is hashed before its rename, and the step
+writes the md5 list of its output directory (``md5sums.txt``) with its shards: the directory
+verifies from the moment it is complete, and a run on it checks every shard it reads.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
-from bert.shards import Shard, write_shard
+from bert.integrity import MANIFEST, format_manifest, md5_file
+from bert.shards import DataError, Shard, write_shard
 
 RUN_RECORD = ".run.json"  # in every output directory: which step, with which parameters
 
@@ -77,8 +82,24 @@ def write_json(path: Path, obj: Any) -> Path:
     return write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
-def write_shard_atomic(path: Path, shard: Shard, layout: str, max_seq_length: int, max_predictions: int) -> Path:
-    return atomic_write(path, lambda p: write_shard(p, shard, layout, max_seq_length, max_predictions))
+def write_shard_atomic(path: Path, shard: Shard, layout: str, max_seq_length: int, max_predictions: int) -> str:
+    """Write ``shard`` to ``path`` atomically; returns the md5 of the file written, taken before
+    its rename (one pass over its bytes, from the page cache it was just written to)."""
+    md5 = ""
+
+    def write(tmp: Path) -> None:
+        nonlocal md5
+        write_shard(tmp, shard, layout, max_seq_length, max_predictions)
+        md5 = md5_file(tmp)
+
+    atomic_write(path, write)
+    return md5
+
+
+def write_md5_list(directory: Path, sums: dict[str, str]) -> Path:
+    """``directory/md5sums.txt`` of the shards a step wrote there ({path relative to it: md5}),
+    in ``checksum``'s format and order."""
+    return write_text(directory / MANIFEST, format_manifest(sums))
 
 
 def prepare_output(directory: str | Path, step: str, params: dict[str, Any]) -> Path:
@@ -112,14 +133,37 @@ def prepare_output(directory: str | Path, step: str, params: dict[str, Any]) -> 
     return d
 
 
+@contextmanager
+def step_output(directory: str | Path, step: str, params: dict[str, Any]) -> Iterator[Path]:
+    """``prepare_output``'s directory, for a step that reads shards: where the step stops on bad
+    input (a ``PrepError`` or ``DataError`` while it writes), a directory this call began is
+    removed again (or emptied, when it was there empty before), so that bad input leaves no
+    partial output behind; a resumed run's directory is left as it was."""
+    d = Path(directory)
+    existed, resumed = d.exists(), (d / RUN_RECORD).is_file()
+    out = prepare_output(d, step, params)
+    try:
+        yield out
+    except (PrepError, DataError):
+        if not resumed:
+            if existed:
+                for child in out.iterdir():
+                    if child.is_dir() and not child.is_symlink():
+                        shutil.rmtree(child)
+                    else:
+                        child.unlink()
+            else:
+                shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
 def file_fingerprint(paths: list[Path], root: Path, workers: int = 1) -> list[list[Any]]:
     """[relative name, size, md5] of each input: what the output was made from, by content. A
     shard remade with other samples often keeps its size (a fixed-layout shard's size is a
     function of its sample count), so a rerun over changed inputs must see the bytes, or it
     would reopen the old run and keep its stale output. Costs one md5 pass over the inputs
-    (about 1.4 ms a MB a worker), which the step then reads anyway."""
-    from bert.integrity import md5_file
-
+    (about 1.4 ms a MB a worker), which the step then reads anyway; the same pass checks the
+    inputs against their md5 list (inputs.py)."""
     digests = parallel_map(md5_file, list(paths), workers, "md5")
     return [[str(p.relative_to(root)), p.stat().st_size, h] for p, h in zip(paths, digests)]
 
@@ -154,16 +198,21 @@ def parallel_map(fn: Callable[[Any], Any], items: list[Any], workers: int, desc:
     Results come back in input order whatever the number of workers, so output built from
     them does not depend on it. ``workers <= 1`` runs in this process (no pickling).
     """
+    return list(parallel_iter(fn, items, workers, desc))
+
+
+def parallel_iter(fn: Callable[[Any], Any], items: list[Any], workers: int, desc: str) -> Iterator[Any]:
+    """``parallel_map``'s results one at a time, as they come (in input order): a caller that
+    keeps only what it needs of each holds one result, not all of them."""
     from tqdm import tqdm
 
     bar = tqdm(total=len(items), desc=desc, unit="file", disable=None, leave=False)
     try:
         if workers <= 1 or len(items) <= 1:
-            out = []
             for x in items:
-                out.append(fn(x))
+                yield fn(x)
                 bar.update()
-            return out
+            return
         import multiprocessing as mp
 
         # SIGINT blocked while the workers start, so none is born with Python's handler; one
@@ -174,11 +223,9 @@ def parallel_map(fn: Callable[[Any], Any], items: list[Any], workers: int, desc:
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         with pool:
-            out = []
             for r in pool.imap(fn, items):
-                out.append(r)
+                yield r
                 bar.update()
-            return out
     finally:
         bar.close()
 

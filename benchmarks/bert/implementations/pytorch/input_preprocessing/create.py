@@ -26,10 +26,12 @@ Python's ``unicodedata`` on the running interpreter, as the reference's are.
 Guards around it, none of which changes an example:
 
 - each part's bytes are hashed (md5) as they are read and the digest recorded beside its shard
-  (``OUT/.sources/<shard>.md5``, written after the shard), so a rerun skips a part only when
-  its text is the one the shard was made from, whatever its size; and two parts with the same
-  text are refused, naming both (every part is seeded alike, so both would give the same
-  examples), unless ``allow_same_text``;
+  (``OUT/.sources/<shard>.md5``, written after the shard, with the shard's own md5), so a rerun
+  skips a part only when its text is the one the shard was made from, whatever its size; and
+  two parts with the same text are refused, naming both (every part is seeded alike, so both
+  would give the same examples), unless ``allow_same_text``;
+- the output directory's md5 list (``OUT/md5sums.txt``) is written at the end from those
+  records: every step and run that reads the shards checks them against it;
 - the [UNK] rate of the tokenized text: above ``max_unk_rate`` create refuses, naming the
   likely cause (a cased/uncased mismatch between the vocab and ``--cased``). A sample of the
   first parts' text is judged before the output directory is made, every part again before
@@ -51,8 +53,8 @@ import numpy as np
 
 from bert.shards import Shard
 
-from .common import (PrepError, input_directory, parallel_map, prepare_output, reference_lines, write_shard_atomic,
-                     write_text)
+from .common import (PrepError, input_directory, parallel_map, prepare_output, reference_lines, write_md5_list,
+                     write_shard_atomic, write_text)
 from .draws import MASK, reference_random
 from .wordpiece import UNICODE_VERSION, UNK, Tokenizer, vocab_tokens
 
@@ -357,6 +359,8 @@ class _Job:
 
 
 class _Done(NamedTuple):
+    name: str  # the shard's file name
+    md5: str  # the shard's md5
     samples: int  # -1: written by an earlier run from the same text
     tokens: int
     seconds: float
@@ -373,13 +377,15 @@ def _source(shard: Path) -> Path:
     return shard.parent / SOURCES / (shard.name + ".md5")
 
 
-def _made_from(shard: Path) -> str | None:
-    """The md5 of the text a complete shard was made from, or None. The record is written
-    after the shard's rename: a shard without one (killed in between) is made again."""
+def _made_from(shard: Path) -> tuple[str, str] | None:
+    """(the md5 of the text a complete shard was made from, the shard's md5), or None. The
+    record is written after the shard's rename: a shard without one (killed in between, or made
+    by a create that kept no shard md5) is made again."""
     try:
-        return _source(shard).read_text(encoding="utf-8").strip() if shard.is_file() else None
+        lines = _source(shard).read_text(encoding="utf-8").split() if shard.is_file() else []
     except OSError:
         return None
+    return (lines[0], lines[1]) if len(lines) == 2 else None
 
 
 def _claim(claims: Path, md5: str, part: Path) -> None:
@@ -406,19 +412,21 @@ def _create_one(job: _Job) -> _Done:
     t0 = time.perf_counter()
     raw, md5 = read_part(job.path)
     target = job.out / output_name(job.path)
-    if _made_from(target) == md5:
+    made = _made_from(target)
+    if made is not None and made[0] == md5:
         if job.claims:
             _claim(job.claims, md5, job.path)
-        return _Done(-1, 0, 0.0, 0, 0, 0)
+        return _Done(target.name, made[1], -1, 0, 0.0, 0, 0, 0)
     o = job.opts
     text = read_documents(job.path, raw, Tokenizer(job.vocab.tokens, o.lowercase), o.strict_documents)
     if job.claims:
         _claim(job.claims, md5, job.path)
     _judge_unk(str(job.path), text.unk, text.tokens, job.max_unk_rate, job.vocab, o.lowercase)
     shard = examples_of_part(job.path, text.docs, job.vocab, o)
-    write_shard_atomic(target, shard, o.layout, o.max_seq_length, o.max_predictions_per_seq)
-    write_text(_source(target), md5 + "\n")
-    return _Done(len(shard), int(len(shard.tokens)), time.perf_counter() - t0, text.dropped, text.tokens, text.unk)
+    written = write_shard_atomic(target, shard, o.layout, o.max_seq_length, o.max_predictions_per_seq)
+    write_text(_source(target), f"{md5}\n{written}\n")
+    return _Done(target.name, written, len(shard), int(len(shard.tokens)), time.perf_counter() - t0, text.dropped,
+                 text.tokens, text.unk)
 
 
 def list_parts(input_dir: str | Path, pattern: str = "*") -> list[Path]:
@@ -479,6 +487,7 @@ def create(input_dir: str | Path, vocab_path: str | Path, output_dir: str | Path
     with tempfile.TemporaryDirectory(prefix="create_claims_") as claims:
         jobs = [_Job(p, out, vocab, opts, max_unk_rate, None if allow_same_text else Path(claims)) for p in parts]
         results = parallel_map(_create_one, jobs, workers, "create")
+    write_md5_list(out, {r.name: r.md5 for r in results})
     wall = time.perf_counter() - t0
     done = [r for r in results if r.samples >= 0]
     samples, busy = sum(r.samples for r in done), sum(r.seconds for r in done)

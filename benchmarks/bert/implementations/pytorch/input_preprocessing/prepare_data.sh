@@ -26,7 +26,10 @@
 #                             kept out of them (the script stops, exit 1, on any finding)
 #   phase1/model.ckpt-28252.pt  the phase-1 weights in our format  -> INIT_CHECKPOINT
 #   stats/                    length histogram and padding numbers of the training shards
-# and md5sums.txt in every hdf5 directory (check later with `... verify --input DIR`).
+# and md5sums.txt in every hdf5 directory, written by the step that makes it with its shards;
+# every step checks its input directory against its list before it writes anything, so a
+# shard changed on the way stops the chain (exit 2) naming it instead of being listed anew
+# (check a directory later with `... verify --input DIR`).
 #
 # Usage: input_preprocessing/prepare_data.sh DOWNLOAD OUT [NUM_SHARDS (2048)] [WORKERS (all cores)]
 # Run from benchmarks/bert/implementations/pytorch with the venv active (pip install .[prep]).
@@ -93,10 +96,7 @@ say "length strata (1-128, 129-256, 257-384, 385-512)"
 prep stratify --input "$OUT/hdf5/training_$NUM_SHARDS" --output "$OUT/hdf5/training_${NUM_SHARDS}_strata" \
     --workers "$WORKERS"
 
-say "checksums and statistics"
-for d in training "training_$NUM_SHARDS" "training_${NUM_SHARDS}_strata" eval_varlength; do
-    prep checksum --input "$OUT/hdf5/$d" --workers "$WORKERS" >/dev/null
-done
+say "statistics"
 prep stats --input "$OUT/hdf5/training_$NUM_SHARDS" --vocab "$DOWNLOAD/vocab.txt" --output "$OUT/stats"
 
 if [[ "${SKIP_CHECKPOINT:-0}" != 1 ]]; then

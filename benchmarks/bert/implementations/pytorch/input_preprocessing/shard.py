@@ -4,7 +4,10 @@ The samples of all input files, in sorted file order, are cut into N runs of con
 samples whose sizes differ by at most one (shard j holds samples [j*T//N, (j+1)*T//N)),
 as NVIDIA's re-chopping does; no sample is dropped, duplicated or reordered. Output shard
 j is ``part_<j>_of_<N>.hdf5``. Workers take contiguous runs of output shards, so each
-reads its input files in order, holding one input file in memory at a time.
+reads its input files in order, holding one input file in memory at a time. The inputs are
+checked against their directory's md5 list (inputs.py) before anything is written, and read
+through the run's reader; ``md5sums.txt`` of the output is written with it (each output's md5
+recorded under ``.work/`` after its rename, so a resumed run lists it without reading it).
 """
 
 from __future__ import annotations
@@ -14,9 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
-from bert.shards import DataError, Shard, list_shards, read_shard, shard_size
+from bert.config import PREP_READ_TIMEOUT_S
+from bert.reader import ShardReader
+from bert.shards import DataError, Shard, list_shards, shard_size
 
-from .common import PrepError, file_fingerprint, parallel_map, prepare_output, shard_geometry, write_shard_atomic
+from .common import (PrepError, parallel_map, shard_geometry, step_output, write_md5_list, write_shard_atomic,
+                     write_text)
+from .inputs import open_inputs, read_whole
 
 
 def shard_name(j: int, n: int) -> str:
@@ -33,6 +40,13 @@ class _Job:
     layout: str
     max_seq_length: int
     max_predictions: int
+    reader: ShardReader
+
+
+def _recorded(out: Path, name: str) -> Path:
+    """Where the md5 of output ``name`` is recorded, after its rename (a file without one, made
+    by a run killed in between, is made again)."""
+    return out / ".work" / f"{name}.md5"
 
 
 def _samples(job: _Job, lo: int, hi: int, cache: dict) -> Shard:
@@ -42,36 +56,45 @@ def _samples(job: _Job, lo: int, hi: int, cache: dict) -> Shard:
     i = int(np.searchsorted(starts, lo, side="right")) - 1
     while lo < hi:
         if cache.get("index") != i:  # read each input once per job (outputs are consecutive)
-            try:
-                cache.update(index=i, shard=read_shard(job.inputs[i]))
-            except DataError as e:
-                raise PrepError(str(e)) from None
+            cache.update(index=i, shard=read_whole(job.reader, job.inputs[i]))
         first, stop = job.starts[i], min(hi, job.starts[i + 1])
         pieces.append(cache["shard"].subset(np.arange(lo - first, stop - first)))
         lo, i = stop, i + 1
     return Shard.concat(pieces)
 
 
-def _write_run(job: _Job) -> int:
-    total, written, cache = job.starts[-1], 0, {}
+def _write_run(job: _Job) -> tuple[int, dict[str, str]]:
+    """(outputs written now, {output name: md5} of every output of the run)."""
+    total, written, cache, sums = job.starts[-1], 0, {}, {}
     for j in job.outputs:
-        target = job.out / shard_name(j, job.num_shards)
-        if target.is_file():
+        name = shard_name(j, job.num_shards)
+        target, record = job.out / name, _recorded(job.out, name)
+        if target.is_file() and record.is_file():
+            sums[name] = record.read_text(encoding="utf-8").strip()
             continue
         data = _samples(job, j * total // job.num_shards, (j + 1) * total // job.num_shards, cache)
         try:
-            write_shard_atomic(target, data, job.layout, job.max_seq_length, job.max_predictions)
+            sums[name] = write_shard_atomic(target, data, job.layout, job.max_seq_length, job.max_predictions)
         except ValueError as e:
             raise PrepError(f"{target}: {e}; pass larger --max-seq-length/--max-predictions") from None
+        write_text(record, sums[name] + "\n")
         written += 1
-    return written
+    return written, sums
 
 
 def shard(input_dir: str | Path, output_dir: str | Path, num_shards: int, layout: str = "variable",
-          max_seq_length: int = 512, max_predictions: int = 76, workers: int = 1) -> dict:
+          max_seq_length: int = 512, max_predictions: int = 76, workers: int = 1, *,
+          read_timeout_s: float = PREP_READ_TIMEOUT_S) -> dict:
     """Re-chop every shard of ``input_dir`` into ``num_shards`` shards under ``output_dir``."""
     try:
         paths = list_shards(input_dir)
+    except DataError as e:
+        raise PrepError(str(e)) from None
+    # The output's lengths are checked as it is written (a fixed row holds max_seq_length): the
+    # inputs are read with their structure and values checked, no length bound of their own.
+    inputs = open_inputs(Path(input_dir), paths, every_listed=True, max_seq_length=None, timeout_s=read_timeout_s,
+                         fingerprint=True, workers=workers)
+    try:
         sizes = [shard_size(p) for p in paths]
     except DataError as e:
         raise PrepError(str(e)) from None
@@ -86,13 +109,15 @@ def shard(input_dir: str | Path, output_dir: str | Path, num_shards: int, layout
             if lay == "fixed" and (s > max_seq_length or pp > max_predictions):
                 raise PrepError(f"{p}: padded to {s} tokens / {pp} predictions, more than the fixed output's "
                                 f"{max_seq_length} / {max_predictions}")
-    out = prepare_output(output_dir, "shard", {"num_shards": num_shards, "layout": layout,
-                                               "max_seq_length": max_seq_length, "max_predictions": max_predictions,
-                                               "inputs": file_fingerprint(paths, Path(input_dir), workers)})
-    starts = tuple(int(x) for x in np.concatenate([[0], np.cumsum(sizes)]))
-    runs = [r for r in np.array_split(np.arange(num_shards), max(1, min(workers, num_shards))) if len(r)]
-    jobs = [_Job(tuple(int(j) for j in r), tuple(paths), starts, out, num_shards, layout, max_seq_length,
-                 max_predictions) for r in runs]
-    written = sum(parallel_map(_write_run, jobs, workers, "shard"))
-    return {"inputs": len(paths), "samples": total, "shards": num_shards, "written_now": written,
-            "samples_per_shard": [total // num_shards, -(-total // num_shards)]}
+    params = {"num_shards": num_shards, "layout": layout, "max_seq_length": max_seq_length,
+              "max_predictions": max_predictions, "inputs": inputs.fingerprint}
+    with step_output(output_dir, "shard", params) as out:
+        starts = tuple(int(x) for x in np.concatenate([[0], np.cumsum(sizes)]))
+        runs = [r for r in np.array_split(np.arange(num_shards), max(1, min(workers, num_shards))) if len(r)]
+        jobs = [_Job(tuple(int(j) for j in r), tuple(paths), starts, out, num_shards, layout, max_seq_length,
+                     max_predictions, inputs.reader) for r in runs]
+        done = parallel_map(_write_run, jobs, workers, "shard")
+        write_md5_list(out, {name: h for _, sums in done for name, h in sums.items()})
+    return {"inputs": len(paths), "samples": total, "shards": num_shards, "written_now": sum(n for n, _ in done),
+            "samples_per_shard": [total // num_shards, -(-total // num_shards)],
+            "inputs_verified_against": inputs.verified_by()}

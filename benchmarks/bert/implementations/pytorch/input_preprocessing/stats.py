@@ -1,6 +1,8 @@
 """stats: length histogram, tokens, padding fraction of a dataset; JSON plus a PNG plot.
 
-Reads every shard under the directory (recursively: a stratified directory works too).
+Reads every shard under the directory (recursively: a stratified directory works too), checked
+against the directory's md5 list and read through the run's reader (inputs.py), before it
+writes anything.
 The padding fraction is the share of padding when every sample is padded to
 ``max_seq_length``: the work the unpadded model path saves. The [UNK] rate is the share of
 [UNK] among the samples' tokens, masked positions counted as their labels.
@@ -12,26 +14,31 @@ from pathlib import Path
 
 import numpy as np
 
-from bert.shards import DataError, read_shard
+from bert.config import PREP_READ_TIMEOUT_S
+from bert.shards import Bounds
 
 from .checksum import find_shards
-from .common import PrepError, atomic_write, write_json
+from .common import atomic_write, write_json
 from .copies import restored_tokens
+from .inputs import open_inputs
 
 MLPERF_UNK_ID = 100  # [UNK] in the MLPerf uncased vocab
 
 
-def dataset_stats(directory: str | Path, max_seq_length: int = 512,
-                  unk_id: int = MLPERF_UNK_ID) -> tuple[dict, np.ndarray]:
-    """(summary, histogram) where histogram[L] = samples of real length L."""
+def dataset_stats(directory: str | Path, max_seq_length: int = 512, unk_id: int = MLPERF_UNK_ID, *,
+                  vocab_size: int | None = None,
+                  read_timeout_s: float = PREP_READ_TIMEOUT_S) -> tuple[dict, np.ndarray]:
+    """(summary, histogram) where histogram[L] = samples of real length L; ``vocab_size`` (the
+    vocab's, where known): every id checked against it."""
     hist = np.zeros(max_seq_length + 1, dtype=np.int64)
     preds = nsp_random = unk = 0
     d = Path(directory)
-    for p in find_shards(d):
-        try:
-            s = read_shard(p, max_seq_length)
-        except DataError as e:
-            raise PrepError(str(e)) from None
+    paths = find_shards(d)
+    inputs = open_inputs(d, paths, every_listed=True, max_seq_length=max_seq_length,
+                         bounds=Bounds(vocab_size, vocab_key="the vocab size (--vocab)") if vocab_size else None,
+                         timeout_s=read_timeout_s, fingerprint=False)
+    for p in paths:
+        s = inputs.read(p)
         hist += np.bincount(s.lengths, minlength=max_seq_length + 1)
         preds += len(s.mlm_ids)
         nsp_random += int(s.nsp.sum())
@@ -47,7 +54,7 @@ def dataset_stats(directory: str | Path, max_seq_length: int = 512,
         "fraction_at_max_length": round(int(hist[max_seq_length]) / n, 4),
         "padding_fraction": round(1 - tokens / (n * max_seq_length), 4),
         "predictions_per_sample": round(preds / n, 2), "nsp_random_fraction": round(nsp_random / n, 4),
-        "unk_rate": round(unk / tokens, 6), "unk_id": unk_id,
+        "unk_rate": round(unk / tokens, 6), "unk_id": unk_id, "inputs_verified_against": inputs.verified_by(),
     }
     return summary, hist
 
@@ -69,10 +76,12 @@ def _plot(path: Path, hist: np.ndarray, summary: dict) -> None:
     plt.close(fig)
 
 
-def stats(directory: str | Path, output_dir: str | Path, max_seq_length: int = 512,
-          unk_id: int = MLPERF_UNK_ID) -> dict:
-    """Write ``stats.json`` (summary + histogram) and ``length_histogram.png`` to ``output_dir``."""
-    summary, hist = dataset_stats(directory, max_seq_length, unk_id)
+def stats(directory: str | Path, output_dir: str | Path, max_seq_length: int = 512, unk_id: int = MLPERF_UNK_ID, *,
+          vocab_size: int | None = None, read_timeout_s: float = PREP_READ_TIMEOUT_S) -> dict:
+    """Write ``stats.json`` (summary + histogram) and ``length_histogram.png`` to ``output_dir``,
+    once every shard is read."""
+    summary, hist = dataset_stats(directory, max_seq_length, unk_id, vocab_size=vocab_size,
+                                  read_timeout_s=read_timeout_s)
     out = Path(output_dir)
     write_json(out / "stats.json", {**summary, "length_histogram": hist.tolist()})
     _plot(out / "length_histogram.png", hist, summary)

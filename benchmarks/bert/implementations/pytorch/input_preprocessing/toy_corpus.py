@@ -1,7 +1,6 @@
-"""A synthetic corpus in the MLPerf text format and a WordPiece vocab trained on it.
+"""A synthetic corpus in the MLPerf text format (``wordpiece.train_vocab`` makes its vocab).
 
 For tests and the throughput benchmark, where the 20 GB Wikipedia text is not at hand.
-``train_vocab`` works on any corpus: it is also ``python -m input_preprocessing vocab``.
 Words are built from syllables and drawn from a Zipf law, so WordPiece learns real
 subword splits and sentence/document lengths vary as in prose; the text is deterministic
 in its seed.
@@ -45,17 +44,3 @@ def make_corpus(directory: str | Path, parts: int, docs_per_part: int, seed: int
         out.append(path)
     return out
 
-
-def train_vocab(files: list[Path], path: str | Path, size: int = 2000, lowercase: bool = True) -> Path:
-    """A BERT WordPiece ``vocab.txt`` (uncased unless ``lowercase=False``) learned from
-    ``files`` with ``tokenizers``; the special tokens come first."""
-    from tokenizers import BertWordPieceTokenizer
-
-    tok = BertWordPieceTokenizer(lowercase=lowercase, strip_accents=lowercase)  # as create tokenizes
-    tok.train([str(f) for f in files], vocab_size=size, min_frequency=1, show_progress=False,
-              special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
-    p.write_text("".join(w + "\n" for w, _ in vocab), encoding="utf-8")
-    return p

@@ -29,19 +29,42 @@ whitespace (NFD reorders only combining marks, and whitespace is none; Final_Sig
 case-ignorable characters only, and whitespace is not one). The tables are filled on first
 sight of a character and the WordPiece split of each distinct word is kept, so a part costs
 about one dictionary look-up per character and per word.
+
+``train_vocab`` makes a ``vocab.txt`` from a corpus (``python -m input_preprocessing vocab``):
+Hugging Face ``tokenizers``' WordPiece trainer (BPE merges over the words of its BERT
+normalizer and pre-tokenizer, continuation pieces prefixed ``##``), made to give the same bytes
+on every run and machine. Left alone, the trainer numbers the ``##`` pieces of single
+characters in the order it walks a hash map, which changes from run to run, and breaks ties
+between pairs seen equally often by those numbers (huggingface/tokenizers#1794): another run
+gives other pieces, or the same pieces at other ids. Here every starting piece is numbered
+before the trainer runs (``TIE_BREAK`` says how), so it creates none of its own.
 """
 
 from __future__ import annotations
 
+import re
 import unicodedata
+from collections import Counter
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from .common import PrepError, reference_lines
 
 UNICODE_VERSION = unicodedata.unidata_version
 UNK = "[UNK]"
 MAX_WORD_CHARS = 200  # the reference's max_input_chars_per_word
+SPECIAL_TOKENS = ("[PAD]", UNK, "[CLS]", "[SEP]", "[MASK]")  # ids 0-4 of a vocab train_vocab makes
+CONTINUATION = "##"
+ALPHABET_LIMIT = 1000  # characters kept as pieces (tokenizers' BertWordPieceTokenizer.train keeps as many)
+# How train_vocab decides what hash-map order decided: the rule the vocab step's --help states.
+TIE_BREAK = (f"Tokens are numbered in this order: BERT's special tokens, then the {ALPHABET_LIMIT:,} most "
+             "frequent characters of the words (equal counts: the lower code point kept) by code point, then "
+             "'##' and each of them that continues a word, by code point, then each merged piece as it is "
+             "made. Each merge joins the pair of pieces seen most often side by side in a word; among pairs "
+             "seen equally often, the one whose first piece has the lower number, then whose second piece has.")
+# What str.split() takes for whitespace and the BERT normalizer deletes (control characters):
+# taken out before splitting, so a word is split where the trainer splits it.
+_SPLIT_ONLY_IN_PYTHON = re.compile("[\x0b\x0c\x1c-\x1f\x85]")
 
 
 def vocab_tokens(path: Path, raw: bytes) -> list[str]:
@@ -160,3 +183,85 @@ class Tokenizer:
                 pieces = seen[w] = self._wordpiece(w)
             out.extend(pieces)
         return out
+
+
+def _word_chunks(files: Sequence[Path]) -> Counter:
+    """Each whitespace-separated chunk of the corpus's raw text with its count (what the BERT
+    normalizer and pre-tokenizer cut into the trainer's words), read 1 MB of lines at a time."""
+    chunks: Counter = Counter()
+    for f in files:
+        try:
+            with open(f, encoding="utf-8", newline="") as fh:
+                while lines := fh.readlines(1 << 20):
+                    chunks.update(_SPLIT_ONLY_IN_PYTHON.sub("", "".join(lines)).split())
+        except UnicodeDecodeError as e:
+            raise PrepError(f"{f}: not UTF-8 (byte 0x{e.object[e.start]:02x}): the vocab step reads UTF-8 text") from None
+    return chunks
+
+
+def _starting_pieces(chunks: Counter, normalizer, pre_tokenizer) -> tuple[list[str], list[str]]:
+    """The alphabet (the ``ALPHABET_LIMIT`` most frequent characters of the words, equal counts
+    to the lower code point; by code point) and the characters of it that continue a word (by
+    code point): the pieces the trainer starts from. Normalizes each distinct chunk once (a
+    call into tokenizers per chunk: ~0.1 s for the 25,000 of a 4 MB corpus)."""
+    chars: Counter = Counter()
+    normalized = []
+    for chunk, n in chunks.items():
+        text = normalizer.normalize_str(chunk)
+        normalized.append(text)
+        for c, k in Counter(text).items():
+            chars[c] += k * n
+    chars.pop(" ", None)  # the normalizer's word gaps (whitespace, around CJK): no word holds one
+    alphabet = sorted(sorted(chars, key=lambda c: (-chars[c], c))[:ALPHABET_LIMIT])
+    words = pre_tokenizer.pre_tokenize_str(" ".join(normalized))
+    following = set("".join(w[1:] for w, _ in words))
+    return alphabet, [c for c in alphabet if c in following]
+
+
+def _train(files: Sequence[Path], size: int, lowercase: bool, alphabet: list[str],
+           continuing: Iterable[str]) -> list[str]:
+    """The trainer's tokens by id, ``alphabet`` and ``continuing`` numbered before it runs."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers  # the [prep] extra
+
+    tok = Tokenizer(models.WordPiece(unk_token=UNK))
+    tok.normalizer = _normalizer(lowercase)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    # Given as special tokens, every starting piece is numbered in this order before training;
+    # initial_alphabet with the limit at its size keeps exactly this alphabet.
+    seeds = [*SPECIAL_TOKENS, *alphabet, *(CONTINUATION + c for c in continuing)]
+    trainer = trainers.WordPieceTrainer(vocab_size=size, min_frequency=1, show_progress=False, special_tokens=seeds,
+                                        limit_alphabet=len(alphabet), initial_alphabet=alphabet,
+                                        continuing_subword_prefix=CONTINUATION)
+    tok.train([str(f) for f in files], trainer)
+    return [t for t, _ in sorted(tok.get_vocab().items(), key=lambda kv: kv[1])]
+
+
+def _normalizer(lowercase: bool):
+    from tokenizers import normalizers  # the [prep] extra
+
+    # as create tokenizes: uncased lowercases and strips accents, cased does neither
+    return normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=lowercase,
+                                      lowercase=lowercase)
+
+
+def train_vocab(files: Sequence[Path], path: str | Path, size: int = 2000, lowercase: bool = True) -> Path:
+    """A BERT WordPiece ``vocab.txt`` of about ``size`` tokens (the special tokens first; uncased
+    unless ``lowercase=False``) learned from ``files``: the same bytes for the same corpus on
+    every run and machine (``TIE_BREAK``). Costs a pass over the text in Python before the
+    trainer's own (BENCHMARKS.md section 16) and a dict of the corpus's distinct chunks."""
+    from tokenizers import pre_tokenizers  # the [prep] extra
+
+    alphabet, continuing = _starting_pieces(_word_chunks(files), _normalizer(lowercase),
+                                           pre_tokenizers.BertPreTokenizer())
+    tokens = _train(files, size, lowercase, alphabet, continuing)
+    # A ## piece of one character the trainer made itself was numbered in hash-map order: train
+    # again with it among the starting pieces (the count above would have to differ from the
+    # trainer's split for this; the result is then the same as if it had not).
+    made = {t[len(CONTINUATION):] for t in tokens if t.startswith(CONTINUATION) and len(t) == len(CONTINUATION) + 1}
+    missed = made - set(continuing)
+    if missed:
+        tokens = _train(files, size, lowercase, alphabet, sorted({*continuing, *missed}))
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text("".join(t + "\n" for t in tokens), encoding="utf-8")
+    return p

@@ -67,8 +67,9 @@ def held_out(cfg, world_size: int, steps: int, seed: int) -> np.ndarray:
     if cfg.sampler.mode == "random" and cfg.sampler.deal == "none":
         rng = np.random.default_rng(seed)
         return rng.choice(len(pmf), size=(steps, cfg.run.local_batch_size), p=pmf).sum(1)
-    return budget.simulated_token_counts(cfg.sampler, cfg.data.max_seq_length, cfg.run.local_batch_size, world_size,
-                                         cfg.model.hidden_size, pmf, draws=steps, seed=seed)
+    return budget.simulated_token_counts(cfg.sampler, max_seq_length=cfg.data.max_seq_length,
+                                         local_batch=cfg.run.local_batch_size, world_size=world_size,
+                                         hidden=cfg.model.hidden_size, pmf=pmf, draws=steps, seed=seed)
 
 
 def step_flops(pmf: np.ndarray, local_batch: int, max_pred: int) -> tuple[float, float]:

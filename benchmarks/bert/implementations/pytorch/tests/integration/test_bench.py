@@ -15,7 +15,7 @@ from typing import Callable
 import pytest
 import torch
 
-from bench import demo_check, device_run, gpu_bert_large, gpu_report, vs_hf
+from bench import cases, demo_check, device_run, gpu_bert_large, gpu_report, measure, vs_hf
 from bert.config import build_config
 from conftest import PKG
 
@@ -69,7 +69,7 @@ def test_throughput_script_cpu_smoke_every_fast_variant_compiles_only_in_its_war
     out = tmp_path / "gpu.json"
     # The first case's evaluation extra fails after reading the file: its throughput was
     # written before any extra ran, and the case stays ok.
-    real_eval, seen = gpu_bert_large.time_eval, []
+    real_eval, seen = measure.time_eval, []
 
     def first_eval_fails(*a, **kw):
         if not seen:
@@ -77,7 +77,7 @@ def test_throughput_script_cpu_smoke_every_fast_variant_compiles_only_in_its_war
             raise RuntimeError("eval broke")
         return real_eval(*a, **kw)
 
-    monkeypatch.setattr(gpu_bert_large, "time_eval", first_eval_fails)
+    monkeypatch.setattr(measure, "time_eval", first_eval_fails)
     assert gpu_bert_large.main(["--cpu-smoke", "--out", str(out), "--commit", "abc123", "--only", ",".join(SMOKE_CASES),
                                 "--case", "flash_b2:run.local_batch_size=2,model.attention_backend=flash",
                                 "--case", "bogus_b2:run.local_batch_size=2,model.no_such_key=1"]) == 0
@@ -151,7 +151,7 @@ def test_throughput_script_runs_the_fp8_case_and_labels_it(tmp_path, capsys):
     (c,) = result["cases"]
     assert c["status"] == "ok" and c["fp8"] == "tensorwise" and "MFU against the bf16 GEMM peak" in c["mfu_note"], c
     assert c["overrides"]["precision.fp8"] == "tensorwise" and c["compiles_after_prepare"] == 0
-    assert gpu_bert_large.fp8_label(build_config({})) == {"fp8": "off"}
+    assert measure.fp8_label(build_config({})) == {"fp8": "off"}
     capsys.readouterr()
     assert gpu_report.main([str(out)]) == 0
     assert "| fast_fp8_tensorwise_b4 | 4 |" in capsys.readouterr().out
@@ -355,21 +355,21 @@ def test_device_run_window_stops_a_long_task_and_resumes_after_a_broken_context(
 
 
 def _failing(monkeypatch, fails: Callable[[dict], str], hangs: str = "") -> list[str]:
-    """gpu_bert_large.measure_case with failures injected: a case whose resolved overrides
+    """bench/measure.py's measure_case with failures injected: a case whose resolved overrides
     ``fails`` names a reason for raises it before measuring; the case named ``hangs``
     sleeps (its cap stops it). Returns the cases measured, in order."""
-    real, order = gpu_bert_large.measure_case, []
+    real, order = measure.measure_case, []
 
-    def measure(case, args, *a, **kw):
+    def failing(case, args, *a, **kw):
         order.append(case.name)
         if case.name == hangs:
             time.sleep(60)
-        why = fails(gpu_bert_large.resolved_overrides(case, args))
+        why = fails(cases.resolved_overrides(case, args))
         if why:
             raise RuntimeError(why)
         return real(case, args, *a, **kw)
 
-    monkeypatch.setattr(gpu_bert_large, "measure_case", measure)
+    monkeypatch.setattr(measure, "measure_case", failing)
     return order
 
 
@@ -383,7 +383,7 @@ def test_device_run_headline_falls_back_at_once_and_later_cases_take_its_stack(t
     out = tmp_path / "chain.json"
     base = ["--cpu-smoke", "--out", str(out), "--artifacts", str(tmp_path)]
     only = "baseline_b2,headline,fast_b2,fast_lamb_group_correction_b4,headline_extras,fast_no_graphs_b4"
-    monkeypatch.setattr(gpu_bert_large, "EST_FAST_FIRST", (2.0, 2.0))
+    monkeypatch.setattr(cases, "EST_FAST_FIRST", (2.0, 2.0))
     order = _failing(monkeypatch, lambda o: "capture broke" if o.get("run.cuda_graphs") == "false"
                      and o.get("model.compile_layers") == "true" else "", hangs="fast_b4")
     t0 = time.monotonic()

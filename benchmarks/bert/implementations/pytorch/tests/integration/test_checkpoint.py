@@ -193,6 +193,70 @@ def test_resume_require_without_checkpoint_fails(tiny_data, tmp_path):
     assert "holds no complete checkpoint" in (tmp_path / "rank0.out").read_text()
 
 
+def test_a_finished_run_continued_to_a_later_step_limit(tiny_data, tmp_path):
+    """The user's case on one rank through python -m bert.train, a checkpoint every 2 steps: a
+    run ended by run.max_steps=6 writes a checkpoint of its last step and its finished mark;
+    the same command with --resume is refused, naming both ends, and changes nothing (its lock
+    released too); run.max_steps=12 with --resume continues from step 6, unfinished again as
+    it trains (killed after step 8, a plain rerun resumes it rather than starting fresh) and
+    ends at 12, where it checkpoints before its weights fail to be written; the same command
+    resumes there and trains no step past it; a plain rerun then starts fresh, naming in one
+    line what it removes, and ends with the same weights, bit for bit: the continuation lost
+    and repeated nothing."""
+    ckpts = tmp_path / "checkpoints"
+    every = ("ckpt.interval_steps=2", "log.progress_interval_steps=100")
+
+    def run(*extra: str, rc: int, hold: tuple[str, ...] = ()) -> str:
+        (tmp_path / "rank0.out").unlink(missing_ok=True)
+        procs = launch(tiny_data, tmp_path, *every, *extra, world=1, hold=hold)
+        if hold:
+            wait_held(tmp_path, procs, 8, ranks=[0])
+            assert not (ckpts / "finished.json").exists(), rank_output(tmp_path)[-3000:]
+            procs[0].send_signal(signal.SIGKILL)
+        got = wait_all(procs, tmp_path)
+        said = rank_output(tmp_path)
+        assert got == [rc] and "Traceback" not in said, said[-3000:]
+        return said
+
+    said = run("run.max_steps=6", rc=1)  # aborted at its limit: exit 1
+    assert f"checkpoint {ckpts / 'step_000000006'} (the run's last step)" in said.splitlines(), said[-3000:]
+    assert [p.name for p in checkpoints(tmp_path)] == ["step_000000004", "step_000000006"]
+    mark = json.loads((ckpts / "finished.json").read_text())
+    assert (mark["status"], mark["step"], mark["samples"], mark["ended_by"]) == ("aborted", 6, 48, "limit")
+
+    before = _tree_bytes(ckpts), (tmp_path / "result_0.txt").read_bytes()
+    said = run("run.max_steps=6", "--resume", rc=2)
+    assert said.strip() == (f"error: --resume / ckpt.resume=require: {ckpts} holds a finished run: it ended at step 6 "
+                            "(48 samples), and this run's limits end it at step 6 (48 samples), not past that: raise "
+                            "run.max_steps or run.max_samples past it to continue it, or drop --resume to start a "
+                            "fresh run there"), said[-3000:]
+    assert (_tree_bytes(ckpts), (tmp_path / "result_0.txt").read_bytes()) == before
+
+    said = run("run.max_steps=12", "--resume", rc=-signal.SIGKILL, hold=("checkpoint:0:8:never",))
+    assert ("continuing a finished run: it ended at step 6 (48 samples, run_stop aborted); this run ends at step 12 "
+            "(96 samples)") in said.splitlines(), said[-3000:]
+    assert f"resumed from {ckpts / 'step_000000006'} at step 6, 48 samples" in said
+    weights = tmp_path / "blocked" / "final.pt"
+    weights.parent.write_text("a file where the weights' directory goes")  # their write fails (exit 5)
+    said = run("run.max_steps=12", f"run.save_checkpoint={weights}", rc=WRITE_FAILED)
+    assert f"resumed from {ckpts / 'step_000000008'} at step 8, 64 samples" in said and "starting fresh" not in said
+    assert said.splitlines()[-1].endswith("(on rank 0); the newest complete checkpoint is step_000000012; free space "
+                                          "or point run.save_checkpoint elsewhere, then rerun the same command to "
+                                          "resume"), said[-3000:]
+    assert [p.name for p in checkpoints(tmp_path)] == ["step_000000010", "step_000000012"]
+    assert not (ckpts / "finished.json").exists()
+    weights.parent.unlink()
+    said = run("run.max_steps=12", f"run.save_checkpoint={weights}", rc=1)  # the same command: nothing past 12
+    assert "resumed at step 12, at or past this run's end (96 samples): no step trained" in said, said[-3000:]
+    assert json.loads((ckpts / "finished.json").read_text())["step"] == 12
+
+    said = run("run.max_steps=12", rc=1)
+    assert (f"starting fresh in {ckpts}: removing step_000000010, step_000000012, the checkpoints of a finished run "
+            "(it ended at step 12, run_stop aborted); --resume continues a finished run instead, to limits past its "
+            "end") in said.splitlines() and "resumed from" not in said, said[-3000:]
+    assert_same_weights(tmp_path / "final.pt", weights)
+
+
 def test_dead_rank_others_exit_nonzero_within_timeout(tiny_data, tmp_path):
     victim = 0  # the harder case: rank 0 also hosts the rendezvous store (rank 1 dying works alike)
     timeout = 20

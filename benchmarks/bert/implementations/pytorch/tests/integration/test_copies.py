@@ -17,7 +17,9 @@ import time
 import pytest
 
 from copies_helpers import DEMO_IDS, PKG, Demo, real_text, shard_names
-from input_preprocessing.toy_corpus import make_corpus, train_vocab
+from input_preprocessing.create import SOURCES
+from input_preprocessing.toy_corpus import make_corpus
+from input_preprocessing.wordpiece import train_vocab
 
 PREP = [sys.executable, "-m", "input_preprocessing"]
 
@@ -128,16 +130,19 @@ def test_ctrl_c_in_create_ends_with_one_line_and_130_and_the_rerun_resumes(corpu
     args = [*PREP, "create", "--input", str(text), "--vocab", str(vocab), "--workers", "2", "--output", str(out)]
     p = subprocess.Popen(args, cwd=PKG, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          process_group=0, preexec_fn=_as_a_terminal)
+    # A part is done once its record is written, after its shard's rename (create.py's
+    # _made_from): a shard renamed but not yet recorded when Ctrl-C lands is made again.
+    records = out / SOURCES
     deadline = time.monotonic() + 120
-    while not list(out.glob("*.hdf5")) and p.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)  # until the first part is written: the workers are mid-part
+    while not list(records.glob("*.md5")) and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # until the first part is done: the workers are mid-part
     assert p.poll() is None, "create ended before it could be interrupted"
     os.killpg(p.pid, signal.SIGINT)  # what Ctrl-C does: the whole foreground process group
     stdout, stderr = p.communicate(timeout=60)
     assert p.returncode == 130, stderr
     assert stderr == ("interrupted (Ctrl-C): the files written so far are complete; the same command resumes\n")
     assert stdout == ""
-    done = shard_names(out)
+    done = [name for name in shard_names(out) if (records / f"{name}.md5").is_file()]
     assert 1 <= len(done) < 4
     r = subprocess.run(args, cwd=PKG, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and json.loads(r.stdout)["parts_written_now"] == 4 - len(done)

@@ -96,7 +96,8 @@ def test_the_server_drops_what_an_interrupted_run_wrote_past_its_checkpoint(tmp_
     drops points when a step goes back."""
     model = ModelConfig(vocab_size=64, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
     for start, stop, value in ((0, 30, 100.0), (20, 40, 200.0)):  # killed at 30, resumed from step 20
-        c = curves.Curves(tmp_path, model, 0, 1, 1, 0.0, start, start * 2)
+        c = curves.Curves(tmp_path, model=model, rank=0, world_size=1, accum=1, peak_flops_per_s=0.0,
+                          start_step=start, start_samples=start * 2)
         for step in range(start + 5, stop + 1, 5):
             c.progress(step, {"loss": value + step}, 10.0)
         c.close()

@@ -38,7 +38,8 @@ def test_digests_block_runs_and_says_two_layouts_hold_the_same_examples(tmp_path
     """The block as written, on a small corpus; "theirs" is the same text made in the other
     layout: another file, the same examples."""
     from input_preprocessing.create import CreateOptions, create
-    from input_preprocessing.toy_corpus import make_corpus, train_vocab
+    from input_preprocessing.toy_corpus import make_corpus
+    from input_preprocessing.wordpiece import train_vocab
 
     parts = make_corpus(tmp_path / "text", parts=2, docs_per_part=20, seed=3)
     vocab = train_vocab(parts, tmp_path / "vocab.txt", size=400)
@@ -125,7 +126,7 @@ def test_walkthrough_corpus_block_makes_text_in_the_format_create_reads(tmp_path
     docs = (tmp_path / "man" / "train" / "part-00.txt").read_text().split("\n\n")
     assert len(docs) == counts["train"] and all(len(line.split()) >= 4 for d in docs for line in d.split("\n") if line)
     from input_preprocessing.create import CreateOptions, create
-    from input_preprocessing.toy_corpus import train_vocab
+    from input_preprocessing.wordpiece import train_vocab
 
     vocab = train_vocab([tmp_path / "man" / "train" / "part-00.txt"], tmp_path / "vocab.txt", size=500)
     made = create(tmp_path / "man" / "train", vocab, tmp_path / "parts", CreateOptions(128, 20, dupe_factor=1))

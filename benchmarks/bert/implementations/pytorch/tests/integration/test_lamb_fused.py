@@ -3,37 +3,20 @@ tools); tests/unit/test_lamb_fused.py has the rest and says what the file covers
 
 from __future__ import annotations
 
-import os
-import subprocess
-import tempfile
-
 import pytest
 import torch
 
 from bert.optim import Lamb
+from cxx_compiler import cxx_unavailable
 from lamb_fused_helpers import fresh_dynamo  # noqa: F401 - an autouse fixture
-
-
-def _cxx_problem() -> str | None:
-    """Why inductor cannot build C++ kernels here (no working compiler), or None."""
-    from torch._inductor import cpp_builder, exc
-
-    try:
-        cxx = cpp_builder.get_cpp_compiler()
-    except exc.InvalidCxxCompiler as e:
-        return str(e)
-    with tempfile.TemporaryDirectory() as d:
-        r = subprocess.run([cxx, "-x", "c++", "-", "-o", os.path.join(d, "a.out")], input="int main() { return 0; }\n",
-                           capture_output=True, text=True)
-    return f"{cxx} cannot build a C++ program: {r.stderr.strip()[:300]}" if r.returncode else None
 
 
 def test_compiled_with_inductor_on_cpu():
     """The real backend once (inductor's C++ kernels on the CPU; on CUDA the same graph
     becomes Triton kernels), on a small parameter list to keep the build short."""
-    why = _cxx_problem()
+    why = cxx_unavailable()
     if why:
-        pytest.skip(f"inductor needs a working C++ compiler (Debian: apt-get install g++): {why}")
+        pytest.skip(why)
     torch.manual_seed(0)
     ps = {v: [torch.nn.Parameter(torch.randn(s)) for s in ((5, 4), (4,))] for v in ("a", "b")}
     with torch.no_grad():

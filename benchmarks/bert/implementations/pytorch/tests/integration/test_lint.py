@@ -1,4 +1,5 @@
-"""Every shell script is clean under shellcheck; the Dockerfile under hadolint."""
+"""Every shell script is clean under shellcheck; the Dockerfile under hadolint; no binary file
+is tracked but the tests' fixtures and the docs' images."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import pytest
 from conftest import PKG, VENV_BIN
 
 ROOT = PKG.parents[3]
+# Where binary files belong: the tests' fixtures (a tiny TF checkpoint) and the docs' images.
+BINARY_DIRS = tuple(f"{d.relative_to(ROOT)}/" for d in (PKG / "tests" / "data", PKG / "docs" / "img"))
 
 
 def shell_scripts() -> list[Path]:
@@ -53,3 +56,22 @@ def test_lint_hadolint_dockerfile():
                      text, re.M)
     assert ".[gpu" in text  # installs the package with its GPU extras
     assert "results" in (PKG / ".dockerignore").read_text().split()
+
+
+def binary_files_tracked() -> list[str]:
+    """Tracked files whose committed content git itself calls binary (``git ls-files --eol``:
+    ``i/-text``, a NUL byte in its first 8,000 bytes)."""
+    out = subprocess.run(["git", "ls-files", "-z", "--eol"], cwd=ROOT, capture_output=True, check=True).stdout
+    rows = [row.decode().split("\t", 1) for row in out.split(b"\0") if row]
+    return sorted(path for info, path in rows if info.split()[0] == "i/-text")
+
+
+def test_lint_no_binary_file_tracked_outside_the_fixtures_and_doc_images():
+    """A wheel, an archive or a checkpoint committed by accident: every clone downloads it for
+    good, and no review reads it."""
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("needs git and a git checkout: the tracked files are git's list (Debian: apt-get install git)")
+    binary = binary_files_tracked()
+    assert any(path.startswith(BINARY_DIRS[0]) for path in binary), binary  # git's test sees the fixtures
+    found = [path for path in binary if not path.startswith(BINARY_DIRS)]
+    assert not found, f"binary files tracked outside {', '.join(BINARY_DIRS)}:\n" + "\n".join(found)

@@ -70,7 +70,9 @@ def test_cli_every_step(parts, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["shards"] == 4
     assert main(["stratify", "--input", str(tmp_path / "sh"), "--output", str(tmp_path / "st"), "--bounds", "32,64",
                  "--max-seq-length", "64", "--workers", "1"]) == 0
-    assert set(json.loads(capsys.readouterr().out)) == {"stratum_0_1-32", "stratum_1_33-64"}
+    said = json.loads(capsys.readouterr().out)
+    assert set(said) == {"stratum_0_1-32", "stratum_1_33-64", "inputs_verified_against"}
+    assert said["inputs_verified_against"] == str(tmp_path / "sh" / "md5sums.txt")  # the list shard wrote
     assert main(["eval", "--input", str(ev), "--output", str(tmp_path / "ev"), "--num-samples", "50"]) == 0
     assert json.loads(capsys.readouterr().out)["picked"] == 50
     assert main(["checksum", "--input", str(tmp_path / "st"), "--workers", "1"]) == 0
@@ -124,3 +126,27 @@ def test_data_preparation_imports_no_torch(tmp_path):
     assert result["rcs"] == [0] * len(steps), r.stdout[-3000:]
     assert result["torch"] == [], f"torch was imported: {result['torch'][:5]}"
     assert len(list_shards(tmp_path / "shards")) == 2 and len(read_shard(tmp_path / "eval" / "eval_20.hdf5")) == 20
+
+
+@pytest.mark.parametrize("step, workers", [("stratify", "1"), ("check", "2")])
+def test_a_step_on_a_shard_where_hdf5_spins_ends_at_its_bound_naming_it(tmp_path, step, workers):
+    """A lost sector (zeros where HDF5's structures lie: h5py spins on it for good), no md5 list
+    to catch it first: the step stops at --read-timeout-s naming the file, exit 2, its process
+    ends (the read still spinning in a thread of its own, or in a worker), and no output is left."""
+    from bert import demo_data
+
+    demo_data.generate(tmp_path / "d", train_samples=160, eval_samples=20, seed=3, seq_len=64, max_pred=10,
+                       vocab=128, layout="variable", shards=4)
+    bad = tmp_path / "d" / "train" / "part_00001_of_00004.hdf5"
+    with open(bad, "r+b") as f:
+        f.seek(4096)
+        f.write(b"\0" * 4096)
+    out = tmp_path / "out"
+    args = {"stratify": ["--output", str(out), "--max-seq-length", "64"],
+            "check": ["--vocab-size", "128", "--cls-id", str(demo_data.CLS), "--sep-id", str(demo_data.SEP)]}[step]
+    r = subprocess.run([sys.executable, "-m", "input_preprocessing", step, "--input", str(tmp_path / "d" / "train"),
+                        *args, "--workers", workers, "--read-timeout-s", "2"], cwd=PKG_ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert f"error: {bad}: reading took longer than --read-timeout-s=2 s: a damaged file" in r.stderr, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr and not out.exists()

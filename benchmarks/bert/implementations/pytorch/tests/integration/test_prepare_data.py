@@ -9,8 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import h5py
+
 from bert.shards import list_shards, read_shard
-from input_preprocessing.toy_corpus import make_corpus, train_vocab
+from input_preprocessing.checksum import verify
+from input_preprocessing.toy_corpus import make_corpus
+from input_preprocessing.wordpiece import train_vocab
 
 PKG = Path(__file__).resolve().parents[2]
 
@@ -58,8 +62,20 @@ def test_prepare_data_chain(tmp_path):
     assert json.loads((out / "stats" / "stats.json").read_text())["samples"] == total
     assert f"check: clean ({out}/check.json)" in r.stdout
     assert json.loads((out / "check.json").read_text())["eval"]["in_training"] == 0
-    for d in ("training", "training_4", "training_4_strata", "eval_varlength"):
-        assert (h / d / "md5sums.txt").is_file()
+    for d in ("training", "training_4", "training_4_strata", "eval_all", "eval_varlength"):
+        # each written by the step that made the directory (no checksum step after): it verifies
+        assert verify(h / d)["verified"] == len(list((h / d).rglob("*.hdf5"))), d
+    # a shard changed after its step made it (one token, in place): the rerun, every step
+    # resuming, stops at the first step that reads it, naming it and its list; nothing after
+    # it lists the damage anew
+    victim = list_shards(h / "training_4")[1]
+    with h5py.File(victim, "r+") as f:
+        row = f["input_ids"][0]
+        row[1] += 1
+        f["input_ids"][0] = row
+    again = _run(dl, out)
+    assert again.returncode == 2, again.stdout[-3000:] + again.stderr[-3000:]
+    assert f"error: {victim}: md5 " in again.stderr and f"{h / 'training_4' / 'md5sums.txt'} says" in again.stderr
     # (each step's resumption is tested with the step; a rerun here would double the cost)
     # a corrupted download stops the chain at the md5 check
     with (dl / "results4" / "eval.txt").open("a") as f:

@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from bert import triton_attention as ta
+from cxx_compiler import cxx_unavailable
 import layer_compile_helpers
 import triton_interpret
 from conftest import PKG
@@ -99,6 +100,8 @@ def test_one_compile_serves_every_layer_and_rung_with_the_triton_op(monkeypatch,
     op's fake implementation; ``inductor``: C++ on the CPU, its passes over the op, the dynamic
     shapes and the partition that the GPU's inductor shares. bench/preflight.sh runs these on
     the device's torch and Triton."""
+    if backend == "inductor" and (why := cxx_unavailable()):
+        pytest.skip(why)
     got = layer_compile_helpers.compiles_per_phase(monkeypatch, backend, levers)
     assert got == {"train_warmup": 1, "eval_warmup": 1, "after": 0, "rungs": got["rungs"],
                    "compiled_layers": layer_compile_helpers.LAYERS}, got

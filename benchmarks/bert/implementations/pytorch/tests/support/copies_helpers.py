@@ -49,7 +49,7 @@ def real_text(root: Path, max_docs: int = 1200) -> RealText:
     sys.path.insert(0, str(PKG / "tools"))
     import pretrain_demo
 
-    from input_preprocessing.toy_corpus import train_vocab
+    from input_preprocessing.wordpiece import train_vocab
 
     pretrain_demo.write_corpus(root, max_docs=max_docs, parts=3)
     vocab = train_vocab(sorted((root / "train").glob("*.txt")), root / "vocab.txt", size=2000)

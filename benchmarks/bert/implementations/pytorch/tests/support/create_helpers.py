@@ -9,7 +9,8 @@ import pytest
 
 from bert.shards import list_shards
 from input_preprocessing.create import CreateOptions, create
-from input_preprocessing.toy_corpus import make_corpus, train_vocab
+from input_preprocessing.toy_corpus import make_corpus
+from input_preprocessing.wordpiece import train_vocab
 
 
 OPTS = CreateOptions(max_seq_length=128, max_predictions_per_seq=20, dupe_factor=2, seed=12345)

@@ -37,7 +37,7 @@ def compiles_per_phase(monkeypatch, backend: str, levers: dict) -> dict[str, int
     saved = torch.compile
     monkeypatch.setattr(torch, "compile", lambda *a, **kw: saved(*a, **{**kw, "backend": backend}))
     torch._dynamo.reset()
-    with torch._dynamo.config.patch(recompile_limit=64):  # the device run's (gpu_bert_large.setup_device)
+    with torch._dynamo.config.patch(recompile_limit=64):  # the device run's (bench/measure.py's setup_device)
         return _compiles_per_phase(levers)
 
 

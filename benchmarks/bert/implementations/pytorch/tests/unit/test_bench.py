@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from bench import common, device_run, gpu_bert_large, kernel_profile
+from bench import cases, common, device_run, gpu_bert_large, kernel_profile, measure
 from bert import flops, optim
 from bert.config import ModelConfig, OptimConfig
 from bert.model import BertForPreTraining, pretraining_loss
@@ -145,10 +145,10 @@ def test_gpu_script_foreach_adamw_is_not_the_fused_kernel():
                               fast_attention="triton")
     flags = {}
     for impl in ("fused", "foreach"):
-        case = gpu_bert_large.Case(impl, {"run.local_batch_size": "2", "optim.name": "adamw", "optim.impl": impl})
-        cfg, own = gpu_bert_large.case_config(case, args)
-        trainer, _, _ = gpu_bert_large.build_case(cfg, own, torch.device("cpu"))
-        flags[impl] = gpu_bert_large._flags(trainer.learner.optimizer)
+        case = cases.Case(impl, {"run.local_batch_size": "2", "optim.name": "adamw", "optim.impl": impl})
+        cfg, own = measure.case_config(case, args)
+        trainer, _, _ = measure.build_case(cfg, own, torch.device("cpu"))
+        flags[impl] = measure._flags(trainer.learner.optimizer)
     assert flags["fused"]["fused"] is True and not flags["fused"]["foreach"]
     assert flags["foreach"]["foreach"] is True and not flags["foreach"]["fused"]
 
@@ -160,7 +160,7 @@ def test_gpu_scripts_refuse_without_a_gpu_unless_smoke():
     assert device_run.main(["--out", "/nonexistent/x.json"]) == 2
 
 def test_a_failed_task_is_recorded_without_losing_a_measured_throughput():
-    """gpu_bert_large.record_failure (both scripts' ``except``): an OOM or an error is the
+    """bench/measure.py's record_failure (both scripts' ``except``): an OOM or an error is the
     status of a task that measured nothing; a case whose throughput is in stays ``ok``."""
     recs = []
     for rec, exc in (({}, torch.OutOfMemoryError("CUDA out of memory")), ({}, ValueError("bad shape")),
@@ -168,7 +168,7 @@ def test_a_failed_task_is_recorded_without_losing_a_measured_throughput():
         try:
             raise exc
         except Exception as e:  # noqa: BLE001 - as the scripts catch it
-            gpu_bert_large.record_failure(rec, e)
+            measure.record_failure(rec, e)
         recs.append(rec)
     assert [r["status"] for r in recs] == ["oom", "error: ValueError: bad shape", "ok"]
     assert recs[2]["seq_per_s"] == 5.0 and all("Traceback" in r["traceback"] for r in recs)
@@ -180,9 +180,8 @@ def test_device_run_skips_a_backend_that_failed_its_check_but_never_sdpa():
     baseline's backend): its cases run and carry the verdict; a case with another case's
     overrides is skipped as a repeat."""
     args = argparse.Namespace(fast_attention="triton")
-    baseline, fast_big, _ = gpu_bert_large.head_cases(16, 96)
-    nested = gpu_bert_large._case("fast_nested", 96, f=gpu_bert_large.without(gpu_bert_large.FAST,
-                                                                               model__attention_backend="nested"))
+    baseline, fast_big, _ = cases.head_cases(16, 96)
+    nested = cases._case("fast_nested", 96, f=cases.without(cases.FAST, model__attention_backend="nested"))
     result = {"checks": {"attention": {"backends": {"triton": {"outcome": "failed"}, "nested": {"outcome": "error"},
                                                     "sdpa": {"outcome": "error"}}}}, "cases": []}
     assert device_run.blocked(fast_big, args, result) == "skipped: the attention check of triton failed"
@@ -191,10 +190,9 @@ def test_device_run_skips_a_backend_that_failed_its_check_but_never_sdpa():
     assert device_run.attention_verdict(baseline, args, result) == "error"
     args.fast_attention = "sdpa"  # the check's choice when neither triton nor nested passed
     assert device_run.blocked(fast_big, args, result) == ""
-    done = gpu_bert_large.resolved_overrides(fast_big, args)
+    done = cases.resolved_overrides(fast_big, args)
     result["cases"].append({"case": "fast_b96", "status": "ok", "overrides": done})
-    sdpa = gpu_bert_large._case("fast_sdpa", 96, f=gpu_bert_large.without(gpu_bert_large.FAST,
-                                                                           model__attention_backend="sdpa"))
+    sdpa = cases._case("fast_sdpa", 96, f=cases.without(cases.FAST, model__attention_backend="sdpa"))
     assert device_run.blocked(sdpa, args, result) == "skipped: the same overrides as fast_b96"
     assert device_run.attention_verdict(fast_big, args, {"checks": {}, "cases": []}) == ""
 
@@ -204,7 +202,7 @@ def test_fast_stack_changes_apply_where_a_case_has_the_fast_stacks_value():
     and ``--fast-stack``'s parse; ``resolved_overrides`` applies them to a case only where it
     keeps the fast stack's value: a case that sets the key itself keeps its own, a case not
     built on the fast stack is untouched."""
-    g = gpu_bert_large
+    g = cases
     args = argparse.Namespace(fast_attention="triton", fast_stack={})
     attempts = {c.name: c for c in g.headline_attempts(96, "triton")}
     assert list(attempts) == ["fast_b96", "fast_no_graphs_b96", "fast_no_compile_layers_b96", "fast_eager_b96",
@@ -249,10 +247,10 @@ def test_attention_check_inconclusive_blocks_nothing_and_triton_levers_follow_th
     assert att["inconclusive"] is True and att["chosen"] == "triton"
     result = {"checks": {"attention": att}, "cases": []}
     args = argparse.Namespace(fast_attention="triton", fast_stack={})
-    fast_big = gpu_bert_large.head_cases(16, 96)[1]
+    fast_big = cases.head_cases(16, 96)[1]
     assert device_run.blocked(fast_big, args, result) == ""
-    bits = {c.name: c for c in gpu_bert_large.levers(96)}["fast_mask_bits_b96"]
-    result["checks"]["attention"] = {"backends": {b: {"outcome": "passed"} for b in gpu_bert_large.FAST_BACKENDS},
+    bits = {c.name: c for c in cases.levers(96)}["fast_mask_bits_b96"]
+    result["checks"]["attention"] = {"backends": {b: {"outcome": "passed"} for b in cases.FAST_BACKENDS},
                                      "triton_levers": {"outcome": "failed"}}
     assert device_run.blocked(bits, args, result) == "skipped: the attention check of triton with its levers failed"
     assert device_run.blocked(fast_big, args, result) == ""

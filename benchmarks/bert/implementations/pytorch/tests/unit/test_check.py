@@ -85,6 +85,10 @@ def _plant(shard: Shard, defect: str) -> Shard:
     if defect == "mask_on_special":
         last = len(tok) - 1
         return _replace(shard, 7, masked_positions=np.append(pos, last), masked_ids=np.append(lab, tok[last]))
+    if defect == "mask_on_sep":  # sentence A's [SEP] predicted (a label that is not [SEP]: told by the segments)
+        a_sep = int(np.argmax(seg != 0)) - 1
+        order = np.argsort(np.append(pos, a_sep), kind="stable")
+        return _replace(shard, 7, masked_positions=np.append(pos, a_sep)[order], masked_ids=np.append(lab, 7)[order])
     if defect == "mask_duplicate":
         return _replace(shard, 7, masked_positions=np.append(pos, pos[0]), masked_ids=np.append(lab, lab[0]))
     if defect == "no_predictions":
@@ -135,11 +139,15 @@ def test_each_planted_defect_is_counted_in_its_shard(tmp_path, layout):
             continue
         got = out["per_shard"][name]
         assert got.get(defect) == 1, (defect, got)
-    assert "error" in out["per_shard"]["unreadable.hdf5"]
+        if defect != "unreadable":  # each defect counted names its first sample, in the file's words
+            assert set(got["messages"]) == set(got) - {"samples", "examples_md5", "messages"}, got
+            assert got["messages"][defect].startswith(f"{d / name}: "), got
+            assert "sample 7" in got["messages"][defect], got
+    assert out["per_shard"]["unreadable.hdf5"]["error"].startswith(f"{d / 'unreadable.hdf5'}: cannot open as hdf5")
     # side effects that follow from the definitions, no more: a hole in the mask also puts
     # an extra token in the row; a duplicate/extra prediction does not touch the tokens
     for defect in ("mask_duplicate", "bad_nsp_label", "id_out_of_vocab"):
-        assert set(out["per_shard"][f"{defect}.hdf5"]) == {"samples", "examples_md5", defect}
+        assert set(out["per_shard"][f"{defect}.hdf5"]) == {"samples", "examples_md5", defect, "messages"}
     # every change to a sample changes its shard's examples_md5
     digests = [c["examples_md5"] for c in out["per_shard"].values() if "examples_md5" in c]
     assert len(set(digests)) == len(digests) == len(out["per_shard"]) - 1
@@ -221,3 +229,58 @@ def test_shards_of_another_vocabulary_are_named_not_counted_as_defects(tmp_path,
     assert out["defects"] == {"bad_nsp_label": 1} and out["exit_status"] == 2 and "other_vocabulary" in out
     # shards of MLPerf's ids (one sample mangled) are not mistaken for another vocabulary
     assert "other_vocabulary" not in check(broken, VOCAB)
+
+
+def _run_refusal(train_dir, road: str) -> str:
+    """What a run on ``train_dir`` refuses, in its words: the closed road reads the shard whole
+    for its first batch; a deal reads every shard for its length index at start-up."""
+    from bert import loader
+    from bert.config import build_config
+    from bert.shards import DataError
+    from bert.trainer import train_plan
+
+    cfg = build_config({"data.train_dir": str(train_dir), "data.max_seq_length": S, "model.max_position_embeddings": S,
+                        "data.max_predictions_per_seq": P, "run.local_batch_size": 4, "model.vocab_size": VOCAB.size,
+                        **({} if road == "closed" else {"run.division": "open", "sampler.deal": "snake",
+                                                        "sampler.group_size": 2})})
+    with pytest.raises(DataError) as err:
+        stream = loader.train_batches(data=cfg.data, sampler=cfg.sampler, model=cfg.model, plan=train_plan(cfg, 2),
+                                      seed=1, rank=0, world_size=2, read_timeout_s=10, prefetch=False)
+        for _ in range(40):
+            next(stream)
+    return str(err.value)
+
+
+RUN_REFUSES = ["mask_not_prefix", "seg_rows", "empty_sample", "too_long", "mask_outside", "mask_on_sep",
+               "bad_nsp_label", "id_out_of_vocab"]
+
+
+@pytest.mark.parametrize("road", ["closed", "deal"])
+@pytest.mark.parametrize("layout", ["fixed", "variable"])
+def test_check_and_the_run_report_the_same_defect_of_the_same_shard_in_the_same_words(tmp_path, layout, road):
+    """The one decoder: for each defect a run refuses, a run on the shard raises the message
+    that check gives as that shard's first offender of it (the bound's name aside: the run's
+    config key, check's vocab); in both layouts, on both of the run's roads (whole shards, and
+    every shard read at start-up for a length index)."""
+    for defect in RUN_REFUSES:
+        if (defect, layout) in (("mask_not_prefix", "variable"), ("seg_rows", "fixed")):
+            continue  # a layout that cannot hold it
+        d = tmp_path / f"{defect}_{layout}"
+        d.mkdir()
+        shard = d / "part_0.hdf5"
+        if defect == "mask_not_prefix":
+            write_shard(shard, _clean(0), layout, S, P)
+            with h5py.File(shard, "r+") as f:
+                m = f["input_mask"][()]
+                m[7, 2] = 0
+                f["input_mask"][...] = m
+        elif defect == "seg_rows":
+            write_shard(shard, _clean(0), layout, S, P)
+            with h5py.File(shard, "r+") as f:
+                f["segment_ids"][7] = np.zeros(3, np.int8)
+        else:
+            write_shard(shard, _plant(_clean(0), defect), layout, 2 * S, P + 1)
+        counted = "bad_segments" if defect == "seg_rows" else defect
+        said = check(d, VOCAB)["per_shard"]["part_0.hdf5"]["messages"][counted]
+        assert said.startswith(f"{shard}: sample 7") or said.startswith(f"{shard}: 'input_mask' of sample 7"), said
+        assert _run_refusal(d, road) == said.replace(VOCAB.bounds().vocab_key, "model.vocab_size"), defect

@@ -158,3 +158,114 @@ def test_config_dump_write_fails(tiny_data, tmp_path, capsys):
     assert events[-1]["key"] == "run_stop" and events[-1]["metadata"]["status"] == "aborted"
     assert "run_start" not in {e["key"] for e in events}
     assert not no_partial_files(tmp_path)
+
+
+def _finished_run(directory, *steps: int, mark: dict | None = None, global_batch: int = 8):
+    """A checkpoint directory as a run leaves it: complete checkpoints of ``steps`` (meta.json
+    only: plan reads no more) and, with ``mark``, its finished mark."""
+    import json
+
+    for step in steps:
+        (directory / f"step_{step:09d}").mkdir(parents=True)
+        (directory / f"step_{step:09d}" / "meta.json").write_text(json.dumps({"step": step, "global_batch": global_batch}))
+    if mark is not None:
+        (directory / "finished.json").write_text(json.dumps(mark))
+    return directory
+
+
+def test_a_finished_run_is_continued_by_resume_only_to_limits_past_its_end(tmp_path):
+    """Over a finished run (ended at its limit, step 6 of 8 samples): auto and off start fresh;
+    --resume continues from its newest checkpoint when this run's limits end it later, and
+    refuses, naming both ends, when they do not; one ended by its target also needs a target
+    above the accuracy it reached (the benchmark mode; a pretraining phase has none). A mark
+    written before marks held the sample count has it from the checkpoints' global batch."""
+    from bert import checkpoint
+
+    limit = {"status": "aborted", "step": 6, "samples": 48, "ended_by": "limit", "eval": {"mlm_accuracy": 0.01}}
+    d = _finished_run(tmp_path / "limit", 4, 6, mark=limit)
+    for mode in ("auto", "off"):
+        assert checkpoint.plan(d, mode, end_samples=96, target=0.72) is None
+    assert checkpoint.plan(d, "require", end_samples=56, target=0.72) == d / "step_000000006"
+    for end, target, fix in ((48, 0.72, "run.max_steps or run.max_samples past it"),
+                             (40, None, "run.max_steps past it (up to optim.total_steps, where a pretraining phase ends)")):
+        at = "step 6 (48 samples)" if end == 48 else "step 5 (40 samples)"
+        with pytest.raises(checkpoint.CheckpointError) as e:
+            checkpoint.plan(d, "require", end_samples=end, target=target)
+        assert str(e.value) == (f"--resume / ckpt.resume=require: {d} holds a finished run: it ended at step 6 (48 "
+                                f"samples), and this run's limits end it at {at}, not past that: raise {fix} to continue "
+                                "it, or drop --resume to start a fresh run there")
+
+    target = {**limit, "status": "success", "step": 5, "samples": 40, "ended_by": "target", "eval": {"mlm_accuracy": 0.73}}
+    d = _finished_run(tmp_path / "target", 2, 4, mark=target)
+    for t in (0.72, 0.73):
+        with pytest.raises(checkpoint.CheckpointError, match=r"it ended at step 5 by its target \(masked-LM accuracy "
+                                                             rf"0\.73\), and this run's eval\.target_accuracy={t} is "
+                                                             r"reached already: raise it above 0\.73 to continue it"):
+            checkpoint.plan(d, "require", end_samples=96, target=t)
+    assert checkpoint.plan(d, "require", end_samples=96, target=0.75) == d / "step_000000004"
+    assert checkpoint.plan(d, "require", end_samples=96, target=None) == d / "step_000000004"
+
+    d = _finished_run(tmp_path / "older", 4, 6, mark={"status": "aborted", "step": 6})
+    assert checkpoint.ended(d)["samples"] == 48
+    with pytest.raises(checkpoint.CheckpointError, match=r"ended at step 6 \(48 samples\)"):
+        checkpoint.plan(d, "require", end_samples=48, target=0.72)
+    assert checkpoint.plan(d, "require", end_samples=56, target=0.72) == d / "step_000000006"
+
+
+def test_an_unfinished_run_is_resumed_and_a_continuation_is_unfinished_once_it_trains(tmp_path):
+    """No mark: auto and --resume resume the newest checkpoint, off refuses to mix with it.
+    A continuation takes the mark away as it begins to train (``reopen``): stopped after
+    that, the same command resumes it instead of starting fresh over it."""
+    from bert import checkpoint
+
+    d = _finished_run(tmp_path, 4, 6, mark={"status": "aborted", "step": 6, "samples": 48, "ended_by": "limit"})
+    checkpoint.reopen(d)
+    assert checkpoint.ended(d) is None and not (d / "finished.json").exists()
+    for mode in ("auto", "require"):
+        assert checkpoint.plan(d, mode, end_samples=48, target=0.72) == d / "step_000000006"
+    with pytest.raises(checkpoint.CheckpointError, match="holds checkpoints of an unfinished run"):
+        checkpoint.plan(d, "off", end_samples=96, target=0.72)
+    (d / "finished.json").write_text("{")
+    with pytest.raises(checkpoint.CheckpointError, match=r"finished.json: cannot read the finished mark: .*remove it"):
+        checkpoint.plan(d, "auto", end_samples=96, target=0.72)
+
+
+def test_a_fresh_start_names_what_it_removes(tmp_path, caplog):
+    """clear, rank 0's fresh start: a finished run's checkpoints, torn temp directories and its
+    mark go, named in one line; damaged checkpoints moved aside stay; nothing to remove, no
+    line."""
+    import logging
+
+    from bert import checkpoint
+
+    d = _finished_run(tmp_path, 4, 6, mark={"status": "aborted", "step": 6, "samples": 48, "ended_by": "limit"})
+    (d / ".step_000000008.tmp").mkdir()
+    (d / "step_000000002.damaged").mkdir()
+    with caplog.at_level(logging.INFO, logger="bert.checkpoint"):
+        checkpoint.clear(d)
+        assert caplog.messages == [
+            f"starting fresh in {d}: removing .step_000000008.tmp, step_000000004, step_000000006, the checkpoints of "
+            "a finished run (it ended at step 6, run_stop aborted); --resume continues a finished run instead, to "
+            "limits past its end"]
+        assert sorted(p.name for p in d.iterdir()) == ["step_000000002.damaged"]
+        caplog.clear()
+        (d / ".step_000000002.tmp").mkdir()
+        checkpoint.clear(d)
+        assert caplog.messages == [f"starting fresh in {d}: removing .step_000000002.tmp, unfinished writes of a run "
+                                   "that stopped during them"]
+        caplog.clear()
+        checkpoint.clear(d)
+        assert caplog.messages == []
+
+
+def test_a_dry_run_over_a_finished_run_removes_nothing(tiny_data, tmp_path, capsys):
+    """A dry run trains nothing and writes no checkpoint: over a finished run it starts fresh
+    (auto) without removing that run's checkpoints or its mark."""
+    from bert import train
+
+    ckpts = _finished_run(tmp_path / "checkpoints", 4, 6,
+                          mark={"status": "aborted", "step": 6, "samples": 48, "ended_by": "limit"})
+    before = sorted(p.name for p in ckpts.iterdir())
+    assert train.main(["--dry-run", *train_args(tiny_data, tmp_path), "run.max_steps=12"]) == 0
+    assert sorted(p.name for p in ckpts.iterdir() if p.name != ".lock") == before
+    assert "starting fresh" not in capsys.readouterr().out

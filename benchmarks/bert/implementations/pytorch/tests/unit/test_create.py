@@ -18,6 +18,7 @@ from bert.loader import EvalSet, train_batches
 from bert.trainer import train_plan
 from bert.model import BertForPreTraining, pretraining_loss
 from bert.shards import list_shards, read_shard
+from input_preprocessing.checksum import verify
 from input_preprocessing.common import PrepError
 from input_preprocessing.create import CreateOptions, create, load_vocab
 from create_helpers import OPTS, _digests, corpus, created  # noqa: F401 - fixtures: corpus, created
@@ -212,9 +213,9 @@ def test_two_parts_with_the_same_text_are_refused_naming_both(corpus, tmp_path):
 
 
 def _examples(p) -> str:
-    from input_preprocessing.check import _read, examples_md5
+    from bert.shards import examples_md5, read_shard
 
-    return examples_md5(_read(p))
+    return examples_md5(read_shard(p))
 
 
 def test_a_part_edited_in_place_to_the_same_size_is_made_again(corpus, tmp_path):
@@ -233,7 +234,10 @@ def test_a_part_edited_in_place_to_the_same_size_is_made_again(corpus, tmp_path)
     fresh = tmp_path / "fresh"
     create(text, vocab, fresh, OPTS, workers=1)
     assert _digests(out) == _digests(fresh)  # the shard of the edited text, not the old one
+    # the output's md5 list, written with it, lists the shard made again, not the old one
+    assert verify(out)["verified"] == 3 and (out / "md5sums.txt").read_text() == (fresh / "md5sums.txt").read_text()
     assert create(text, vocab, out, OPTS, workers=1)["parts_written_now"] == 0
+    assert verify(out)["verified"] == 3  # a resume lists the shards it kept, from their records
     # a shard whose source record is lost (killed between the two writes) is made again
     (out / ".sources" / f"{victim.stem}.hdf5.md5").unlink()
     assert create(text, vocab, out, OPTS, workers=1)["parts_written_now"] == 1

@@ -93,7 +93,8 @@ def test_a_resumed_run_continues_the_curves_without_duplicated_points(tmp_path):
     batch = collate(_samples([5, 9], [1, 2]), False, 16)
 
     def run(start: int, stop: int, value: float) -> None:
-        c = curves.Curves(tmp_path, model, 0, 1, 1, 0.0, start, start * 2)
+        c = curves.Curves(tmp_path, model=model, rank=0, world_size=1, accum=1, peak_flops_per_s=0.0,
+                          start_step=start, start_samples=start * 2)
         stream = c.count(_Stream(batch))
         assert stream.state_dict() == {"at": 7}  # the stream's own, for the checkpoints
         for step in range(start + 1, stop + 1):
@@ -115,7 +116,8 @@ def test_a_resumed_run_continues_the_curves_without_duplicated_points(tmp_path):
 def test_without_tensorboard_installed_the_key_is_named(tmp_path, monkeypatch):
     monkeypatch.setattr(curves.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(curves.ConfigError, match="log.tensorboard_dir"):
-        curves.Curves(tmp_path, ModelConfig(), 0, 1, 1, 0.0, 0, 0)
+        curves.Curves(tmp_path, model=ModelConfig(), rank=0, world_size=1, accum=1, peak_flops_per_s=0.0,
+                      start_step=0, start_samples=0)
 
 
 @pytest.mark.parametrize("bucket", [False, True])

@@ -118,6 +118,10 @@ BLOCKS: dict[tuple[str, str, str], object] = {
     ("docs/configuration.md", "One precedence, whichever launcher", "python3 tools/config_env.py show"): RUN,
     ("docs/pretraining.md", "A walkthrough: a few MB of your own text, end to end", "# Man pages as text"): RUN,
     ("docs/cluster.md", "A config for your own cluster", "cat > config_H100_4x8.sh"): RUN,
+    ("docs/pretraining.md", "Extending a phase", "source config_CPU_1x2_pretrain_phase1.sh"): Covered(
+        "tests/integration/test_checkpoint.py::test_a_finished_run_continued_to_a_later_step_limit",
+        ("--resume", "run.max_steps"), "a phase's data and minutes of training: the test continues a tiny run ended "
+        "by run.max_steps=6 to 12 with --resume, through python -m bert.train as run_and_time.sh starts it"),
     ("docs/pretraining.md", "On a SLURM cluster", "DATADIR1=..."): Covered(
         "tests/integration/test_two_nodes.py::test_two_nodes_submit_pretrain_resubmitted_on_more_nodes_continues",
         ("submit_pretrain.sh",), "the paths are yours, and the configs want 32 GPUs"),
@@ -138,6 +142,10 @@ BLOCKS: dict[tuple[str, str, str], object] = {
         ("run_and_time.sh", "TENSORBOARD_DIR", "tensorboard", "--logdir", "--host", "127.0.0.1"),
         "the image, your data and a cluster are yours: run.sub's TENSORBOARD=1 sets TENSORBOARD_DIR for "
         "run_and_time.sh, which the test sets on 2 CPU ranks, then serves the folder on a free port"),
+    ("docs/watching.md", "Which samples a step took", "python -m bert.trace --config results/result_0_config.json"):
+        Covered("tests/integration/test_elastic.py::test_the_step_command_says_what_the_trace_says",
+                ("bert.trace", "--config", "--step", "--vocab"),
+                "results/ and step 41000 stand for your run; the test runs the command on its runs' resolved configs"),
     ("docs/published_recipe.md", "The paper's recipe, as published (Kim et al. 2024, open division)",
      "python tools/schedule.py"): RUN,
     ("docs/published_recipe.md", "The paper's recipe, as published (Kim et al. 2024, open division)",

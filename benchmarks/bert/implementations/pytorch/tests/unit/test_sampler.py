@@ -290,3 +290,34 @@ def test_varlen_wrappers_pass_the_kernel_arguments(name):
     for a, b in ((0, 5), (5, 12)):
         ref = torch.softmax(q[a:b].transpose(0, 1) @ k[a:b].transpose(0, 1).transpose(1, 2) / 8 ** 0.5, -1)
         torch.testing.assert_close(got[a:b], (ref @ v[a:b].transpose(0, 1)).transpose(0, 1))
+
+
+@pytest.mark.parametrize("world, batch, accum", [(1, 8, 1), (4, 2, 1), (1, 4, 2), (8, 1, 1), (3, 4, 1)])
+def test_a_stream_cut_for_other_ranks_keeps_each_steps_samples_and_the_strata_counts(world, batch, accum):
+    """The stream of 2 ranks x 4 samples (counts 2/1/1 a rank) cut for other ranks (Canon):
+    each optimizer step the same 8 samples; where a rank takes whole units its strata counts
+    are exact (2, 4, 6 ... as the units it takes), otherwise within one of its share; 3 ranks
+    of 4 samples are another global batch, refused."""
+    lengths = np.random.default_rng(5).permutation(np.concatenate([np.full(48, 8), np.full(24, 16), np.full(24, 25)]))
+    strata = smp.Strata.from_lengths(lengths, BOUNDS)
+    canon = smp.Canon(4, 2, 1)
+
+    def ranks(w, b, a, c=None):
+        return [smp.IndexSampler(lengths, strata, rank=r, world_size=w, local_batch=b, seed=3, counts=[2, 1, 1],
+                                 accum=a, canon=c) for r in range(w)]
+
+    if world * batch * accum != 8:
+        with pytest.raises(ValueError, match="the stream's global batch 8 is not this run's 12"):
+            ranks(world, batch, accum, canon)
+        return
+    first, other = ranks(2, 4, 1), ranks(world, batch, accum, canon)
+    for k in range(14):  # past the strata's epochs (24, 12, 12 steps of a stratum's samples)
+        want = np.sort(np.concatenate([s.ids(k) for s in first]))
+        got = [s.ids(k * accum + j) for j in range(accum) for s in other]
+        assert np.array_equal(np.sort(np.concatenate(got)), want), k
+        step = np.bincount(first[0].members_of(want), minlength=3)
+        for ids in got:
+            per = np.bincount(first[0].members_of(ids), minlength=3)
+            assert np.all(np.abs(per - step * len(ids) / 8) < 1), (k, per)
+            if len(ids) % 4 == 0:
+                assert per.tolist() == [2 * len(ids) // 4, len(ids) // 4, len(ids) // 4]

@@ -13,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from bert.budget import simulated_token_counts
 from bert.checkpoint import Checkpointer
+from bert.curves import Curves
+from bert.demo_data import generate
 from bert.loader import TrainLoader, train_batches
 from bert.sampler import IndexSampler, build_sampler
 from bert.state import Learner
@@ -83,7 +86,8 @@ def history_in_file(path: Path) -> list[str]:
 @pytest.mark.parametrize("fn, positional", [
     (Checkpointer.__init__, ["self"]), (TrainLoader.__init__, ["self"]), (train_batches, []),
     (IndexSampler.__init__, ["self", "lengths", "strata"]), (build_sampler, ["cfg", "index"]),
-    (Learner.__init__, ["self"]),
+    (Learner.__init__, ["self"]), (simulated_token_counts, ["sm"]), (generate, ["output"]),
+    (Curves.__init__, ["self", "log_dir"]),
 ])
 def test_hand_offs_of_many_values_are_keyword_only(fn, positional):
     """A call that passes seven values by position breaks silently when one is added or two

@@ -29,7 +29,7 @@ from input_preprocessing.__main__ import main
 from input_preprocessing.common import PrepError
 from input_preprocessing.create import CreateOptions, create, load_vocab
 from input_preprocessing.pick_eval import pick_indices
-from input_preprocessing.toy_corpus import train_vocab
+from input_preprocessing.wordpiece import train_vocab
 from input_preprocessing.wordpiece import Tokenizer
 
 
