@@ -359,7 +359,10 @@ def test_nan_weights_at_the_end_are_never_written(tiny_data, tmp_path):
     assert last_event(tmp_path / "result_0.txt")["metadata"]["status"] == "aborted"
 
 
-def test_resume_with_another_world_size_is_refused(tiny_data, baseline, tmp_path, capsys):
+def test_resume_on_another_world_size_without_its_global_batch_is_refused(tiny_data, baseline, tmp_path, capsys):
+    """A 2-rank checkpoint (global batch 16) on 1 rank of 8: refused for its global batch,
+    naming the splits that keep it, not called damaged (its rank files are another world's,
+    unread); another world size that keeps it resumes (tests/integration/test_elastic.py)."""
     import shutil
 
     from bert import train
@@ -371,7 +374,9 @@ def test_resume_with_another_world_size_is_refused(tiny_data, baseline, tmp_path
             f"log.output_dir={tmp_path / 'out'}", f"ckpt.dir={ckpt_dir}"]
     assert train.main(args) == 2
     err = capsys.readouterr().err
-    assert "written by a run of world_size=2, this run has 1: a resume continues each rank's own" in err, err
+    assert ("written with global batch 16 (2 ranks), this run has 8 (1 ranks); a resume keeps the global batch (the "
+            "schedule and the data stream count in it): on 1 ranks: run.local_batch_size=16 with "
+            "run.grad_accum_steps=1 or run.local_batch_size=8 with run.grad_accum_steps=2") in err, err
     assert not list(ckpt_dir.glob("*.damaged"))  # another world's checkpoint is not a damaged one
     assert train.main([*args, "ckpt.resume=off"]) == 2  # a fresh start would mix with them
     assert "holds checkpoints of an unfinished run" in capsys.readouterr().err

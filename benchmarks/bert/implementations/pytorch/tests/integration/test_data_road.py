@@ -273,7 +273,9 @@ def test_a_resume_on_other_data_or_ranks_is_refused_naming_it(road_data, uninter
                                                                case):
     """A checkpoint records the identity of its data and road: the same samples restratified
     (other bounds), the strata directory given to a checkpoint of the shard order, or twice
-    the ranks, are refused on every rank, exit 2, naming what differs; the checkpoints stay."""
+    the ranks with the local batch kept (twice the global batch), are refused on every rank,
+    exit 2, naming what differs (and the splits that would keep the global batch); the
+    checkpoints stay."""
     out = tmp_path / "out"
     if case == "restratified":
         from input_preprocessing.stratify import stratify
@@ -292,7 +294,8 @@ def test_a_resume_on_other_data_or_ranks_is_refused_naming_it(road_data, uninter
         ckpts = _resumable(uninterrupted["shards"], out)
         env = road_env(road_data, "shards", road_data / "train", out, no_procps_path)
         env["DGXNGPU"] = "4"
-        message = r"written by a run of world_size=2, this run has 4: a resume continues each rank's own data stream"
+        message = (r"written with global batch 16 \(2 ranks\), this run has 32 \(4 ranks\); a resume keeps the global "
+                   r"batch .*on 4 ranks: run.local_batch_size=4 with run.grad_accum_steps=1")
     before = sorted(p.name for p in ckpts.iterdir())
     rc, said, left = run_and_time(env)
     assert rc == 2, said[-3000:]
