@@ -35,6 +35,7 @@ import torch
 from . import distributed
 from .config import ConfigError, ModelConfig
 from .flops import Shape, attention_flops, head_flops, layer_flops, train_flops
+from .loader import Watched
 from .model import IGNORE_INDEX
 
 
@@ -51,33 +52,18 @@ def batch_counts(batch: dict) -> tuple[int, int, int, int]:
     return int(lengths.numel()), int(lengths.sum()), int((lengths * lengths).sum()), masked
 
 
-class Counted:
+class Counted(Watched):
     """The training stream (a ``bert.loader.TrainStream``), counting each micro-batch it
     hands out (``batch_counts``); its state, failure and close are the stream's own."""
 
     def __init__(self, batches: Any) -> None:
-        self.batches = batches
+        super().__init__(batches)
         self.counts: list[tuple[int, int, int, int]] = []  # since the last ``take``
-
-    def __iter__(self) -> Counted:
-        return self
 
     def __next__(self) -> dict:
         batch = next(self.batches)
         self.counts.append(batch_counts(batch))
         return batch
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.batches.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.batches.load_state_dict(state)
-
-    def failure(self) -> str | None:
-        return self.batches.failure()
-
-    def close(self) -> None:
-        self.batches.close()
 
     def take(self) -> list[tuple[int, int, int, int]]:
         counts, self.counts = self.counts, []

@@ -131,6 +131,33 @@ class TrainStream(Protocol):
     def close(self) -> None: ...
 
 
+class Watched:
+    """A training stream handed to the loop through something that watches each batch go by
+    (the curves' counts, the sample trace): ``__next__`` is the watcher's, the state, failure
+    and close are the stream's own."""
+
+    def __init__(self, batches: TrainStream) -> None:
+        self.batches = batches
+
+    def __iter__(self) -> Watched:
+        return self
+
+    def __next__(self) -> dict:
+        return next(self.batches)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.batches.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.batches.load_state_dict(state)
+
+    def failure(self) -> str | None:
+        return self.batches.failure()
+
+    def close(self) -> None:
+        self.batches.close()
+
+
 class TrainLoader:
     """One rank's training stream, for every sampling mode: ``policy`` names the samples by
     global id, draw by draw; each draw is read through ``reader`` (every guard), the next

@@ -32,7 +32,7 @@ from typing import Any
 
 from . import storage
 from .config import COMMAND_LINE, RESOLVED, Config, ConfigError, Setting, parse_overrides, resolve
-from .loader import TrainingData, TrainLoader
+from .loader import TrainingData, TrainLoader, Watched
 from .shards import DataError, Shard
 
 
@@ -52,7 +52,7 @@ def _kept(path: Path, step: int) -> str:
     return "".join(keep)
 
 
-class SampleTrace:
+class SampleTrace(Watched):
     """The training stream (``loader.TrainLoader``), each optimizer step's samples appended to
     this rank's trace file as its last micro-batch is handed out; state, failure and close are
     the stream's own. ``step``: the steps already trained (the lines past it are dropped first:
@@ -61,7 +61,8 @@ class SampleTrace:
 
     def __init__(self, batches: TrainLoader, directory: str | Path, *, rank: int, world_size: int, accum: int,
                  step: int):
-        self.batches, self.rank, self.accum, self.step = batches, rank, accum, step
+        super().__init__(batches)
+        self.rank, self.accum, self.step = rank, accum, step
         self.path = trace_file(directory, rank)
         self.write_error: OSError | None = None
         self.pending: list[list[Any]] = []
@@ -72,9 +73,6 @@ class SampleTrace:
             if r.isdigit() and int(r) % world_size == rank:
                 storage.write_text(path, _kept(path, step))
         self.file = open(self.path, "a")
-
-    def __iter__(self) -> SampleTrace:
-        return self
 
     def __next__(self) -> dict:
         batch = next(self.batches)
@@ -92,17 +90,8 @@ class SampleTrace:
                     self.write_error = e
         return batch
 
-    def state_dict(self) -> dict[str, Any]:
-        return self.batches.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.batches.load_state_dict(state)
-
-    def failure(self) -> str | None:
-        return self.batches.failure()
-
     def close(self) -> None:
-        self.batches.close()
+        super().close()
         self.file.close()
 
 
