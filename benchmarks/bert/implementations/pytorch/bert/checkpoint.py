@@ -4,7 +4,7 @@ flag that SIGTERM / SIGUSR1 / SIGINT raise, and what the training loop does at a
 A checkpoint is a directory ``step_000000123/`` holding
 
   train.pt     (rank 0) model, optimizer, LR schedule, grad scaler (when there is one), the
-               loop's TrainState, and what must match on resume (world size, global batch)
+               loop's TrainState
   rank_<r>.pt  (every rank) its RNG states (python, numpy, torch CPU, CUDA), its
                gradient-sync state (PowerSGD's residuals and factors; empty otherwise), and
                the step
