@@ -41,12 +41,14 @@ def road_data(tiny_data, tmp_path_factory) -> Path:  # noqa: F811
 def copy_road(data: Path, road: str, dest: Path, change: Callable | None = None, md5: bool = False) -> Path:
     """The training directory ``road`` reads, copied to ``dest`` with its shards rewritten by
     ``change(shard)`` (same lengths: a strata directory's index stays true) and an md5 list
-    made after that when ``md5``; returns the copy."""
+    made after that when ``md5``; without ``md5``, no md5 list (stratify writes one with its
+    strata: the copy leaves it behind); returns the copy."""
     import shutil
 
     from input_preprocessing.checksum import checksum
 
-    shutil.copytree(data / ROADS[road][0], dest, ignore=shutil.ignore_patterns(".work", ".run.json"))
+    shutil.copytree(data / ROADS[road][0], dest,
+                    ignore=shutil.ignore_patterns(".work", ".run.json", *(() if md5 else ("md5sums.txt",))))
     if change is not None:
         for f in sorted(dest.rglob("*.hdf5")):
             shard = read_shard(f)
