@@ -346,7 +346,7 @@ def _image_build(root: Path | None = None) -> ImageBuild:
 # list costs minutes, not a result.
 LONGEST_FIRST = tuple(f"integration/{name}" for name in (
     "test_data_road.py", "test_launchers.py", "test_tune.py", "test_pretrain.py", "test_precision.py", "test_checkpoint.py",
-    "test_sampler.py", "test_bench.py", "test_budget.py", "test_two_nodes.py", "test_study.py", "test_configs.py"))
+    "test_elastic.py", "test_sampler.py", "test_bench.py", "test_budget.py", "test_two_nodes.py", "test_study.py", "test_configs.py"))
 TESTS = Path(__file__).resolve().parent
 TIERS = ("unit", "integration")  # tests/<tier>/: a marker of that name on each of its tests
 
