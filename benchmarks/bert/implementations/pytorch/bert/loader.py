@@ -359,6 +359,12 @@ class TrainLoader:
         row = np.array([r for _, r in samples], dtype=np.int64)
         return self.samples(Draw(shard, row, (0, 0), (0, 0)))
 
+    def skip(self, samples: int) -> None:
+        """Move the position ``samples`` samples on, from the policy alone (no sample read): a
+        stream worked out, not trained (bert/trace.py)."""
+        self.close()
+        self._position = self.policy.seek(self._position, samples, self)
+
     def ahead(self, skip: int, count: int) -> list[list[Any]]:
         """[shard, row] of the ``count`` samples this stream hands out after the next ``skip``,
         from its policy alone (shard sizes from their metadata; no sample read)."""

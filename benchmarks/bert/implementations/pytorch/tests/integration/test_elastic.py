@@ -6,7 +6,7 @@ micro-steps a step (2 -> 1). Each resumed run says so and what it reseeded; its 
 and sample count at every step are the uninterrupted run's, its evaluations at the same
 sample counts; on the id-based roads each step takes the uninterrupted run's samples, on the
 shard-order road every sample of the epochs begun is taken once; and ``python -m bert.trace``
-says what every run's trace says, from its config and checkpoint alone. One run per hop and
+says what every run's trace says, from its config and MLPerf log alone. One run per hop and
 road (13 runs); the unit tier (tests/unit/test_stream.py) covers the roads' arithmetic in
 more hops.
 """
@@ -25,7 +25,7 @@ import pytest
 
 from bert.config import build_config, load_file
 from bert.mlperf_log import read_events
-from bert.trace import read_trace, step_lines, streams
+from bert.trace import parts_of_log, read_trace, step_lines
 from checkpoint_helpers import launch, wait_all
 from conftest import PKG
 from data_road_helpers import ROADS, road_data, tiny_data  # noqa: F401 - fixtures
@@ -115,33 +115,51 @@ def test_the_traces_show_nothing_skipped_or_repeated(road):
             assert len(counts) == 144 and set(counts.values()) == {1}
 
 
-def test_the_step_command_says_what_the_trace_says(road):
-    """``bert.trace`` from the run's resolved config (its seed, its world size), continued
-    from the checkpoint a resumed run began at: the trace's lines, every step; once through
-    the command line."""
+CHAINS = [("2",), ("2", "2->4"), ("2", "2->4", "2->4->2"), ("2", "2->1")]
+
+
+def _run_log(runs, chain, where: Path) -> Path:
+    """The MLPerf log the chain's run would have, one run appending to the log it resumes (the
+    hops ran in directories of their own), with the last hop's resolved config beside it."""
+    where.mkdir(parents=True)
+    (where / "result_0.txt").write_text("".join((runs[hop][2] / "result_0.txt").read_text() for hop in chain))
+    shutil.copy(runs[chain[-1]][2] / "result_0_config.json", where / "result_0_config.json")
+    return where / "result_0_config.json"
+
+
+def test_the_step_command_says_what_the_trace_says(road, tmp_path):
+    """``bert.trace`` from a run's resolved config (its seed) and its MLPerf log (each
+    stretch's world size and batch split, the steps it resumed at): the trace's lines, every
+    step of every chain of resumes; through the command line too, from a checkpoint's saved
+    stream, and with each sample's text."""
     _, runs = road
-    for hop, (_, _, out) in runs.items():
-        world, _, _, resumed, last = HOPS[hop]
-        cfg = build_config(load_file(out / "result_0_config.json"))
-        start = None if resumed is None else out / "checkpoints" / f"step_{resumed[1]:09d}"
-        ranks, done = streams(cfg, world, start)
-        trace = read_trace(out / "trace")
-        for k in range(done + 1, last + 1):
-            assert step_lines(ranks, done, cfg, k) == [{"step": k, "rank": r, "samples": trace[k][r]}
-                                                       for r in range(world)], (hop, k)
-        for s in ranks:
-            s.close()
-    _, _, out = runs["2->4"]
-    said = subprocess.run([sys.executable, "-m", "bert.trace", "--config", str(out / "result_0_config.json"),
-                           "--checkpoint", str(out / "checkpoints" / "step_000000003"), "--step", "5"],
-                          cwd=PKG, capture_output=True, text=True, timeout=120)
-    assert said.returncode == 0, said.stderr
-    assert [json.loads(line) for line in said.stdout.splitlines()] == [
-        {"step": 5, "rank": r, "samples": read_trace(out / "trace")[5][r]} for r in range(4)]
-    vocab = out / "vocab.txt"  # the tiny data's 128 ids, each its own word
+    for chain in CHAINS:
+        config = _run_log(runs, chain, tmp_path / "+".join(chain).replace(">", ""))
+        cfg = build_config(load_file(config))
+        parts = parts_of_log(config.with_name("result_0.txt"))
+        assert [(p.first, p.ranks, p.local_batch, p.accum) for p in parts] == [
+            (HOPS[h][3][1] if HOPS[h][3] else 0, *HOPS[h][:3]) for h in chain]
+        for k in range(1, HOPS[chain[-1]][4] + 1):
+            hop = [h for h in chain if (HOPS[h][3][1] if HOPS[h][3] else 0) < k][-1]  # the stretch that trained k
+            trace = read_trace(runs[hop][2] / "trace")
+            assert step_lines(cfg, parts, k) == [{"step": k, "rank": r, "samples": trace[k][r]}
+                                                 for r in range(HOPS[hop][0])], (chain, k)
+
+    def command(*args):
+        said = subprocess.run([sys.executable, "-m", "bert.trace", *map(str, args)], cwd=PKG, capture_output=True,
+                              text=True, timeout=120)
+        assert said.returncode == 0, said.stderr
+        return said.stdout.splitlines()
+
+    config = tmp_path / "2+2-4+2-4-2" / "result_0_config.json"
+    step5 = [{"step": 5, "rank": r, "samples": read_trace(runs["2->4"][2] / "trace")[5][r]} for r in range(4)]
+    assert [json.loads(line) for line in command("--config", config, "--step", 5)] == step5  # the log beside it
+    out = runs["2->4"][2]
+    assert [json.loads(line) for line in command("--config", out / "result_0_config.json", "--world-size", 4,
+                                                 "--checkpoint", out / "checkpoints" / "step_000000003",
+                                                 "--step", 5)] == step5
+    vocab = tmp_path / "vocab.txt"  # the tiny data's 128 ids, each its own word
     vocab.write_text("".join(f"w{i}\n" for i in range(128)))
-    said = subprocess.run([sys.executable, "-m", "bert.trace", "--config", str(runs["2"][2] / "result_0_config.json"),
-                           "--step", "2", "--vocab", str(vocab)], cwd=PKG, capture_output=True, text=True, timeout=120)
-    assert said.returncode == 0, said.stderr
-    text = [line for line in said.stdout.splitlines() if not line.startswith("{")]
+    text = [line for line in command("--config", runs["2"][2] / "result_0_config.json", "--step", 2, "--vocab", vocab)
+            if not line.startswith("{")]
     assert len(text) == 16 and all(re.fullmatch(r"rank [01] \S+\.hdf5 row \d+: w\d+( w\d+)*", t) for t in text), text
