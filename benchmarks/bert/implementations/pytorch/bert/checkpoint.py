@@ -340,16 +340,20 @@ def check_settings(path: Path, cfg: Config) -> None:
             "sample and step limits) may differ (bert/config.py RESUME_MAY_DIFFER)")
 
 
+def ranks(n: int) -> str:
+    return f"{n} rank" if n == 1 else f"{n} ranks"
+
+
 def batch_sizes(global_batch: int, world_size: int) -> str:
     """What keeps ``global_batch`` on ``world_size`` ranks, in words (a refusal's fix)."""
     if global_batch % world_size:
         near = [w for w in range(1, global_batch + 1) if global_batch % w == 0 and w <= 2 * world_size][-4:]
-        return (f"{global_batch} samples do not split over {world_size} ranks; numbers of ranks that divide it: "
+        return (f"{global_batch} samples do not split over {ranks(world_size)}; numbers of ranks that divide it: "
                 f"{', '.join(map(str, near))}")
     per = global_batch // world_size
     splits = [f"run.local_batch_size={per // a} with run.grad_accum_steps={a}"
               for a in range(1, per + 1) if per % a == 0][:3]
-    return f"on {world_size} ranks: {' or '.join(splits)} (BATCHSIZE, GRADIENT_STEPS)"
+    return f"on {ranks(world_size)}: {' or '.join(splits)} (BATCHSIZE, GRADIENT_STEPS)"
 
 
 @dataclasses.dataclass
@@ -375,13 +379,13 @@ def restore(path: Path, learner: Learner, state: TrainState, rank: int, world_si
     meta = _meta(path)
     then = int(meta.get("world_size") or 0)
     if meta.get("global_batch") != global_batch:
-        raise CheckpointError(f"{path}: written with global batch {meta.get('global_batch')} ({then} ranks), this "
-                              f"run has {global_batch} ({world_size} ranks); a resume keeps the global batch (the "
+        raise CheckpointError(f"{path}: written with global batch {meta.get('global_batch')} ({ranks(then)}), this "
+                              f"run has {global_batch} ({ranks(world_size)}); a resume keeps the global batch (the "
                               f"schedule and the data stream count in it): {batch_sizes(meta.get('global_batch') or 0, world_size)}")
     elastic = then != world_size
     if elastic and not (path / STREAM).is_file():
-        raise CheckpointError(f"{path}: written by {then} ranks before checkpoints gathered every rank's data stream "
-                              f"(no {STREAM}): it resumes on {then} ranks only")
+        raise CheckpointError(f"{path}: written by {ranks(then)} before checkpoints gathered every rank's data stream "
+                              f"(no {STREAM}): it resumes on {ranks(then)} only")
     shared = _load(path / "train.pt")
     why = (_shape_mismatch(learner.model.state_dict(), shared["model"])
            or _optimizer_mismatch(learner.optimizer, shared["optimizer"]))

@@ -317,7 +317,7 @@ class Trainer:
         self._loader_state = restored.stream
         self._resumed_from = path
         if restored.world_size != self.denv.world_size:
-            log.info(f"resuming a run of {restored.world_size} ranks on {self.denv.world_size}: its global batch "
+            log.info(f"resuming a run of {checkpoint.ranks(restored.world_size)} on {self.denv.world_size}: its global batch "
                      f"{self.global_batch} kept, the data stream continued (docs/faults.md says what each sampling "
                      f"road keeps); " + "; ".join(restored.reset))
         s.nonfinite = s.nonfinite.to(self.device)

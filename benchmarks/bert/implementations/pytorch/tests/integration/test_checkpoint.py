@@ -374,8 +374,8 @@ def test_resume_on_another_world_size_without_its_global_batch_is_refused(tiny_d
             f"log.output_dir={tmp_path / 'out'}", f"ckpt.dir={ckpt_dir}"]
     assert train.main(args) == 2
     err = capsys.readouterr().err
-    assert ("written with global batch 16 (2 ranks), this run has 8 (1 ranks); a resume keeps the global batch (the "
-            "schedule and the data stream count in it): on 1 ranks: run.local_batch_size=16 with "
+    assert ("written with global batch 16 (2 ranks), this run has 8 (1 rank); a resume keeps the global batch (the "
+            "schedule and the data stream count in it): on 1 rank: run.local_batch_size=16 with "
             "run.grad_accum_steps=1 or run.local_batch_size=8 with run.grad_accum_steps=2") in err, err
     assert not list(ckpt_dir.glob("*.damaged"))  # another world's checkpoint is not a damaged one
     assert train.main([*args, "ckpt.resume=off"]) == 2  # a fresh start would mix with them

@@ -79,7 +79,7 @@ def test_every_hop_continues_the_schedule_and_says_what_it_reseeded(road):
         world, _, _, resumed, last = HOPS[hop]
         if resumed is not None:
             then = HOPS[resumed[0]][0]
-            assert (f"resuming a run of {then} ranks on {world}: its global batch 16 kept, the data stream continued"
+            assert (f"resuming a run of {then} rank{'s' * (then > 1)} on {world}: its global batch 16 kept, the data stream continued"
                     f" (docs/faults.md says what each sampling road keeps); each rank's RNG streams (dropout, masking) "
                     "reseeded from (seed, step, rank)") in output
     whole = _steps(runs["2"][1])

@@ -226,7 +226,7 @@ def test_two_nodes_submit_pretrain_resubmitted_on_more_nodes_continues(two_nodes
     two_nodes.wait_job(job2, timeout_s=60)
     text = job_output(1, job1)
     assert j1["ExitCode"] == "2:0", text[-3000:]
-    assert "written with global batch 32 (1 ranks), this run has 64 (2 ranks); a resume keeps the global batch" \
+    assert "written with global batch 32 (1 rank), this run has 64 (2 ranks); a resume keeps the global batch" \
         in text, text[-3000:]
     assert f"run.sub: run 1 could not continue from its checkpoint in {ckpt} (training exit 2" in text, text[-3000:]
     state = out / "phase1" / "phase1_state.txt"
@@ -241,7 +241,7 @@ def test_two_nodes_submit_pretrain_resubmitted_on_more_nodes_continues(two_nodes
     assert "run.sub: the job has 2 node(s), the config 1 (DGXNNODES): its global batch 32 kept as 16 per task x 1 " \
            "micro-step(s) x 2 tasks" in text1, text1[-3000:]
     assert re.search(r"resumed from .*phase1_1_ckpt/step_000000005 at step 5,", text1), text1[-3000:]
-    assert "resuming a run of 1 ranks on 2: its global batch 32 kept" in text1, text1[-3000:]
+    assert "resuming a run of 1 rank on 2: its global batch 32 kept" in text1, text1[-3000:]
     assert j2["JobState"] == "COMPLETED", text2[-3000:]
     assert (out / "phase1" / "final.pt").exists() and (out / "phase2" / "final.pt").exists()
     cfg2 = json.loads((out / "phase2" / "phase2_1_config.json").read_text())

@@ -97,7 +97,7 @@ def test_a_checkpoint_resumes_on_another_world_size_when_the_global_batch_is_kep
     (saved / "rank_0.pt").unlink()  # not this world size's: neither verified nor read
     assert checkpoint.verify(saved, 1, 2) is None
     other = Trainer(build_config({**over, "run.local_batch_size": "4"}), single, torch.device("cpu")).learner
-    with pytest.raises(checkpoint.CheckpointError, match=r"written with global batch 8 \(1 ranks\), this run has 16 "
+    with pytest.raises(checkpoint.CheckpointError, match=r"written with global batch 8 \(1 rank\), this run has 16 "
                                                      r"\(2 ranks\); a resume keeps the global batch .*: on 2 ranks: "
                                                      r"run.local_batch_size=4 with run.grad_accum_steps=1 or "
                                                      r"run.local_batch_size=2 with run.grad_accum_steps=2 or "
@@ -117,8 +117,8 @@ def test_a_checkpoint_resumes_on_another_world_size_when_the_global_batch_is_kep
     assert theirs.scheduler.state_dict() == mine.scheduler.state_dict()
     assert theirs.scheduler.get_last_lr() == mine.scheduler.get_last_lr()
     (saved / "stream.json").unlink()  # as a checkpoint written before the stream was gathered
-    with pytest.raises(checkpoint.CheckpointError, match=r"written by 1 ranks before checkpoints gathered every rank's "
-                                                     r"data stream \(no stream.json\): it resumes on 1 ranks only"):
+    with pytest.raises(checkpoint.CheckpointError, match=r"written by 1 rank before checkpoints gathered every rank's "
+                                                     r"data stream \(no stream.json\): it resumes on 1 rank only"):
         checkpoint.restore(saved, other, TrainState(), 0, 2, 8)
 
 
