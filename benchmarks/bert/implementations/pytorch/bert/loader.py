@@ -365,11 +365,11 @@ class TrainLoader:
         self.close()
         self._position = self.policy.seek(self._position, samples, self)
 
-    def ahead(self, skip: int, count: int) -> list[list[Any]]:
-        """[shard, row] of the ``count`` samples this stream hands out after the next ``skip``,
-        from its policy alone (shard sizes from their metadata; no sample read)."""
+    def ahead(self, count: int) -> list[list[Any]]:
+        """[shard, row] of the next ``count`` samples this stream hands out, from its policy
+        alone (shard sizes from their metadata; no sample read)."""
         out: list[list[Any]] = []
-        for d in self.policy.draws(self.policy.seek(self._position, skip, self), self):
+        for d in self.policy.draws(self._position, self):
             out += [[self.names[s], r] for s, r in zip(d.shard.tolist(), d.row.tolist())]
             if len(out) >= count:
                 return out[:count]

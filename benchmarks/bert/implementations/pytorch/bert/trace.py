@@ -192,7 +192,7 @@ def step_lines(cfg: Config, parts: list[Part], step: int, checkpoint: Path | Non
             for s in ranks:
                 s.close()
     per_step = part.local_batch * part.accum
-    lines = [{"step": step, "rank": r, "samples": s.ahead(0, per_step)} for r, s in enumerate(ranks)]
+    lines = [{"step": step, "rank": r, "samples": s.ahead(per_step)} for r, s in enumerate(ranks)]
     for s in ranks:
         s.close()
     return lines
